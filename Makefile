@@ -1,0 +1,38 @@
+# The two entry points: `make demo` and `make test`. Both build .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# CPU wheel of torch; on this machine pip takes it from the local wheel directory.
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint format bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[dev,service,bench]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m autocomp.demo
+
+test: $(STAMP)
+	$(PY) -m ruff check autocomp tests examples
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check autocomp tests examples
+	$(PY) -m ruff format --check autocomp tests examples
+
+format: $(STAMP)
+	$(PY) -m ruff format autocomp tests examples
+	$(PY) -m ruff check --fix autocomp tests examples
+
+bench: $(STAMP)
+	$(PY) -m autocomp.bench.compressors
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,272 @@
+"""The compressor contract, spec strings and the registry.
+
+A compressor turns one layer's gradient into a flat payload, says how many bytes that payload
+puts on the wire and which collective can carry it, and turns payloads back into a gradient.
+It holds configuration only: everything that changes from step to step (warm-start factors,
+random generators, step counters) lives in a per-layer ``state`` dict owned by the hook, so one
+compressor instance can serve many layers and the whole state can be checkpointed.
+
+Contract used by the hook, per step and per layer::
+
+    payload = c.compress(x, state)              # x: float32, the layer's shape, contiguous
+    approx = c.decompress(payload, x.shape, state)   # local estimate (for error feedback)
+    ... collective over payloads ...
+    mean = c.decompress(summed_payload, ...)     # all-reduce: payloads are summable
+    mean = c.decompress_sum(gathered, ...)       # all-gather: one payload per rank
+    c.commit(summed_or_gathered, x.shape, state) # advance per-layer state, once per step
+
+The hook divides every gradient by the world size before compressing, so the sum over ranks of
+the decompressed payloads is already the average.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+__all__ = [
+    "Collective",
+    "Compressor",
+    "Param",
+    "available_compressors",
+    "build_compressor",
+    "register_compressor",
+]
+
+
+class Collective(enum.Enum):
+    """Which collective carries a payload."""
+
+    ALL_REDUCE = "all_reduce"
+    """Payloads are summable: the sum of payloads decompresses to the sum of gradients."""
+    ALL_GATHER = "all_gather"
+    """Payloads are opaque bytes: every rank receives every payload and decodes each."""
+
+
+_BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """One tunable parameter of a compressor, with its type, default and valid range."""
+
+    name: str
+    """Key used in spec strings, e.g. ``ratio`` in ``topk:ratio=0.01``."""
+    kind: type
+    """``int``, ``float`` or ``bool``."""
+    default: int | float | bool
+    """Value used when the spec omits the parameter."""
+    low: float | None = None
+    """Smallest valid value (inclusive unless ``low_open``)."""
+    high: float | None = None
+    """Largest valid value (inclusive)."""
+    low_open: bool = False
+    """True when ``low`` itself is not valid (e.g. a ratio must be > 0)."""
+    doc: str = ""
+    """One line for error messages and docs."""
+
+    def describe(self) -> str:
+        if self.kind is bool:
+            return f"{self.name}=true|false (default {str(self.default).lower()})"
+        lo = "" if self.low is None else f"{self.low}{' <' if self.low_open else ' <='} "
+        hi = "" if self.high is None else f" <= {self.high}"
+        return f"{self.name}: {self.kind.__name__}, {lo}{self.name}{hi} (default {self.default})"
+
+    def coerce(self, raw: Any, owner: str) -> int | float | bool:
+        """Parse and range-check one value; raise ValueError naming the valid range."""
+        where = f"compressor '{owner}' parameter '{self.name}'"
+        if self.kind is bool:
+            if isinstance(raw, bool):
+                return raw
+            word = str(raw).strip().lower()
+            if word not in _BOOL_WORDS:
+                raise ValueError(f"{where}: expected true or false, got {raw!r}")
+            return _BOOL_WORDS[word]
+        try:
+            if self.kind is int:
+                if isinstance(raw, float) and not raw.is_integer():
+                    raise ValueError
+                value: int | float = int(str(raw).strip()) if isinstance(raw, str) else int(raw)
+            else:
+                value = float(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: expected {self.kind.__name__}, got {raw!r}") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{where}: must be finite, got {raw!r}")
+        too_low = self.low is not None and (
+            value <= self.low if self.low_open else value < self.low
+        )
+        too_high = self.high is not None and value > self.high
+        if too_low or too_high:
+            raise ValueError(f"{where}={raw!r} is out of range; valid: {self.describe()}")
+        return value
+
+
+def _format_value(value: int | float | bool) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+class Compressor(ABC):
+    """Base class: configuration of one compression scheme (stateless; see module docstring)."""
+
+    name: ClassVar[str]
+    """Registry key used in spec strings."""
+    collective: ClassVar[Collective]
+    """Collective the payload needs."""
+    params: ClassVar[tuple[Param, ...]] = ()
+    """Tunable parameters, in canonical order."""
+
+    def __init__(self, **values: Any) -> None:
+        known = {p.name: p for p in self.params}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ValueError(
+                f"compressor '{self.name}' has no parameter {', '.join(map(repr, unknown))}; "
+                f"valid: {self._valid_params()}"
+            )
+        self.config: dict[str, int | float | bool] = {
+            p.name: p.coerce(values[p.name], self.name) if p.name in values else p.default
+            for p in self.params
+        }
+
+    @classmethod
+    def _valid_params(cls) -> str:
+        return "; ".join(p.describe() for p in cls.params) or "none (takes no parameters)"
+
+    @property
+    def spec(self) -> str:
+        """Canonical spec string: every parameter spelled out, so equal specs mean equal math."""
+        if not self.params:
+            return self.name
+        body = ",".join(f"{k}={_format_value(v)}" for k, v in self.config.items())
+        return f"{self.name}:{body}"
+
+    @property
+    def biased(self) -> bool:
+        """True when E[decompress(compress(x))] != x; such compressors run with error feedback."""
+        return True
+
+    @property
+    def error_feedback(self) -> bool:
+        """Whether the hook keeps a residual for this compressor (``ef`` parameter, if any)."""
+        return bool(self.config.get("ef", False))
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.spec}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Compressor) and other.spec == self.spec
+
+    def __hash__(self) -> int:
+        return hash(self.spec)
+
+    # ---- sizes -----------------------------------------------------------------------------
+
+    @abstractmethod
+    def wire_bytes(
+        self, shape: torch.Size, dtype: torch.dtype, state: dict[str, Any] | None = None
+    ) -> int:
+        """Exact bytes one rank hands to the collective for a tensor of ``shape``.
+
+        ``state`` selects the phase for compressors whose size alternates (PowerSGD); without
+        it the mean over phases is returned, which is what planning needs.
+        """
+
+    def payload_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """Element type of an all-reduce payload (all-gather payloads are always uint8)."""
+        return torch.float32
+
+    # ---- state -----------------------------------------------------------------------------
+
+    def init_state(self, shape: torch.Size, seed: int, rank: int) -> dict[str, Any]:
+        """Fresh per-layer state. ``seed`` is identical on all ranks, ``rank`` is not."""
+        return {}
+
+    # ---- math ------------------------------------------------------------------------------
+
+    @abstractmethod
+    def compress(self, x: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
+        """Encode ``x`` (float32, contiguous) into a 1-D payload; must not modify ``x``."""
+
+    @abstractmethod
+    def decompress(
+        self, payload: torch.Tensor, shape: torch.Size, state: dict[str, Any]
+    ) -> torch.Tensor:
+        """Decode one (or, for all-reduce, a summed) payload into a float32 tensor of ``shape``."""
+
+    def decompress_sum(
+        self, payloads: list[torch.Tensor], shape: torch.Size, state: dict[str, Any]
+    ) -> torch.Tensor:
+        """Sum of the decoded payloads of all ranks, in rank order (deterministic everywhere)."""
+        total = self.decompress(payloads[0], shape, state)
+        for payload in payloads[1:]:
+            total.add_(self.decompress(payload, shape, state))
+        return total
+
+    def commit(self, payload: torch.Tensor | list[torch.Tensor], state: dict[str, Any]) -> None:
+        """Advance per-layer state once per step after the collective (warm start, counters)."""
+
+
+_REGISTRY: dict[str, type[Compressor]] = {}
+
+
+def register_compressor(cls: type[Compressor]) -> type[Compressor]:
+    """Class decorator: make ``cls`` buildable from spec strings under ``cls.name``."""
+    name = getattr(cls, "name", None)
+    if not name or not isinstance(name, str) or ":" in name or "," in name:
+        raise ValueError(f"{cls.__name__} needs a class attribute name without ':' or ','")
+    if name in _REGISTRY and _REGISTRY[name] is not cls:
+        raise ValueError(f"a compressor named {name!r} is already registered")
+    _REGISTRY[name] = cls
+    return cls
+
+
+def available_compressors() -> dict[str, type[Compressor]]:
+    """Registered compressors by name."""
+    return dict(_REGISTRY)
+
+
+def _valid_names() -> str:
+    return ", ".join(sorted(_REGISTRY))
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """Split ``"topk:ratio=0.01,ef=true"`` into ``("topk", {"ratio": "0.01", "ef": "true"})``."""
+    if not isinstance(spec, str):
+        raise TypeError(f"a compressor spec is a string like 'topk:ratio=0.01', got {spec!r}")
+    name, _, body = spec.strip().partition(":")
+    name = name.strip().lower()
+    if not name:
+        raise ValueError(f"empty compressor spec {spec!r}; valid names: {_valid_names()}")
+    params: dict[str, str] = {}
+    if body.strip():
+        for item in body.split(","):
+            key, eq, value = item.partition("=")
+            key = key.strip()
+            if not eq or not key or not value.strip():
+                raise ValueError(
+                    f"bad parameter {item.strip()!r} in spec {spec!r}: expected key=value, "
+                    "e.g. 'topk:ratio=0.01'"
+                )
+            if key in params:
+                raise ValueError(f"parameter {key!r} given twice in spec {spec!r}")
+            params[key] = value.strip()
+    return name, params
+
+
+def build_compressor(spec: str | Compressor) -> Compressor:
+    """A compressor from a spec string like ``"powersgd:rank=4"`` (or pass one through)."""
+    if isinstance(spec, Compressor):
+        return spec
+    name, params = parse_spec(spec)
+    cls = _REGISTRY.get(name)
+    if cls is None:
+        raise ValueError(f"unknown compressor {name!r} in spec {spec!r}; valid: {_valid_names()}")
+    return cls(**params)

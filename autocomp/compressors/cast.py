@@ -1,0 +1,87 @@
+"""Identity and low-precision casts: ``none``, ``fp16``, ``bf16``.
+
+These stay summable, so they ride the bucket's all-reduce. Casting rounds to nearest, which is
+biased, so by default the rounding error is fed back into the next step (``ef=false`` turns it
+off and saves one float32 residual per parameter).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from autocomp.compressors.base import Collective, Compressor, Param, register_compressor
+
+
+@register_compressor
+class NoCompression(Compressor):
+    """Plain averaging all-reduce of the gradient in its own dtype."""
+
+    name: ClassVar[str] = "none"
+    collective: ClassVar[Collective] = Collective.ALL_REDUCE
+
+    @property
+    def biased(self) -> bool:
+        return False
+
+    def payload_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return dtype
+
+    def wire_bytes(
+        self, shape: torch.Size, dtype: torch.dtype, state: dict[str, Any] | None = None
+    ) -> int:
+        return shape.numel() * dtype.itemsize
+
+    def compress(self, x: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
+        return x.reshape(-1)
+
+    def decompress(
+        self, payload: torch.Tensor, shape: torch.Size, state: dict[str, Any]
+    ) -> torch.Tensor:
+        return payload.reshape(shape)
+
+
+_EF = Param("ef", bool, True, doc="feed the rounding error back into the next step")
+
+
+class _CastCompressor(Compressor):
+    """Round to a 16-bit float type; sums in that type on the wire."""
+
+    collective: ClassVar[Collective] = Collective.ALL_REDUCE
+    params: ClassVar[tuple[Param, ...]] = (_EF,)
+    wire_dtype: ClassVar[torch.dtype]
+
+    def payload_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return self.wire_dtype
+
+    def wire_bytes(
+        self, shape: torch.Size, dtype: torch.dtype, state: dict[str, Any] | None = None
+    ) -> int:
+        return shape.numel() * self.wire_dtype.itemsize
+
+    def compress(self, x: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
+        limit = torch.finfo(self.wire_dtype).max
+        # Saturate instead of overflowing to inf: a single huge entry must not poison the sum.
+        return x.reshape(-1).clamp(-limit, limit).to(self.wire_dtype)
+
+    def decompress(
+        self, payload: torch.Tensor, shape: torch.Size, state: dict[str, Any]
+    ) -> torch.Tensor:
+        return payload.to(torch.float32).reshape(shape)
+
+
+@register_compressor
+class Float16(_CastCompressor):
+    """IEEE half precision: 2 bytes per element, ~3 significant decimal digits."""
+
+    name: ClassVar[str] = "fp16"
+    wire_dtype: ClassVar[torch.dtype] = torch.float16
+
+
+@register_compressor
+class BFloat16(_CastCompressor):
+    """bfloat16: float32's range with 8 mantissa bits; never overflows where float32 does not."""
+
+    name: ClassVar[str] = "bf16"
+    wire_dtype: ClassVar[torch.dtype] = torch.bfloat16

@@ -1,0 +1,149 @@
+"""Sparsifiers: ``topk`` (largest magnitudes, sent as values + indices) and ``randomk``.
+
+``randomk`` draws its indices from a seed shared by all ranks, so every rank selects the same
+coordinates: only the values travel, and they can be summed by all-reduce. ``topk`` selects
+different coordinates on each rank, so its payload is gathered.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import torch
+
+from autocomp.compressors.base import Collective, Compressor, Param, register_compressor
+from autocomp.compressors.packing import from_bytes, to_bytes
+
+_RATIO = Param("ratio", float, 0.01, low=0.0, high=1.0, low_open=True, doc="fraction kept")
+
+
+def kept(numel: int, ratio: float) -> int:
+    """Number of elements a sparsifier keeps: at least one, at most all."""
+    return min(numel, max(1, round(ratio * numel))) if numel else 0
+
+
+def _index_dtype(numel: int) -> torch.dtype:
+    return torch.int32 if numel < 2**31 else torch.int64
+
+
+@register_compressor
+class TopK(Compressor):
+    """Keep the ``ratio`` fraction of largest-magnitude entries (Aji & Heafield 2017; Lin 2018)."""
+
+    name: ClassVar[str] = "topk"
+    collective: ClassVar[Collective] = Collective.ALL_GATHER
+    params: ClassVar[tuple[Param, ...]] = (
+        _RATIO,
+        Param("ef", bool, True, doc="feed unsent coordinates back into the next step"),
+    )
+
+    def wire_bytes(
+        self, shape: torch.Size, dtype: torch.dtype, state: dict[str, Any] | None = None
+    ) -> int:
+        numel = shape.numel()
+        k = kept(numel, float(self.config["ratio"]))
+        return k * (4 + _index_dtype(numel).itemsize)
+
+    def compress(self, x: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
+        flat = x.reshape(-1)
+        k = kept(flat.numel(), float(self.config["ratio"]))
+        indices = torch.topk(flat.abs(), k, sorted=False).indices
+        return to_bytes(flat[indices].to(torch.float32), indices.to(_index_dtype(flat.numel())))
+
+    def _split(self, payload: torch.Tensor, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
+        k = kept(numel, float(self.config["ratio"]))
+        values, indices = from_bytes(payload, [(torch.float32, k), (_index_dtype(numel), k)])
+        return values, indices.to(torch.int64)
+
+    def decompress(
+        self, payload: torch.Tensor, shape: torch.Size, state: dict[str, Any]
+    ) -> torch.Tensor:
+        return self.decompress_sum([payload], shape, state)
+
+    def decompress_sum(
+        self, payloads: list[torch.Tensor], shape: torch.Size, state: dict[str, Any]
+    ) -> torch.Tensor:
+        out = torch.zeros(shape.numel(), dtype=torch.float32, device=payloads[0].device)
+        # One rank at a time: indices are unique within a rank, so even atomic scatter-adds
+        # (CUDA) see no collisions and every rank computes bit-identical sums.
+        for payload in payloads:
+            values, indices = self._split(payload, shape.numel())
+            out.index_add_(0, indices, values)
+        return out.reshape(shape)
+
+
+@register_compressor
+class RandomK(Compressor):
+    """Keep ``ratio`` of the coordinates, chosen by a seed every rank shares.
+
+    With ``unbiased=true`` (default) the kept values are scaled by numel/k and indices are drawn
+    with replacement, so the estimate is unbiased (variance grows as 1/ratio) and needs no
+    error feedback. With ``unbiased=false`` the values are sent unscaled and the unsent
+    coordinates are fed back by error feedback.
+    """
+
+    name: ClassVar[str] = "randomk"
+    collective: ClassVar[Collective] = Collective.ALL_REDUCE
+    params: ClassVar[tuple[Param, ...]] = (
+        _RATIO,
+        Param("unbiased", bool, True, doc="scale by numel/k instead of error feedback"),
+    )
+
+    @property
+    def biased(self) -> bool:
+        return not self.config["unbiased"]
+
+    @property
+    def error_feedback(self) -> bool:
+        return self.biased
+
+    def wire_bytes(
+        self, shape: torch.Size, dtype: torch.dtype, state: dict[str, Any] | None = None
+    ) -> int:
+        return kept(shape.numel(), float(self.config["ratio"])) * 4
+
+    def init_state(self, shape: torch.Size, seed: int, rank: int) -> dict[str, Any]:
+        return {"seed": seed, "calls": 0}
+
+    def _indices(self, numel: int, state: dict[str, Any], device: torch.device) -> torch.Tensor:
+        cached = state.get("_indices")
+        if cached is not None and cached[0] == state["calls"]:
+            return cached[1]
+        generator = torch.Generator()
+        generator.manual_seed((state["seed"] * 1_000_003 + state["calls"]) % (1 << 63))
+        k = kept(numel, float(self.config["ratio"]))
+        indices = torch.randint(0, numel, (k,), generator=generator).to(device)
+        state["_indices"] = (state["calls"], indices)
+        return indices
+
+    def compress(self, x: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
+        flat = x.reshape(-1)
+        values = flat[self._indices(flat.numel(), state, flat.device)]
+        if self.config["unbiased"]:
+            values = values * (flat.numel() / values.numel())
+        return values.to(torch.float32)
+
+    def decompress(
+        self, payload: torch.Tensor, shape: torch.Size, state: dict[str, Any]
+    ) -> torch.Tensor:
+        numel = shape.numel()
+        indices = self._indices(numel, state, payload.device)
+        out = torch.zeros(numel, dtype=torch.float32, device=payload.device)
+        if self.config["unbiased"]:
+            # Duplicate draws each carry an independent share of the estimate: add them.
+            out.index_add_(0, indices, payload.to(torch.float32))
+        else:
+            # Duplicates carry the same value: write it once.
+            out[indices] = payload.to(torch.float32)
+        return out.reshape(shape)
+
+    def commit(self, payload: torch.Tensor | list[torch.Tensor], state: dict[str, Any]) -> None:
+        state["calls"] += 1
+        state.pop("_indices", None)
+
+
+def expected_density(numel: int, ratio: float) -> float:
+    """Fraction of distinct coordinates ``randomk`` touches (with replacement), for docs/tests."""
+    k = kept(numel, ratio)
+    return 1.0 - math.pow(1.0 - 1.0 / numel, k) if numel else 0.0

@@ -1,0 +1,310 @@
+"""``autocomp.wrap``: attach the unified comm hook to a DDP model and return its controller.
+
+The controller is the user's handle on a wrapped model: the current per-layer plan, traffic
+statistics, checkpointing of every piece of compression state, and ``close()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from autocomp.compressors import Compressor, build_compressor
+from autocomp.distributed import require_same_on_all_ranks
+from autocomp.env import AUTOCOMP_CHECK_WIRE_BYTES, AUTOCOMP_DISABLE, AUTOCOMP_SEED
+from autocomp.hook import HookState, LayerSlot, autocomp_hook
+from autocomp.plan import Plan, assignment_digest, load_plan
+
+logger = logging.getLogger(__name__)
+
+STATE_DICT_VERSION = 1
+_WRAPPED_ATTR = "_autocomp_controller"
+
+
+def layer_seed(base_seed: int, name: str) -> int:
+    """Seed shared by all ranks for one parameter (crc32: stable across processes)."""
+    return (base_seed * 0x9E3779B1 + zlib.crc32(name.encode())) % (1 << 62)
+
+
+class Controller:
+    """Handle on a wrapped DDP model. Create it with :func:`wrap`."""
+
+    def __init__(
+        self,
+        model: DistributedDataParallel,
+        state: HookState,
+        plan: Plan,
+        params: dict[str, torch.nn.Parameter],
+    ) -> None:
+        self.model = model
+        self._state = state
+        self._plan_rules = plan
+        self._params = params
+        self._closed = False
+
+    # ---- inspection -----------------------------------------------------------------------
+
+    @property
+    def plan(self) -> dict[str, str]:
+        """Current compressor spec of every parameter, by name (canonical spec strings)."""
+        return {name: slot.compressor.spec for name, slot in self._state.slots.items()}
+
+    @property
+    def rules(self) -> Plan:
+        """The plan rules ``wrap`` was given."""
+        return self._plan_rules
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps whose gradients went through the hook."""
+        return self._state.step
+
+    def stats(self) -> dict[str, Any]:
+        """Bytes this rank sent versus an uncompressed all-reduce, in total and per layer."""
+        layers = {}
+        sent = raw = 0
+        for name, slot in self._state.slots.items():
+            layers[name] = {
+                "compressor": slot.compressor.spec,
+                "shape": list(slot.shape),
+                "wire_bytes_per_step": slot.wire_bytes(),
+                "uncompressed_bytes_per_step": slot.numel * slot.dtype.itemsize,
+                "bytes_sent": slot.bytes_sent,
+                "bytes_uncompressed": slot.bytes_raw,
+            }
+            sent += slot.bytes_sent
+            raw += slot.bytes_raw
+        return {
+            "step": self._state.step,
+            "world_size": self._state.world_size,
+            "bytes_sent": sent,
+            "bytes_uncompressed": raw,
+            "compression_ratio": raw / sent if sent else 1.0,
+            "layers": layers,
+        }
+
+    # ---- checkpointing --------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """All compression state of this rank (error feedback, warm starts, generators).
+
+        Error-feedback residuals differ between ranks: save one file per rank, like optimizer
+        state under ZeRO, and load each rank's own file for a bit-identical resume.
+        """
+        layers = {}
+        for name, slot in self._state.slots.items():
+            layers[name] = {
+                "compressor": slot.compressor.spec,
+                "residual": None if slot.residual is None else slot.residual.detach().clone(),
+                "state": _export_state(slot.state),
+            }
+        return {
+            "version": STATE_DICT_VERSION,
+            "rank": self._state.rank,
+            "world_size": self._state.world_size,
+            "step": self._state.step,
+            "layers": layers,
+        }
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output; raise ValueError if it belongs to another job."""
+        if not isinstance(state_dict, Mapping) or "layers" not in state_dict:
+            raise ValueError("not an autocomp state dict (missing 'layers')")
+        version = state_dict.get("version")
+        if version != STATE_DICT_VERSION:
+            raise ValueError(f"autocomp state dict version {version!r}; expected 1")
+        for key, mine in (("world_size", self._state.world_size), ("rank", self._state.rank)):
+            if state_dict.get(key) != mine:
+                raise ValueError(
+                    f"state dict was saved with {key}={state_dict.get(key)}, this process has "
+                    f"{key}={mine}; error-feedback residuals are per rank and scaled by the world "
+                    "size, so each rank must load its own file from a job of the same size"
+                )
+        saved = state_dict["layers"]
+        mine_names = set(self._state.slots)
+        if set(saved) != mine_names:
+            missing = sorted(mine_names - set(saved))[:5]
+            extra = sorted(set(saved) - mine_names)[:5]
+            raise ValueError(
+                f"state dict does not match this model: missing {missing}, unexpected {extra}"
+            )
+        for name, entry in saved.items():
+            spec = build_compressor(entry["compressor"]).spec
+            if spec != self._state.slots[name].compressor.spec:
+                raise ValueError(
+                    f"{name}: state dict was saved with compressor {spec}, this job uses "
+                    f"{self._state.slots[name].compressor.spec}; wrap with the same plan to resume"
+                )
+        for name, entry in saved.items():
+            slot = self._state.slots[name]
+            device = self._params[name].device
+            residual = entry["residual"]
+            slot.residual = None if residual is None else residual.detach().to(device).clone()
+            slot.state = slot.compressor.init_state(slot.shape, slot.seed, self._state.rank)
+            slot.state.update(_import_state(entry["state"]))
+        self._state.step = int(state_dict["step"])
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop compressing and free compression memory.
+
+        DDP cannot unregister a comm hook, so after ``close()`` the hook stays in place and
+        performs a plain averaging all-reduce. Idempotent. Call it on every rank at the same
+        step boundary, as with any change to what ranks send.
+        """
+        if self._closed:
+            return
+        self._state.enabled = False
+        for slot in self._state.slots.values():
+            slot.residual = None
+            slot.state = {}
+        self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __repr__(self) -> str:
+        compressed = sum(1 for spec in self.plan.values() if spec != "none")
+        return (
+            f"<autocomp.Controller step={self.step} layers={len(self.plan)} "
+            f"compressed={compressed}{' closed' if self._closed else ''}>"
+        )
+
+
+def _export_state(state: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in state.items():
+        if key.startswith("_"):
+            continue  # transient, recomputed within a step
+        if isinstance(value, torch.Generator):
+            out[key] = {"generator_state": value.get_state()}
+        elif isinstance(value, torch.Tensor):
+            out[key] = value.detach().clone()
+        else:
+            out[key] = value
+    return out
+
+
+def _import_state(saved: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in saved.items():
+        if isinstance(value, Mapping) and "generator_state" in value:
+            generator = torch.Generator()
+            generator.set_state(value["generator_state"])
+            out[key] = generator
+        elif isinstance(value, torch.Tensor):
+            out[key] = value.clone()
+        else:
+            out[key] = value
+    return out
+
+
+def _check_model(model: object) -> DistributedDataParallel:
+    if isinstance(model, DistributedDataParallel):
+        return model
+    raise TypeError(
+        f"autocomp.wrap expects a DistributedDataParallel model, got {type(model).__name__}; "
+        "wrap your module in DistributedDataParallel first: "
+        "ddp = torch.nn.parallel.DistributedDataParallel(model); ctl = autocomp.wrap(ddp)"
+    )
+
+
+def wrap(
+    model: DistributedDataParallel,
+    plan: Plan | Mapping[str, str] | list[tuple[str, str]] | str | None = None,
+    *,
+    seed: int | None = None,
+) -> Controller:
+    """Register autocomp's comm hook on ``model`` (in place) and return its controller.
+
+    Args:
+        model: a ``DistributedDataParallel`` model, before its first backward.
+        plan: parameter-name globs mapped to compressor specs (first match wins, default
+            ``none``), as a dict, a list of pairs, a :class:`~autocomp.plan.Plan`, or the path
+            of a JSON plan file.
+        seed: base seed of shared random choices; must be equal on all ranks
+            (default ``AUTOCOMP_SEED`` or 0).
+
+    Raises:
+        TypeError: ``model`` is not DDP, or ``plan`` has the wrong type.
+        ValueError: a spec in the plan is invalid (the message lists what is valid).
+        RuntimeError: the model is already wrapped or has another comm hook, or the plan
+            differs between ranks (raised on every rank, before any training collective).
+    """
+    ddp = _check_model(model)
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "torch.distributed is not initialized; call dist.init_process_group(...) (torchrun "
+            "sets the environment) before creating DDP and calling autocomp.wrap"
+        )
+    if getattr(ddp, _WRAPPED_ATTR, None) is not None:
+        raise RuntimeError(
+            "this DDP model is already wrapped by autocomp; DDP allows one comm hook per model. "
+            "Use the controller returned by the first wrap() call."
+        )
+    rules = load_plan(plan)
+    base_seed = AUTOCOMP_SEED.get() if seed is None else int(seed)
+    group = ddp.process_group
+    rank = dist.get_rank(group)
+    world_size = dist.get_world_size(group)
+
+    params = {n: p for n, p in ddp.module.named_parameters() if p.requires_grad}
+    if not params:
+        raise ValueError("the model has no parameters that require gradients; nothing to wrap")
+    for pattern in rules.unmatched_patterns(params):
+        message = f"autocomp plan: glob {pattern!r} matches no parameter of the model"
+        warnings.warn(message, UserWarning, stacklevel=2)
+        logger.warning(message)
+    assignment: dict[str, Compressor] = rules.resolve(params)
+    if AUTOCOMP_DISABLE.get():
+        logger.warning("AUTOCOMP_DISABLE is set: every layer uses plain all-reduce")
+        assignment = {name: build_compressor("none") for name in params}
+
+    shapes = {n: p.shape for n, p in params.items()}
+    # The seed and world size ride along as a pseudo-entry: ranks must agree on them too.
+    digest = assignment_digest(
+        {**assignment, "\0seed": build_compressor("none")},
+        {**shapes, "\0seed": (base_seed, world_size)},
+    )
+    require_same_on_all_ranks(digest, group, "the autocomp plan (or the model's parameters)")
+
+    slots = {
+        name: LayerSlot(name=name, shape=p.shape, dtype=p.dtype, seed=layer_seed(base_seed, name))
+        for name, p in params.items()
+    }
+    state = HookState(
+        group,
+        slots,
+        {id(p): name for name, p in params.items()},
+        rank=rank,
+        world_size=world_size,
+        check_wire_bytes=AUTOCOMP_CHECK_WIRE_BYTES.get(),
+    )
+    state.assign(assignment)
+    try:
+        ddp.register_comm_hook(state, autocomp_hook)
+    except RuntimeError as err:
+        raise RuntimeError(
+            "could not register autocomp's comm hook: this DDP model already has a comm hook "
+            f"(DDP allows only one). Remove the other register_comm_hook call. ({err})"
+        ) from None
+    controller = Controller(ddp, state, rules, params)
+    setattr(ddp, _WRAPPED_ATTR, controller)
+    if rank == 0:
+        compressed = sum(1 for c in assignment.values() if c.name != "none")
+        logger.info(
+            "autocomp: wrapped %d parameters (%d compressed) across %d ranks",
+            len(assignment),
+            compressed,
+            world_size,
+        )
+    return controller

@@ -1,0 +1,264 @@
+"""The one DDP comm hook: per-layer compression inside each bucket.
+
+DDP allows a single comm hook per model, so this hook dispatches every gradient of a bucket to
+its own layer's compressor. Per bucket it issues at most one all-reduce per payload dtype
+(in a fixed dtype order) followed by at most one all-gather of opaque bytes. Every collective
+is launched synchronously from the hook call itself, never from a future callback, and DDP
+calls the hook in bucket order on every rank; with identical plans (checked at ``wrap``), every
+rank therefore issues the same collectives, with the same sizes, in the same order.
+
+Gradients are divided by the world size before compression, so summing what all ranks sent
+yields the average. Biased compressors keep an error-feedback residual per parameter, keyed
+by parameter name so it survives DDP's bucket rebuild after the first iteration.
+
+(No ``from __future__ import annotations`` here: DDP inspects the hook's annotations at
+registration and rejects string annotations.)
+"""
+
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from autocomp.compressors import Collective, Compressor, NoCompression
+
+logger = logging.getLogger(__name__)
+
+
+def _is_identity(compressor: Compressor) -> bool:
+    return type(compressor) is NoCompression
+
+
+@dataclass(slots=True)
+class LayerSlot:
+    """Everything the hook keeps for one parameter."""
+
+    name: str
+    """Qualified parameter name, the stable key across bucket rebuilds and checkpoints."""
+    shape: torch.Size
+    """Gradient shape."""
+    dtype: torch.dtype
+    """Gradient dtype as it sits in the bucket."""
+    seed: int
+    """Per-layer seed, identical on all ranks (shared random choices)."""
+    compressor: Compressor = field(default_factory=NoCompression)
+    """Current compressor."""
+    state: dict[str, Any] = field(default_factory=dict)
+    """Compressor state (warm-start factors, generators, counters)."""
+    residual: torch.Tensor | None = None
+    """Error-feedback memory (float32, gradient shape), or None."""
+    bytes_sent: int = 0
+    """Wire bytes this rank handed to collectives for this layer, all steps."""
+    bytes_raw: int = 0
+    """Bytes an uncompressed all-reduce would have sent, all steps."""
+
+    @property
+    def numel(self) -> int:
+        return self.shape.numel()
+
+    def wire_bytes(self) -> int:
+        """Bytes the next step sends for this layer."""
+        return self.compressor.wire_bytes(self.shape, self.dtype, self.state or None)
+
+
+@dataclass(slots=True)
+class _BucketLayout:
+    key: tuple[int, ...]
+    slots: list[LayerSlot]
+    offsets: list[int]
+    uncompressed: bool
+
+
+@dataclass(slots=True)
+class _Part:
+    slot: LayerSlot
+    offset: int
+    payload: torch.Tensor
+
+
+class HookState:
+    """State of the unified hook: per-parameter slots and cached bucket layouts."""
+
+    def __init__(
+        self,
+        process_group: dist.ProcessGroup | None,
+        slots: dict[str, LayerSlot],
+        param_names: dict[int, str],
+        *,
+        rank: int,
+        world_size: int,
+        check_wire_bytes: bool = True,
+    ) -> None:
+        self.process_group = process_group
+        self.slots = slots
+        self.param_names = param_names
+        self.rank = rank
+        self.world_size = world_size
+        self.check_wire_bytes = check_wire_bytes
+        self.step = 0
+        """Steps completed: incremented when the last bucket of a backward is launched."""
+        self.enabled = True
+        """False after ``close()``: the hook then does a plain averaging all-reduce."""
+        self._layouts: dict[int, _BucketLayout] = {}
+
+    def assign(self, assignment: dict[str, Compressor]) -> list[str]:
+        """Switch layers to new compressors between steps; returns the names that changed.
+
+        A layer whose compressor changes starts with fresh compressor state. Its residual is
+        kept: an error-feedback compressor continues from it, and any other compressor adds it
+        to the next gradient once, so no gradient mass is lost in the switch.
+        """
+        changed = []
+        for name, compressor in assignment.items():
+            slot = self.slots[name]
+            if slot.compressor == compressor:
+                continue
+            slot.compressor = compressor
+            slot.state = compressor.init_state(slot.shape, slot.seed, self.rank)
+            changed.append(name)
+        if changed:
+            self._layouts.clear()
+        return changed
+
+    def layout(self, bucket: dist.GradBucket) -> _BucketLayout:
+        params = bucket.parameters()
+        key = tuple(id(p) for p in params)
+        cached = self._layouts.get(bucket.index())
+        if cached is not None and cached.key == key:
+            return cached
+        slots, offsets, offset = [], [], 0
+        for param in params:
+            name = self.param_names.get(id(param))
+            if name is None:
+                raise RuntimeError(
+                    "autocomp: DDP handed the hook a parameter that was not in the model at "
+                    "wrap() time; parameters must not be replaced after wrapping"
+                )
+            slots.append(self.slots[name])
+            offsets.append(offset)
+            offset += param.numel()
+        if offset != bucket.buffer().numel():
+            raise RuntimeError(
+                f"autocomp: bucket {bucket.index()} holds {bucket.buffer().numel()} elements but "
+                f"its parameters add up to {offset}; this DDP layout is not supported"
+            )
+        uncompressed = all(_is_identity(s.compressor) for s in slots)
+        layout = _BucketLayout(key, slots, offsets, uncompressed)
+        self._layouts[bucket.index()] = layout
+        return layout
+
+
+def _all_gather(output: torch.Tensor, payload: torch.Tensor, group: Any) -> torch.futures.Future:
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(output, payload, group=group, async_op=True).get_future()
+
+
+def _prepare(slot: LayerSlot, grad: torch.Tensor, state: HookState) -> torch.Tensor:
+    """Compress one layer's (already averaged-by-division) gradient; update error feedback."""
+    compressor = slot.compressor
+    x = grad.view(slot.shape).to(torch.float32, copy=True)
+    if slot.residual is not None:
+        x.add_(slot.residual)
+    payload = compressor.compress(x, slot.state)
+    if state.check_wire_bytes:
+        sent = payload.numel() * payload.element_size()
+        expected = slot.wire_bytes()
+        if sent != expected:
+            raise RuntimeError(
+                f"compressor {compressor.spec} produced {sent} bytes for {slot.name} "
+                f"{tuple(slot.shape)} but reports {expected}"
+            )
+    if compressor.error_feedback:
+        estimate = compressor.decompress(payload, slot.shape, slot.state)
+        slot.residual = x.sub_(estimate)
+    else:
+        slot.residual = None
+    return payload
+
+
+def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook applying each parameter's compressor; see the module docstring."""
+    buffer = bucket.buffer()
+    group = state.process_group
+    world = state.world_size
+    buffer.div_(world)
+    layout = state.layout(bucket)
+    is_last = bucket.is_last()
+
+    if not state.enabled or (layout.uncompressed and all(s.residual is None for s in layout.slots)):
+        for slot in layout.slots:
+            size = slot.numel * slot.dtype.itemsize
+            slot.bytes_sent += size
+            slot.bytes_raw += size
+        fut = dist.all_reduce(buffer, group=group, async_op=True).get_future()
+        if is_last:
+            state.step += 1
+        return fut.then(lambda f: f.value()[0])
+
+    reduce_parts: dict[torch.dtype, list[_Part]] = {}
+    gather_parts: list[_Part] = []
+    for slot, offset in zip(layout.slots, layout.offsets, strict=True):
+        grad = buffer[offset : offset + slot.numel]
+        if _is_identity(slot.compressor) and slot.residual is None:
+            payload = grad
+        else:
+            payload = _prepare(slot, grad, state)
+        slot.bytes_sent += payload.numel() * payload.element_size()
+        slot.bytes_raw += slot.numel * slot.dtype.itemsize
+        part = _Part(slot, offset, payload)
+        if slot.compressor.collective is Collective.ALL_REDUCE:
+            reduce_parts.setdefault(payload.dtype, []).append(part)
+        else:
+            gather_parts.append(part)
+
+    # Launch order is a pure function of the plan: dtypes sorted by name, then the gather.
+    futures: list[torch.futures.Future] = []
+    reduce_groups: list[tuple[torch.Tensor, list[_Part]]] = []
+    for dtype in sorted(reduce_parts, key=str):
+        parts = reduce_parts[dtype]
+        flat = torch.cat([p.payload.reshape(-1) for p in parts])
+        reduce_groups.append((flat, parts))
+        futures.append(dist.all_reduce(flat, group=group, async_op=True).get_future())
+    gathered: torch.Tensor | None = None
+    if gather_parts:
+        local = torch.cat([p.payload for p in gather_parts])
+        gathered = torch.empty(world * local.numel(), dtype=torch.uint8, device=local.device)
+        futures.append(_all_gather(gathered, local, group))
+    if is_last:
+        state.step += 1
+
+    def finish(_: torch.futures.Future) -> torch.Tensor:
+        for fut in futures:
+            fut.value()  # re-raise a failed collective here rather than use stale data
+        for flat, parts in reduce_groups:
+            start = 0
+            for part in parts:
+                size = part.payload.numel()
+                summed = flat[start : start + size]
+                start += size
+                _write_back(buffer, part, part.slot.compressor.decompress, summed)
+        if gathered is not None:
+            rows = gathered.view(world, -1)
+            start = 0
+            for part in gather_parts:
+                size = part.payload.numel()
+                payloads = [rows[r, start : start + size] for r in range(world)]
+                start += size
+                _write_back(buffer, part, part.slot.compressor.decompress_sum, payloads)
+        return buffer
+
+    return torch.futures.collect_all(futures).then(finish)
+
+
+def _write_back(buffer: torch.Tensor, part: _Part, decode: Any, received: Any) -> None:
+    slot = part.slot
+    target = buffer[part.offset : part.offset + slot.numel]
+    if _is_identity(slot.compressor):
+        target.copy_(received)
+        return
+    estimate = decode(received, slot.shape, slot.state)
+    target.copy_(estimate.reshape(-1))
+    slot.compressor.commit(received, slot.state)

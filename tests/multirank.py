@@ -1,0 +1,99 @@
+"""Run a function on N local gloo ranks (spawned processes, FileStore rendezvous).
+
+Each rank returns a picklable value; a rank that raises reports its traceback, and ranks that
+do not finish in time are killed and reported as hung, so a broken collective fails the test
+instead of stalling the suite.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+COLLECTIVE_TIMEOUT_S = 60
+
+
+def _entry(
+    fn: Callable[..., Any], rank: int, world_size: int, workdir: str, args: tuple[Any, ...]
+) -> None:
+    out = Path(workdir) / f"rank{rank}"
+    try:
+        torch.set_num_threads(1)
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        store = dist.FileStore(str(Path(workdir) / "store"), world_size)
+        dist.init_process_group(
+            "gloo",
+            store=store,
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+        )
+        try:
+            result = fn(rank, world_size, *args)
+        finally:
+            dist.destroy_process_group()
+        out.with_suffix(".ok").write_bytes(pickle.dumps(result))
+    except BaseException:
+        out.with_suffix(".err").write_text(traceback.format_exc())
+        raise SystemExit(1) from None
+
+
+def run_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    workdir: Path,
+    *args: Any,
+    timeout: float = 180.0,
+) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return their results.
+
+    Raises AssertionError with every failing rank's traceback, or naming the ranks that hung.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    ctx = mp.get_context("spawn")
+    procs = [
+        ctx.Process(target=_entry, args=(fn, rank, world_size, str(workdir), args), daemon=True)
+        for rank in range(world_size)
+    ]
+    for proc in procs:
+        proc.start()
+    deadline = timeout
+    import time
+
+    start = time.monotonic()
+    for proc in procs:
+        proc.join(max(0.0, deadline - (time.monotonic() - start)))
+    hung = [rank for rank, proc in enumerate(procs) if proc.is_alive()]
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    errors = {
+        rank: (workdir / f"rank{rank}.err").read_text()
+        for rank in range(world_size)
+        if (workdir / f"rank{rank}.err").exists()
+    }
+    if errors:
+        details = "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in sorted(errors.items()))
+        raise AssertionError(f"ranks {sorted(errors)} failed:\n{details}")
+    if hung:
+        raise AssertionError(f"ranks {hung} did not finish within {timeout:.0f}s (hang)")
+    return [pickle.loads((workdir / f"rank{r}.ok").read_bytes()) for r in range(world_size)]
+
+
+def rank_errors(workdir: Path, world_size: int) -> dict[int, str]:
+    """Tracebacks of the ranks that failed in ``workdir`` (for tests that expect failure)."""
+    return {
+        r: (workdir / f"rank{r}.err").read_text()
+        for r in range(world_size)
+        if (workdir / f"rank{r}.err").exists()
+    }

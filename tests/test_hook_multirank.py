@@ -1,0 +1,232 @@
+"""Tier 2: the unified comm hook on 2 and 4 local gloo ranks (spawned processes).
+
+Covers: every compressor keeps all ranks bit-identical and the loss falls, on a model whose
+gradients span several DDP buckets; all compressors mixed in one model; PowerSGD on every
+bucket at 4 ranks (the case where PyTorch's own hook aborts on gloo); the bytes handed to the
+collectives equal what the compressors report; close() falls back to plain all-reduce.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import autocomp
+from tests.models import MultiBucketNet, classification_batch
+from tests.multirank import run_ranks
+
+pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]
+
+ALL_SPECS = [
+    "none",
+    "fp16",
+    "bf16",
+    "int8",
+    "qsgd:levels=8",
+    "sign",
+    "topk:ratio=0.05",
+    "randomk:ratio=0.25",
+    "powersgd:rank=2",
+]
+BUCKET_CAP_MB = 0.02  # ~5k floats per bucket: MultiBucketNet spreads over >= 3 buckets
+STEPS = 40
+
+
+def _flat_params(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def _train(
+    rank: int, plan: dict[str, str] | list[tuple[str, str]], steps: int = STEPS, lr: float = 0.05
+) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = MultiBucketNet()
+    ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
+    ctl = autocomp.wrap(ddp, plan=plan)
+    opt = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9)
+    losses = []
+    for step in range(steps):
+        x, y = classification_batch(rank, step)
+        loss = torch.nn.functional.cross_entropy(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    buckets = len(ctl._state._layouts)
+    return {
+        "params": _flat_params(model),
+        "losses": losses,
+        "stats": ctl.stats(),
+        "plan": ctl.plan,
+        "buckets": buckets,
+    }
+
+
+def _every_compressor(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
+    # Biases and norms stay uncompressed (as a real plan would); everything else uses the spec.
+    return {
+        spec: _train(rank, [("*.bias", "none"), ("norm.*", "none"), ("*", spec)])
+        for spec in ALL_SPECS
+    }
+
+
+def _assert_identical_and_learning(results: list[dict[str, Any]], label: str) -> None:
+    reference = results[0]
+    for rank, result in enumerate(results[1:], start=1):
+        assert torch.equal(reference["params"], result["params"]), (
+            f"{label}: rank {rank} parameters differ from rank 0"
+        )
+        assert reference["plan"] == result["plan"]
+    losses = reference["losses"]
+    start, end = sum(losses[:3]) / 3, sum(losses[-5:]) / 5
+    assert end < 0.9 * start, f"{label}: loss did not fall ({start:.3f} -> {end:.3f})"
+    assert reference["buckets"] >= 3, f"{label}: model used only {reference['buckets']} buckets"
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_every_compressor_keeps_ranks_identical(world_size: int, tmp_path: Path) -> None:
+    results = run_ranks(_every_compressor, world_size, tmp_path, timeout=540)
+    for spec in ALL_SPECS:
+        per_rank = [r[spec] for r in results]
+        _assert_identical_and_learning(per_rank, f"{spec} x{world_size}")
+        stats = per_rank[0]["stats"]
+        if spec != "none":
+            assert stats["compression_ratio"] > 1.5, (spec, stats["compression_ratio"])
+
+
+def _mixed(rank: int, world_size: int) -> dict[str, Any]:
+    plan = {
+        "conv.weight": "sign",
+        "fc1.weight": "powersgd:rank=4",
+        "fc1.bias": "fp16",
+        "norm.weight": "bf16",
+        "norm.bias": "none",
+        "fc2.weight": "topk:ratio=0.1",
+        "fc2.bias": "qsgd:levels=16",
+        "fc3.weight": "int8",
+        "fc3.bias": "randomk:ratio=0.5,unbiased=false",
+        "head.*": "randomk:ratio=0.5",
+    }
+    return _train(rank, plan, steps=40)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_all_compressors_mixed_in_one_model(world_size: int, tmp_path: Path) -> None:
+    results = run_ranks(_mixed, world_size, tmp_path)
+    _assert_identical_and_learning(results, f"mixed x{world_size}")
+    layers = results[0]["stats"]["layers"]
+    assert {v["compressor"].split(":")[0] for v in layers.values()} == {
+        s.split(":")[0] for s in ALL_SPECS
+    }
+
+
+def _powersgd_everywhere(rank: int, world_size: int) -> dict[str, Any]:
+    # A tiny bucket cap gives one bucket per large layer: many buckets, each with PowerSGD,
+    # which is where a second, callback-launched all-reduce would reorder across ranks.
+    torch.manual_seed(0)
+    model = MultiBucketNet(width=128)
+    ddp = DDP(model, bucket_cap_mb=0.005)
+    ctl = autocomp.wrap(ddp, plan={"*": "powersgd:rank=2"})
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for step in range(25):
+        x, y = classification_batch(rank, step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    return {"params": _flat_params(model), "buckets": len(ctl._state._layouts)}
+
+
+def test_powersgd_on_many_buckets_keeps_collective_order(tmp_path: Path) -> None:
+    results = run_ranks(_powersgd_everywhere, 4, tmp_path)
+    assert results[0]["buckets"] >= 4
+    for result in results[1:]:
+        assert torch.equal(results[0]["params"], result["params"])
+
+
+def _wire_bytes_probe(rank: int, world_size: int) -> dict[str, Any]:
+    """Record every collective the hook issues and compare with the compressors' reports."""
+    handed: list[tuple[str, int]] = []
+    real_all_reduce = dist.all_reduce
+    real_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+    def all_reduce(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        handed.append(("all_reduce", tensor.numel() * tensor.element_size()))
+        return real_all_reduce(tensor, *args, **kwargs)
+
+    def all_gather(output: torch.Tensor, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        handed.append(("all_gather", tensor.numel() * tensor.element_size()))
+        return real_gather(output, tensor, *args, **kwargs)
+
+    torch.manual_seed(0)
+    model = MultiBucketNet()
+    ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
+    plan = {
+        "fc1.weight": "powersgd:rank=3",
+        "fc2.weight": "topk:ratio=0.02",
+        "fc3.weight": "qsgd:levels=4",
+        "conv.weight": "int8",
+        "head.weight": "fp16",
+        "*": "none",
+    }
+    ctl = autocomp.wrap(ddp, plan=plan)
+    import autocomp.hook as hook_module
+
+    per_step = []
+    hook_module.dist.all_reduce = all_reduce  # type: ignore[assignment]
+    name = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+    setattr(hook_module.dist, name, all_gather)
+    try:
+        for step in range(4):
+            expected = sum(s.wire_bytes() for s in ctl._state.slots.values())
+            handed.clear()
+            x, y = classification_batch(rank, step)
+            torch.nn.functional.cross_entropy(ddp(x), y).backward()
+            per_step.append((expected, sum(size for _, size in handed), list(handed)))
+    finally:
+        hook_module.dist.all_reduce = real_all_reduce  # type: ignore[assignment]
+        setattr(hook_module.dist, name, real_gather)
+    return {"per_step": per_step, "stats": ctl.stats()}
+
+
+def test_bytes_handed_to_collectives_equal_reported_wire_bytes(tmp_path: Path) -> None:
+    results = run_ranks(_wire_bytes_probe, 2, tmp_path)
+    for expected, handed, calls in results[0]["per_step"]:
+        assert handed == expected, calls
+        kinds = [kind for kind, _ in calls]
+        # Per bucket: all-reduces first (one per dtype), then at most one all-gather.
+        assert "all_gather" in kinds and "all_reduce" in kinds
+    # PowerSGD alternates between P (rows x r) and Q (cols x r): consecutive steps differ.
+    sizes = [handed for _, handed, _ in results[0]["per_step"]]
+    assert sizes[0] != sizes[1] and sizes[0] == sizes[2]
+
+
+def _close_then_train(rank: int, world_size: int) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = MultiBucketNet()
+    ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
+    ctl = autocomp.wrap(ddp, plan={"*.weight": "topk:ratio=0.05"})
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for step in range(10):
+        if step == 5:
+            ctl.close()
+            ctl.close()  # idempotent
+        x, y = classification_batch(rank, step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    stats = ctl.stats()
+    return {"params": _flat_params(model), "stats": stats, "closed": ctl.closed}
+
+
+def test_close_falls_back_to_plain_all_reduce(tmp_path: Path) -> None:
+    results = run_ranks(_close_then_train, 2, tmp_path)
+    assert torch.equal(results[0]["params"], results[1]["params"])
+    assert results[0]["closed"]
+    layer = results[0]["stats"]["layers"]["fc2.weight"]
+    # 5 steps compressed + 5 steps at full size: sent is between the two extremes.
+    assert layer["bytes_uncompressed"] / 2 < layer["bytes_sent"] < layer["bytes_uncompressed"]

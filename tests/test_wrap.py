@@ -1,0 +1,199 @@
+"""Tier 2: ``autocomp.wrap`` input checking and checkpointing on local gloo ranks.
+
+Every bad input gets a clear error, raised on every rank and never a hang: a model that is
+not DDP, wrapping twice, a foreign comm hook, bad specs, globs that match nothing, and plans
+or seeds that differ between ranks. ``state_dict``/``load_state_dict`` resume training
+bit-identically and refuse state from another rank, world size or plan.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import autocomp
+from tests.models import MultiBucketNet, classification_batch
+from tests.multirank import run_ranks
+
+pytestmark = [pytest.mark.multirank, pytest.mark.timeout(300)]
+
+
+def test_non_ddp_model_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match=r"DistributedDataParallel.*DistributedDataParallel\(model"):
+        autocomp.wrap(nn.Linear(3, 3))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="got str"):
+        autocomp.wrap("model")  # type: ignore[arg-type]
+
+
+def _error_of(fn: Any) -> str:
+    try:
+        fn()
+    except Exception as err:  # the test inspects type and message
+        return f"{type(err).__name__}: {err}"
+    return "no error"
+
+
+def _bad_inputs(rank: int, world_size: int, plan_path: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    ddp = DDP(MultiBucketNet())
+    out["bad_name"] = _error_of(lambda: autocomp.wrap(ddp, plan={"*": "zip"}))
+    out["bad_param"] = _error_of(lambda: autocomp.wrap(ddp, plan={"*": "topk:ratio=2"}))
+    out["bad_type"] = _error_of(lambda: autocomp.wrap(ddp, plan=42))  # type: ignore[arg-type]
+    out["missing_file"] = _error_of(lambda: autocomp.wrap(ddp, plan="/nonexistent/plan.json"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ctl = autocomp.wrap(ddp, plan=plan_path)
+    out["warnings"] = " | ".join(str(w.message) for w in caught)
+    out["plan_from_file"] = json.dumps(ctl.plan)
+    out["twice"] = _error_of(lambda: autocomp.wrap(ddp))
+
+    other = DDP(MultiBucketNet())
+    other.register_comm_hook(None, default_hooks.allreduce_hook)
+    out["foreign_hook"] = _error_of(lambda: autocomp.wrap(other))
+
+    # Rank-dependent plans and seeds must fail on every rank, not turn into a size mismatch.
+    spec = "topk:ratio=0.1" if rank == 0 else "topk:ratio=0.2"
+    out["plan_mismatch"] = _error_of(lambda: autocomp.wrap(DDP(MultiBucketNet()), plan={"*": spec}))
+    out["seed_mismatch"] = _error_of(lambda: autocomp.wrap(DDP(MultiBucketNet()), seed=rank))
+    # After those refusals the ranks still agree and can train: nothing is left half-issued.
+    model = MultiBucketNet()
+    ok = autocomp.wrap(DDP(model), plan={"*.weight": "int8"})
+    x, y = classification_batch(rank, 0)
+    torch.nn.functional.cross_entropy(ok.model(x), y).backward()
+    out["trained_after_errors"] = str(ok.step)
+    return out
+
+
+def test_bad_inputs_get_clear_errors_on_every_rank(tmp_path: Path) -> None:
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "default": "none",
+                "rules": [
+                    {"match": "fc*.weight", "compressor": "powersgd:rank=2"},
+                    {"match": "encoder.*", "compressor": "fp16"},
+                ],
+            }
+        )
+    )
+    results = run_ranks(_bad_inputs, 2, tmp_path / "ranks", str(plan_path))
+    for rank, out in enumerate(results):
+        assert out["bad_name"].startswith("ValueError") and "valid:" in out["bad_name"]
+        assert "powersgd" in out["bad_name"] and "'zip'" in out["bad_name"]
+        assert out["bad_param"].startswith("ValueError") and "out of range" in out["bad_param"]
+        assert out["bad_type"].startswith("TypeError")
+        assert (
+            out["missing_file"].startswith("ValueError") and "does not exist" in out["missing_file"]
+        )
+        assert "'encoder.*' matches no parameter" in out["warnings"]
+        plan = json.loads(out["plan_from_file"])
+        assert plan["fc1.weight"] == "powersgd:rank=2,ef=true" and plan["fc1.bias"] == "none"
+        assert out["twice"].startswith("RuntimeError") and "already wrapped" in out["twice"]
+        assert out["foreign_hook"].startswith("RuntimeError") and "comm hook" in out["foreign_hook"]
+        for key in ("plan_mismatch", "seed_mismatch"):
+            assert out[key].startswith("RuntimeError"), (rank, key, out[key])
+            assert "differs between ranks" in out[key] and "[1]" in out[key]
+        assert out["trained_after_errors"] == "1"
+
+
+RESUME_PLAN = {
+    "conv.weight": "sign",
+    "fc1.weight": "powersgd:rank=2",
+    "fc2.weight": "topk:ratio=0.05",
+    "fc3.weight": "qsgd:levels=4",
+    "head.weight": "randomk:ratio=0.3",
+    "*.bias": "fp16",
+}
+RESUME_AT, RESUME_TOTAL = 7, 14
+
+
+def _fresh(init_seed: int) -> tuple[nn.Module, DDP, torch.optim.Optimizer, autocomp.Controller]:
+    torch.manual_seed(init_seed)
+    model = MultiBucketNet()
+    ddp = DDP(model, bucket_cap_mb=0.02)
+    ctl = autocomp.wrap(ddp, plan=RESUME_PLAN)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    return model, ddp, opt, ctl
+
+
+def _steps(rank: int, ddp: DDP, opt: torch.optim.Optimizer, start: int, stop: int) -> None:
+    for step in range(start, stop):
+        x, y = classification_batch(rank, step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+
+
+def _resume(rank: int, world_size: int, ckpt_dir: str) -> dict[str, Any]:
+    model, ddp, opt, _ = _fresh(0)
+    _steps(rank, ddp, opt, 0, RESUME_TOTAL)
+    uninterrupted = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+    model, ddp, opt, ctl = _fresh(0)
+    _steps(rank, ddp, opt, 0, RESUME_AT)
+    path = Path(ckpt_dir) / f"rank{rank}.pt"
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "ac": ctl.state_dict()}, path)
+    del model, ddp, opt, ctl
+
+    model, ddp, opt, ctl = _fresh(123)  # different init: everything must come from the file
+    saved = torch.load(path, weights_only=False)
+    model.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["opt"])
+    ctl.load_state_dict(saved["ac"])
+    assert ctl.step == RESUME_AT
+    _steps(rank, ddp, opt, RESUME_AT, RESUME_TOTAL)
+    resumed = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+    errors = {}
+    other_rank = dict(saved["ac"], rank=1 - rank)
+    errors["rank"] = _error_of(lambda: ctl.load_state_dict(other_rank))
+    errors["world"] = _error_of(lambda: ctl.load_state_dict(dict(saved["ac"], world_size=8)))
+    changed = {**saved["ac"], "layers": dict(saved["ac"]["layers"])}
+    changed["layers"]["fc2.weight"] = dict(changed["layers"]["fc2.weight"], compressor="int8")
+    errors["plan"] = _error_of(lambda: ctl.load_state_dict(changed))
+    errors["foreign"] = _error_of(lambda: ctl.load_state_dict({"weights": 1}))
+    return {"uninterrupted": uninterrupted, "resumed": resumed, "errors": errors}
+
+
+def test_resume_is_bit_identical(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    results = run_ranks(_resume, 2, tmp_path / "ranks", str(ckpt))
+    for out in results:
+        assert torch.equal(out["uninterrupted"], out["resumed"])
+        errors = out["errors"]
+        assert errors["rank"].startswith("ValueError") and "rank" in errors["rank"]
+        assert errors["world"].startswith("ValueError") and "world_size" in errors["world"]
+        assert errors["plan"].startswith("ValueError") and "fc2.weight" in errors["plan"]
+        assert errors["foreign"].startswith("ValueError")
+    assert not torch.equal(results[0]["resumed"], torch.zeros_like(results[0]["resumed"]))
+
+
+def _resume_without_state(rank: int, world_size: int, ckpt_dir: str) -> bool:
+    """Control: restoring model and optimizer but not autocomp's state does NOT match."""
+    model, ddp, opt, _ = _fresh(0)
+    _steps(rank, ddp, opt, 0, RESUME_TOTAL)
+    uninterrupted = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    model, ddp, opt, _ = _fresh(0)
+    _steps(rank, ddp, opt, 0, RESUME_AT)
+    saved = {"model": model.state_dict(), "opt": opt.state_dict()}
+    model, ddp, opt, _ = _fresh(0)
+    model.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["opt"])
+    _steps(rank, ddp, opt, RESUME_AT, RESUME_TOTAL)
+    resumed = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return bool(torch.equal(uninterrupted, resumed))
+
+
+def test_resume_without_autocomp_state_differs(tmp_path: Path) -> None:
+    assert run_ranks(_resume_without_state, 2, tmp_path, str(tmp_path)) == [False, False]

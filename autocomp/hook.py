@@ -15,7 +15,6 @@ by parameter name so it survives DDP's bucket rebuild after the first iteration.
 registration and rejects string annotations.)
 """
 
-
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -162,7 +161,11 @@ def _prepare(slot: LayerSlot, grad: torch.Tensor, state: HookState) -> torch.Ten
     x = grad.view(slot.shape).to(torch.float32, copy=True)
     if slot.residual is not None:
         x.add_(slot.residual)
-    payload = compressor.compress(x, slot.state)
+    if _is_identity(compressor):
+        # A pending residual is flushed into an uncompressed layer in its own dtype.
+        payload = x.reshape(-1).to(slot.dtype)
+    else:
+        payload = compressor.compress(x, slot.state)
     if state.check_wire_bytes:
         sent = payload.numel() * payload.element_size()
         expected = slot.wire_bytes()

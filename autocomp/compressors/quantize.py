@@ -111,7 +111,11 @@ class QSGD(_ChunkedQuantizer):
     def compress(self, x: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
         levels = int(self.config["levels"])
         rows = chunked(x, int(self.config["chunk"]))
-        norms = torch.linalg.vector_norm(rows, dim=1)
+        # Norm of the max-scaled chunk, rescaled: a plain float32 norm overflows to inf once an
+        # entry exceeds ~1.8e19, which would decode the whole chunk as NaN.
+        peak = rows.abs().amax(dim=1, keepdim=True)
+        unit = torch.where(peak > 0, peak, torch.ones_like(peak))
+        norms = torch.linalg.vector_norm(rows / unit, dim=1) * unit.squeeze(1)
         safe = torch.where(norms > 0, norms, torch.ones_like(norms))
         scaled = rows.abs() / safe.unsqueeze(1) * levels
         floor = scaled.floor()

@@ -7,7 +7,6 @@ different coordinates on each rank, so its payload is gathered.
 
 from __future__ import annotations
 
-import math
 from typing import Any, ClassVar
 
 import torch
@@ -113,14 +112,17 @@ class RandomK(Compressor):
         generator = torch.Generator()
         generator.manual_seed((state["seed"] * 1_000_003 + state["calls"]) % (1 << 63))
         k = kept(numel, float(self.config["ratio"]))
-        indices = torch.randint(0, numel, (k,), generator=generator).to(device)
+        if k == 0:
+            indices = torch.zeros(0, dtype=torch.int64, device=device)
+        else:
+            indices = torch.randint(0, numel, (k,), generator=generator).to(device)
         state["_indices"] = (state["calls"], indices)
         return indices
 
     def compress(self, x: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
         flat = x.reshape(-1)
         values = flat[self._indices(flat.numel(), state, flat.device)]
-        if self.config["unbiased"]:
+        if self.config["unbiased"] and values.numel():
             values = values * (flat.numel() / values.numel())
         return values.to(torch.float32)
 
@@ -141,9 +143,3 @@ class RandomK(Compressor):
     def commit(self, payload: torch.Tensor | list[torch.Tensor], state: dict[str, Any]) -> None:
         state["calls"] += 1
         state.pop("_indices", None)
-
-
-def expected_density(numel: int, ratio: float) -> float:
-    """Fraction of distinct coordinates ``randomk`` touches (with replacement), for docs/tests."""
-    k = kept(numel, ratio)
-    return 1.0 - math.pow(1.0 - 1.0 / numel, k) if numel else 0.0

@@ -1,0 +1,126 @@
+"""Real training workloads that need no download: used by the demo, benchmarks and examples.
+
+- A byte-level language model on the Python standard library's own source text, which every
+  Python installation ships.
+- A small CNN on scikit-learn's bundled 8x8 digits images.
+
+Batches are a pure function of (rank, step), so runs are reproducible and each rank sees its
+own shard, as in real data-parallel training.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from torch import nn
+
+VOCAB_SIZE = 256  # bytes
+
+
+@lru_cache(maxsize=4)
+def stdlib_corpus(max_bytes: int = 4_000_000) -> torch.Tensor:
+    """Bytes of the standard library's ``.py`` files (sorted, so identical on every rank)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    chunks: list[bytes] = []
+    total = 0
+    for path in sorted(root.glob("*.py")) + sorted(root.glob("*/*.py")):
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        chunks.append(data)
+        total += len(data)
+        if total >= max_bytes:
+            break
+    if total < 100_000:
+        raise RuntimeError(f"standard library source not found under {root}; cannot build corpus")
+    corpus = b"".join(chunks)[:max_bytes]
+    return torch.frombuffer(bytearray(corpus), dtype=torch.uint8).to(torch.long)
+
+
+@dataclass(frozen=True, slots=True)
+class TextSplit:
+    """Train/validation split of the corpus (last 10% held out)."""
+
+    train: torch.Tensor
+    valid: torch.Tensor
+
+
+def text_split(max_bytes: int = 4_000_000) -> TextSplit:
+    corpus = stdlib_corpus(max_bytes)
+    cut = int(len(corpus) * 0.9)
+    return TextSplit(corpus[:cut], corpus[cut:])
+
+
+def text_batch(
+    data: torch.Tensor, context: int, batch: int, rank: int, step: int, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``batch`` windows of ``context`` bytes and the byte that follows each."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + rank * 7919 + step)
+    starts = torch.randint(0, len(data) - context - 1, (batch,), generator=gen)
+    offsets = torch.arange(context)
+    return data[starts[:, None] + offsets], data[starts + context]
+
+
+class MLPLanguageModel(nn.Module):
+    """Byte-level MLP language model: embed a context window, two hidden layers, predict.
+
+    Dense and matrix-heavy, so its gradient traffic is dominated by a few large matrices,
+    the situation where per-layer compression matters.
+    """
+
+    def __init__(self, context: int = 32, embed: int = 64, hidden: int = 1024) -> None:
+        super().__init__()
+        self.context = context
+        self.embed = nn.Embedding(VOCAB_SIZE, embed)
+        self.fc1 = nn.Linear(context * embed, hidden)
+        self.fc2 = nn.Linear(hidden, hidden)
+        self.norm = nn.LayerNorm(hidden)
+        self.out = nn.Linear(hidden, VOCAB_SIZE)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embed(tokens).flatten(1)
+        h = torch.relu(self.fc1(h))
+        h = self.norm(torch.relu(self.fc2(h)))
+        return self.out(h)
+
+
+@lru_cache(maxsize=1)
+def digits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """scikit-learn's bundled digits: (train_x, train_y, valid_x, valid_y), 1x8x8 in [0, 1]."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(bunch.target, dtype=torch.long)
+    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
+    x, y = x[perm], y[perm]
+    cut = int(len(x) * 0.8)
+    return x[:cut], y[:cut], x[cut:], y[cut:]
+
+
+def digits_batch(batch: int, rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    train_x, train_y, _, _ = digits()
+    gen = torch.Generator().manual_seed(rank * 7919 + step)
+    index = torch.randint(0, len(train_x), (batch,), generator=gen)
+    return train_x[index], train_y[index]
+
+
+class DigitsCNN(nn.Module):
+    """Two conv layers and a classifier for 8x8 digit images."""
+
+    def __init__(self, channels: int = 32, hidden: int = 256) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, channels, 3, padding=1)
+        self.conv2 = nn.Conv2d(channels, 2 * channels, 3, padding=1)
+        self.fc = nn.Linear(2 * channels * 4 * 4, hidden)
+        self.head = nn.Linear(hidden, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.conv1(x))
+        h = torch.max_pool2d(torch.relu(self.conv2(h)), 2)
+        return self.head(torch.relu(self.fc(h.flatten(1))))

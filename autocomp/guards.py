@@ -1,0 +1,615 @@
+"""Convergence guards: when the adaptive controller must stop trusting compression.
+
+Compression that is fine for a network link can still hurt training. These guards watch a few
+cheap signals and tell the controller to compress less (a *back-off level*, per layer) or to
+drop a layer's error-feedback residual, and to relax again once things stay quiet:
+
+* ``warmup``: the first ``warmup_steps`` steps train uncompressed (one event when they end).
+* ``nonfinite``: NaN/Inf in a layer's gradient -> that step uncompressed + EF reset of the
+  layer; a non-finite residual norm -> EF reset; a non-finite loss -> ignored.
+* ``loss_divergence``: the loss EWMA stays above ``loss_divergence_ratio`` x the warm-up
+  baseline and rises, for ``loss_patience`` observations -> every layer backs off one level.
+* ``critical_regime`` (Accordion, Agarwal et al. 2021): a layer's gradient norm changes by more
+  than ``critical_change`` relative to the previous window -> that layer backs off one level.
+* ``residual_growth``: a layer's residual norm exceeds ``residual_factor`` x its gradient norm
+  -> EF reset + that layer backs off one level.
+* ``recovered``: ``recovery_windows`` quiet windows in a row -> one back-off level removed.
+
+Back-off is in levels, not compressors: level *k* means "k rungs less aggressive than the
+bandwidth-optimal choice" on whatever ladder the controller uses for that layer (e.g.
+``powersgd:rank=4`` -> ``rank=8`` -> ``rank=16`` -> ``none``). Back off fast (one window),
+recover slowly (several quiet windows), like AIMD congestion control: a wrong back-off costs
+bandwidth for a while, a wrong "keep compressing" can cost the run.
+
+Pure logic: no collectives, no clocks, no randomness. **Every rank must feed the guards the
+same numbers in the same order** (the controller combines ranks' observations first, e.g. an
+all-reduce of squared norms and of the loss), because the decisions change what each rank
+sends; diverging decisions would mismatch the collectives and hang.
+
+Integration contract (what the controller/hook wire up):
+
+* ``step_uncompressed(step)``: when True, every layer of that step goes through a plain
+  averaging all-reduce and no residual is added (warm-up, and steps reported non-finite).
+* ``check_nonfinite(step, flags)`` with rank-combined flags (logical OR over ranks, e.g. a MAX
+  all-reduce of :func:`nonfinite_mask`), ideally before launching that step's compressed
+  collectives; if the flags are only known afterwards, pass ``step + 1`` so the *next* step goes
+  uncompressed. The returned layers (also queued in ``layers_to_reset()``) must have their
+  residual dropped and their compressor state re-initialised (a NaN in PowerSGD's warm-start
+  factor would otherwise persist forever). Resetting twice is harmless.
+* ``observe_loss(step, loss)`` with the rank-averaged loss, every step or every few steps.
+* ``observe_window(step, grad_norms, residual_norms)`` once per controller window (empty
+  mappings are fine: the call also closes the window for recovery counting). Both norms must
+  be in the same units: the hook compresses ``grad / world_size``, so measure that (before
+  the residual is added) and the residual; combine over ranks as ``sqrt(mean(norm**2))``. The
+  window's gradient norm should average several steps (e.g. root-mean-square of the per-step
+  norms): single-step norms are too noisy for a 0.5 relative-change test.
+* Every step boundary: apply ``backoff()`` to the compressed layers' ladders (uncompressed
+  layers stay uncompressed) and reset the residuals named by ``layers_to_reset()``.
+* Checkpoint ``state_dict()`` with the controller's state and restore with
+  ``load_state_dict()`` so a resumed run makes the same decisions.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "GUARD_NAMES",
+    "ConvergenceGuards",
+    "GuardEvent",
+    "layer_norms",
+    "nonfinite_layers",
+    "nonfinite_mask",
+]
+
+STATE_DICT_VERSION = 1
+
+WARMUP = "warmup"
+NONFINITE = "nonfinite"
+LOSS_DIVERGENCE = "loss_divergence"
+CRITICAL_REGIME = "critical_regime"
+RESIDUAL_GROWTH = "residual_growth"
+RECOVERED = "recovered"
+GUARD_NAMES = (WARMUP, NONFINITE, LOSS_DIVERGENCE, CRITICAL_REGIME, RESIDUAL_GROWTH, RECOVERED)
+"""Every value ``GuardEvent.guard`` can take."""
+
+ACTION_ENABLE = "enable compression"
+ACTION_UNCOMPRESSED_RESET = "uncompressed step + EF reset"
+ACTION_RESET = "EF reset"
+ACTION_IGNORED = "ignored"
+ACTION_BACK_OFF = "back off 1 level"
+ACTION_BACK_OFF_ALL = "back off 1 level on every layer"
+ACTION_AT_MAX = "none: back-off already at max"
+ACTION_RESET_BACK_OFF = "EF reset + back off 1 level"
+ACTION_RESET_AT_MAX = "EF reset (back-off already at max)"
+ACTION_RESET_ONLY = "EF reset (already backed off this window)"
+ACTION_RECOVER = "recover 1 level"
+
+
+@dataclass(frozen=True, slots=True)
+class GuardEvent:
+    """One guard decision, kept for inspection, logs and checkpoints."""
+
+    step: int
+    """Step the observation that fired belongs to."""
+    guard: str
+    """Which guard fired: one of :data:`GUARD_NAMES`."""
+    layer: str | None
+    """Parameter name, or None for decisions about the whole model."""
+    detail: str
+    """Human-readable numbers behind the decision."""
+    action: str
+    """What the controller must do, e.g. ``"back off 1 level"``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "guard": self.guard,
+            "layer": self.layer,
+            "detail": self.detail,
+            "action": self.action,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GuardEvent:
+        layer = data["layer"]
+        return cls(
+            step=int(data["step"]),
+            guard=str(data["guard"]),
+            layer=None if layer is None else str(layer),
+            detail=str(data["detail"]),
+            action=str(data["action"]),
+        )
+
+
+class ConvergenceGuards:
+    """Turns loss, gradient-norm and residual-norm observations into back-off decisions.
+
+    See the module docstring for the guards and the integration contract. Methods taking a
+    ``step`` expect steps in non-decreasing order.
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        """Thresholds of the guards (defaults and their reasons in the field docs)."""
+
+        warmup_steps: int = 1000
+        """Steps trained uncompressed first; torch's PowerSGD hook uses the same default."""
+        loss_ewma_alpha: float = 0.05
+        """EWMA weight of a new loss; 0.05 averages ~40 steps, enough to smooth minibatch noise."""
+        loss_divergence_ratio: float = 1.5
+        """Loss EWMA above this multiple of the warm-up baseline counts as diverging."""
+        loss_patience: int = 20
+        """Consecutive diverging, rising observations before the global back-off."""
+        critical_change: float = 0.5
+        """Relative gradient-norm change between windows marking a critical regime (Accordion)."""
+        residual_factor: float = 32.0
+        """Residual/gradient norm ratio deemed runaway; healthy EF sits near 1x-10x (top-k 1%)."""
+        max_backoff: int = 3
+        """Highest back-off level of a layer (the controller's ladder should reach 'none')."""
+        recovery_windows: int = 5
+        """Quiet windows in a row before one back-off level is removed."""
+        max_events: int = 1000
+        """Events kept in memory (and checkpoints); older ones are dropped and counted."""
+
+        def __post_init__(self) -> None:
+            checks = [
+                ("warmup_steps", self.warmup_steps >= 0, ">= 0"),
+                ("loss_ewma_alpha", 0.0 < self.loss_ewma_alpha <= 1.0, "in (0, 1]"),
+                ("loss_divergence_ratio", self.loss_divergence_ratio > 1.0, "> 1"),
+                ("loss_patience", self.loss_patience >= 1, ">= 1"),
+                ("critical_change", self.critical_change > 0.0, "> 0"),
+                ("residual_factor", self.residual_factor > 0.0, "> 0"),
+                ("max_backoff", self.max_backoff >= 0, ">= 0"),
+                ("recovery_windows", self.recovery_windows >= 1, ">= 1"),
+                ("max_events", self.max_events >= 1, ">= 1"),
+            ]
+            for name, ok, valid in checks:
+                if not ok:
+                    value = getattr(self, name)
+                    raise ValueError(f"ConvergenceGuards.Config.{name}={value!r}: must be {valid}")
+
+    def __init__(self, config: Config | None = None, *, layers: Iterable[str] = ()) -> None:
+        """``layers``: every layer the controller may back off (others are added when seen)."""
+        self.config = config if config is not None else ConvergenceGuards.Config()
+        self._layers: dict[str, None] = dict.fromkeys(layers)
+        self._warmup_announced = False
+        self._loss_ewma: float | None = None
+        self._loss_baseline: float | None = None
+        self._loss_streak = 0
+        self._loss_reference: float | None = None
+        """EWMA when the current above-threshold streak began."""
+        self._loss_escalation_bar: float | None = None
+        """EWMA level a further loss back-off must exceed (last back-off's EWMA + margin)."""
+        self._loss_troubled = False
+        """A loss observation was above the divergence threshold since the last window."""
+        self._global_level = 0
+        self._global_quiet = 0
+        self._layer_level: dict[str, int] = {}
+        self._layer_quiet: dict[str, int] = {}
+        self._prev_grad_norm: dict[str, float] = {}
+        self._pending_resets: set[str] = set()
+        self._uncompressed_steps: set[int] = set()
+        self._events: deque[GuardEvent] = deque(maxlen=self.config.max_events)
+        self._events_dropped = 0
+        self._counts: dict[str, int] = dict.fromkeys(GUARD_NAMES, 0)
+
+    # ---- warm-up and uncompressed steps ------------------------------------------------------
+
+    def in_warmup(self, step: int) -> bool:
+        """True while ``step`` must train uncompressed (the loss baseline is built meanwhile).
+
+        The first call of any method at or after the end of warm-up records the ``warmup`` event.
+        """
+        self._note_step(step)
+        return step < self.config.warmup_steps
+
+    def step_uncompressed(self, step: int) -> bool:
+        """True when every layer of ``step`` must use a plain all-reduce, no residual added.
+
+        That is during warm-up and for steps :meth:`check_nonfinite` reported, so NaN/Inf never
+        enters a residual or a compressor's warm-start state.
+        """
+        self._uncompressed_steps = {s for s in self._uncompressed_steps if s >= step}
+        return self.in_warmup(step) or step in self._uncompressed_steps
+
+    # ---- per-step checks ---------------------------------------------------------------------
+
+    def check_nonfinite(self, step: int, layer_flags: Mapping[str, bool]) -> list[str]:
+        """Record layers whose gradient held NaN/Inf at ``step``; return them, sorted.
+
+        ``layer_flags`` must be combined over ranks (True if any rank saw a non-finite value).
+        A non-empty result marks ``step`` uncompressed (:meth:`step_uncompressed`) and queues
+        the layers in :meth:`layers_to_reset`. No back-off: non-finite gradients come from the
+        loss scaler (fp16 AMP overflows routinely), the data or the model, not from compression.
+        """
+        self._note_step(step)
+        bad = sorted(name for name, flag in layer_flags.items() if flag)
+        for name in bad:
+            self._register(name)
+            self._pending_resets.add(name)
+            self._record(step, NONFINITE, name, "NaN/Inf in gradient", ACTION_UNCOMPRESSED_RESET)
+        if bad:
+            self._uncompressed_steps.add(step)
+        return bad
+
+    def observe_loss(self, step: int, loss: float) -> None:
+        """Feed the rank-averaged training loss of ``step``.
+
+        Warm-up losses build the EWMA; at the first loss after warm-up the EWMA is frozen as
+        the baseline (that loss itself if warm-up saw none). Afterwards the loss diverges when
+        its EWMA stays above ``baseline + margin`` (``margin = (ratio - 1) * |baseline|``) for
+        ``loss_patience`` observations in a row and ends that streak higher than it began:
+        every layer then backs off one level. A single spike only decays, so it never fires.
+        Each further back-off needs the EWMA to stay above ``EWMA at the last back-off +
+        margin`` the same way, so the EWMA catching up with a loss that merely stays high
+        does not escalate. Non-finite losses are recorded and otherwise ignored.
+        """
+        self._note_step(step)
+        value = float(loss)
+        if not math.isfinite(value):
+            detail = f"loss is {value}; not fed to the EWMA"
+            self._record(step, NONFINITE, None, detail, ACTION_IGNORED)
+            return
+        cfg = self.config
+        if step >= cfg.warmup_steps and self._loss_baseline is None:
+            self._loss_baseline = value if self._loss_ewma is None else self._loss_ewma
+            logger.info(
+                "autocomp guards step %d: loss baseline %.6g frozen", step, self._loss_baseline
+            )
+        if self._loss_ewma is None:
+            self._loss_ewma = value
+        else:
+            self._loss_ewma += cfg.loss_ewma_alpha * (value - self._loss_ewma)
+        if self._loss_baseline is None:
+            return
+
+        ewma = self._loss_ewma
+        margin = (cfg.loss_divergence_ratio - 1.0) * abs(self._loss_baseline)
+        threshold = self._loss_baseline + margin
+        if ewma <= threshold:
+            self._loss_streak = 0
+            self._loss_reference = None
+            self._loss_escalation_bar = None
+            return
+        self._loss_troubled = True
+        bar = threshold if self._loss_escalation_bar is None else self._loss_escalation_bar
+        if ewma <= bar:
+            self._loss_streak = 0
+            self._loss_reference = None
+            return
+        if self._loss_reference is None:
+            self._loss_reference = ewma
+        self._loss_streak += 1
+        if self._loss_streak < cfg.loss_patience or ewma <= self._loss_reference:
+            return
+
+        detail = (
+            f"loss EWMA {ewma:.6g} > {bar:.6g} ({cfg.loss_divergence_ratio:g} x baseline "
+            f"{self._loss_baseline:.6g}) for {self._loss_streak} observations, up from "
+            f"{self._loss_reference:.6g}"
+        )
+        if self._global_level < cfg.max_backoff:
+            self._global_level += 1
+            action = ACTION_BACK_OFF_ALL
+        else:
+            action = ACTION_AT_MAX
+        self._global_quiet = 0
+        self._loss_streak = 0
+        self._loss_reference = None
+        self._loss_escalation_bar = max(threshold, ewma + margin)
+        detail += f"; global level now {self._global_level}"
+        self._record(step, LOSS_DIVERGENCE, None, detail, action)
+
+    # ---- per-window checks -------------------------------------------------------------------
+
+    def observe_window(
+        self,
+        step: int,
+        grad_norms: Mapping[str, float],
+        residual_norms: Mapping[str, float],
+    ) -> None:
+        """Close a controller window ending at ``step`` with rank-combined per-layer norms.
+
+        Per layer (in name order): a relative gradient-norm change above ``critical_change``
+        against the previous window is a critical regime (back off one level); a residual norm
+        above ``residual_factor`` x the gradient norm is runaway error feedback (reset that
+        residual and back off one level). A layer backs off at most one level per window. A
+        layer with a finite gradient norm and no trouble this window counts a quiet window;
+        layers absent from ``grad_norms`` neither recover nor lose their quiet count. Nothing
+        backs off during warm-up, but norms are recorded so the first compressed window has
+        a reference.
+        """
+        self._note_step(step)
+        cfg = self.config
+        compressing = step >= cfg.warmup_steps
+        for name in sorted(set(grad_norms) | set(residual_norms)):
+            self._register(name)
+            grad = float(grad_norms[name]) if name in grad_norms else math.nan
+            residual = float(residual_norms[name]) if name in residual_norms else None
+            if not math.isfinite(grad) and name in grad_norms:
+                logger.debug("autocomp guards step %d: %s grad norm %s skipped", step, name, grad)
+            backed_off = self._check_critical(step, name, grad, compressing)
+            troubled = self._check_residual(step, name, grad, residual, compressing, backed_off)
+            if backed_off or troubled:
+                self._layer_quiet[name] = 0
+            elif math.isfinite(grad):
+                self._count_quiet_layer(step, name)
+
+        if self._loss_troubled:
+            self._global_quiet = 0
+        elif self._global_level > 0:
+            self._global_quiet += 1
+            if self._global_quiet >= cfg.recovery_windows:
+                self._global_level -= 1
+                self._record(
+                    step,
+                    RECOVERED,
+                    None,
+                    f"{self._global_quiet} quiet loss windows; global level now "
+                    f"{self._global_level}",
+                    ACTION_RECOVER,
+                )
+                self._global_quiet = 0
+        self._loss_troubled = False
+
+    # ---- decisions for the controller --------------------------------------------------------
+
+    def backoff(self) -> dict[str, int]:
+        """Back-off level of every known layer: global (loss) + its own, at most ``max_backoff``."""
+        cap = self.config.max_backoff
+        return {name: self._effective_level(name, cap) for name in self._layers}
+
+    def layers_to_reset(self) -> set[str]:
+        """Layers whose residual (and compressor state) must be reset; drained by this call."""
+        pending, self._pending_resets = self._pending_resets, set()
+        return pending
+
+    @property
+    def events(self) -> list[GuardEvent]:
+        """The most recent events, oldest first (at most ``max_events``)."""
+        return list(self._events)
+
+    @property
+    def events_dropped(self) -> int:
+        """Events no longer in :attr:`events` because the buffer was full."""
+        return self._events_dropped
+
+    def counts(self) -> dict[str, int]:
+        """Events per guard since the start of training, dropped ones included."""
+        return dict(self._counts)
+
+    # ---- checkpointing -----------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable state; identical on all ranks, so saving one copy is enough."""
+        return {
+            "version": STATE_DICT_VERSION,
+            "config": asdict(self.config),
+            "layers": list(self._layers),
+            "warmup_announced": self._warmup_announced,
+            "loss_ewma": self._loss_ewma,
+            "loss_baseline": self._loss_baseline,
+            "loss_streak": self._loss_streak,
+            "loss_reference": self._loss_reference,
+            "loss_escalation_bar": self._loss_escalation_bar,
+            "loss_troubled": self._loss_troubled,
+            "global_level": self._global_level,
+            "global_quiet": self._global_quiet,
+            "layer_level": dict(self._layer_level),
+            "layer_quiet": dict(self._layer_quiet),
+            "prev_grad_norm": dict(self._prev_grad_norm),
+            "pending_resets": sorted(self._pending_resets),
+            "uncompressed_steps": sorted(self._uncompressed_steps),
+            "events": [event.to_dict() for event in self._events],
+            "events_dropped": self._events_dropped,
+            "counts": dict(self._counts),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output; decisions then continue exactly as before."""
+        version = state.get("version")
+        if version != STATE_DICT_VERSION:
+            raise ValueError(
+                f"guards state_dict version {version!r} is not supported "
+                f"(expected {STATE_DICT_VERSION})"
+            )
+        saved_config = state.get("config")
+        if saved_config is not None and dict(saved_config) != asdict(self.config):
+            logger.warning(
+                "autocomp guards: restoring state saved with a different Config; decisions "
+                "after the resume may differ from an uninterrupted run"
+            )
+
+        def optional_float(value: Any) -> float | None:
+            return None if value is None else float(value)
+
+        self._layers = dict.fromkeys(str(name) for name in state["layers"])
+        self._warmup_announced = bool(state["warmup_announced"])
+        self._loss_ewma = optional_float(state["loss_ewma"])
+        self._loss_baseline = optional_float(state["loss_baseline"])
+        self._loss_streak = int(state["loss_streak"])
+        self._loss_reference = optional_float(state["loss_reference"])
+        self._loss_escalation_bar = optional_float(state["loss_escalation_bar"])
+        self._loss_troubled = bool(state["loss_troubled"])
+        self._global_level = int(state["global_level"])
+        self._global_quiet = int(state["global_quiet"])
+        self._layer_level = {str(k): int(v) for k, v in state["layer_level"].items()}
+        self._layer_quiet = {str(k): int(v) for k, v in state["layer_quiet"].items()}
+        self._prev_grad_norm = {str(k): float(v) for k, v in state["prev_grad_norm"].items()}
+        self._pending_resets = {str(name) for name in state["pending_resets"]}
+        self._uncompressed_steps = {int(s) for s in state["uncompressed_steps"]}
+        events = [GuardEvent.from_dict(e) for e in state["events"]]
+        self._events = deque(events, maxlen=self.config.max_events)
+        self._events_dropped = int(state["events_dropped"]) + len(events) - len(self._events)
+        self._counts = dict.fromkeys(GUARD_NAMES, 0)
+        self._counts.update({str(k): int(v) for k, v in state["counts"].items()})
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    def _register(self, name: str) -> None:
+        if name not in self._layers:
+            self._layers[name] = None
+
+    def _effective_level(self, name: str, cap: int) -> int:
+        return min(cap, self._global_level + self._layer_level.get(name, 0))
+
+    def _note_step(self, step: int) -> None:
+        if not self._warmup_announced and step >= self.config.warmup_steps:
+            self._warmup_announced = True
+            detail = f"compression allowed from step {self.config.warmup_steps}"
+            self._record(step, WARMUP, None, detail, ACTION_ENABLE)
+
+    def _back_off_layer(
+        self, step: int, guard: str, name: str, detail: str, *, reset: bool
+    ) -> None:
+        cap = self.config.max_backoff
+        before = self._effective_level(name, cap)
+        own = self._layer_level.get(name, 0)
+        if own < cap:
+            # Raised even when the effective level is capped: it still counts once the global
+            # (loss) back-off recovers.
+            self._layer_level[name] = own + 1
+        after = self._effective_level(name, cap)
+        self._layer_quiet[name] = 0
+        if reset:
+            self._pending_resets.add(name)
+            action = ACTION_RESET_BACK_OFF if after > before else ACTION_RESET_AT_MAX
+        else:
+            action = ACTION_BACK_OFF if after > before else ACTION_AT_MAX
+        self._record(step, guard, name, f"{detail}; level now {after}", action)
+
+    def _check_critical(self, step: int, name: str, grad: float, compressing: bool) -> bool:
+        """Accordion test against the previous window; True if the layer backed off."""
+        if not math.isfinite(grad):
+            return False  # keep the last finite norm as the reference
+        previous = self._prev_grad_norm.get(name)
+        self._prev_grad_norm[name] = grad
+        if not compressing or previous is None or previous <= 0.0:
+            return False
+        change = abs(grad - previous) / previous
+        if change <= self.config.critical_change:
+            return False
+        detail = (
+            f"|d|g||/|g| = {change:.3g} > {self.config.critical_change:g} "
+            f"(|g| {previous:.4g} -> {grad:.4g})"
+        )
+        self._back_off_layer(step, CRITICAL_REGIME, name, detail, reset=False)
+        return True
+
+    def _check_residual(
+        self,
+        step: int,
+        name: str,
+        grad: float,
+        residual: float | None,
+        compressing: bool,
+        backed_off: bool,
+    ) -> bool:
+        """Runaway or non-finite residual; True if the layer had trouble this window."""
+        if residual is None:
+            return False
+        if not math.isfinite(residual):
+            self._pending_resets.add(name)
+            self._record(step, NONFINITE, name, f"residual norm is {residual}", ACTION_RESET)
+            return True
+        factor = self.config.residual_factor
+        runaway = math.isfinite(grad) and grad > 0.0 and residual > factor * grad
+        if not (compressing and runaway):
+            return False
+        detail = f"|e| {residual:.4g} > {factor:g} x |g| {grad:.4g} (ratio {residual / grad:.3g})"
+        if backed_off:  # one level per layer per window: both signals share one disturbance
+            self._pending_resets.add(name)
+            self._record(step, RESIDUAL_GROWTH, name, detail, ACTION_RESET_ONLY)
+        else:
+            self._back_off_layer(step, RESIDUAL_GROWTH, name, detail, reset=True)
+        return True
+
+    def _count_quiet_layer(self, step: int, name: str) -> None:
+        own = self._layer_level.get(name, 0)
+        if own == 0:
+            self._layer_quiet[name] = 0
+            return
+        quiet = self._layer_quiet.get(name, 0) + 1
+        if quiet < self.config.recovery_windows:
+            self._layer_quiet[name] = quiet
+            return
+        self._layer_level[name] = own - 1
+        self._layer_quiet[name] = 0
+        level = self._effective_level(name, self.config.max_backoff)
+        self._record(
+            step, RECOVERED, name, f"{quiet} quiet windows; level now {level}", ACTION_RECOVER
+        )
+
+    def _record(self, step: int, guard: str, layer: str | None, detail: str, action: str) -> None:
+        event = GuardEvent(step=step, guard=guard, layer=layer, detail=detail, action=action)
+        if len(self._events) == self._events.maxlen:
+            self._events_dropped += 1
+        self._events.append(event)
+        self._counts[guard] += 1
+        level = logging.WARNING if guard == NONFINITE else logging.INFO
+        logger.log(
+            level,
+            "autocomp guards step %d: %s%s: %s -> %s",
+            step,
+            guard,
+            "" if layer is None else f" [{layer}]",
+            detail,
+            action,
+        )
+
+
+# ---- tensor helpers ----------------------------------------------------------------------------
+
+
+def layer_norms(tensors: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """L2 norm of each tensor, by name, with a single device-to-host copy.
+
+    Half-precision tensors are accumulated in float32 (their squares overflow fp16). Cost: one
+    read of every tensor plus one kernel per tensor; all tensors must share a device. Meant for
+    window boundaries or per-step accumulation on device, not for every bucket on the host.
+    """
+    if not tensors:
+        return {}
+    norms = [
+        torch.linalg.vector_norm(
+            t.detach(), dtype=torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else None
+        ).to(torch.float64)
+        for t in tensors.values()
+    ]
+    return dict(zip(tensors, torch.stack(norms).tolist(), strict=True))
+
+
+def nonfinite_mask(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Bool tensor on the tensors' device, True where a tensor holds a NaN or an Inf.
+
+    No host synchronisation, so the hook can call it per bucket and OR the masks on device.
+    Each tensor is summed in float64: a NaN or Inf makes the sum non-finite, while finite
+    fp32/fp16/bf16 values cannot overflow a float64 sum, so the test is exact (float64 inputs
+    beyond ~1e300 could overflow: a harmless false positive). Cost: one read pass per tensor,
+    no temporaries (``isfinite(t).all()`` would also write a bool per element), one kernel per
+    tensor plus two. On MPS, which has no float64, the elementwise test is used instead.
+    """
+    if not tensors:
+        return torch.zeros(0, dtype=torch.bool)
+    if tensors[0].device.type == "mps":
+        return torch.stack([torch.isfinite(t.detach()).all().logical_not() for t in tensors])
+    sums = torch.stack([t.detach().sum(dtype=torch.float64) for t in tensors])
+    return torch.isfinite(sums).logical_not()
+
+
+def nonfinite_layers(tensors: Mapping[str, torch.Tensor]) -> dict[str, bool]:
+    """``{name: True if the tensor holds NaN/Inf}``: :func:`nonfinite_mask` + one host sync."""
+    if not tensors:
+        return {}
+    flags = nonfinite_mask(list(tensors.values())).tolist()
+    return dict(zip(tensors, flags, strict=True))

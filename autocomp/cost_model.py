@@ -1,0 +1,685 @@
+"""Predicted cost of a layer choice: local compression work and time on the link.
+
+The controller weighs, per layer, the wire time a compressor saves against the compute it
+adds. :class:`CostModel` predicts both:
+
+- **comm**: the alpha-beta model of :mod:`autocomp.link_model` with the latest
+  :class:`~autocomp.link_model.LinkEstimate` (a 1 Gbit/s, 50 us prior before the first one);
+- **compression**: the local work the hook adds for one layer in one step (compress, the
+  error-feedback decompress, decoding what arrives, write-back, commit). It starts from an
+  analytic prior per compressor (:data:`PRIORS`, measured on a CPU, see there) and learns a
+  multiplicative correction online from the hook's measurements.
+
+Why the correction is a gradient-boosted tree ensemble on log(measured / prior):
+the prior already carries the scaling with size, so what is left is a machine factor plus
+effects that are non-linear and compressor-specific (cache sizes, thread pools kicking in,
+the cost of ``topk`` selection at different ratios). Shallow trees capture that without
+hand-made interaction terms; trees never extrapolate, so far outside the sizes seen the
+prediction stays prior x (a correction actually observed), which keeps it sane; and
+scikit-learn's ``GradientBoostingRegressor`` is deterministic with a fixed ``random_state``
+and single-threaded, so refitting neither competes for the training job's thread pool nor
+changes results between a run and its resume. A linear model (Ridge) on the same target was
+the alternative; it extrapolates the correction as a power of size, which is exactly the
+failure the prior is there to prevent.
+
+The training set stays small and robust: measurements are grouped by (spec, shape, world
+size); each group keeps its most recent ``per_key`` measurements and contributes one row, their
+median, weighted by their count. Refits happen at most every ``refit_every`` new samples.
+Nothing is pickled: saving writes the measurements and the exact rows of the current fit as
+JSON, and loading refits from those rows, which reproduces the predictions exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from autocomp.compressors import (
+    Collective,
+    Compressor,
+    NoCompression,
+    PowerSGD,
+    available_compressors,
+    build_compressor,
+)
+from autocomp.compressors.powersgd import matrix_shape
+from autocomp.compressors.sparse import kept
+from autocomp.link_model import LinkEstimate, latency_hops, link_bytes
+
+__all__ = [
+    "FALLBACK_PRIOR",
+    "FORMAT_VERSION",
+    "PRIORS",
+    "CostModel",
+    "CostSample",
+    "Prior",
+    "prior_seconds",
+    "samples_from_bench",
+]
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "autocomp.cost_model"
+"""Marker in saved files, so a stray JSON file is recognised as not ours."""
+FORMAT_VERSION = 1
+"""Version of the saved format; files of another version are refused."""
+
+_KINDS = ("compress", "comm")
+
+
+# ---- the analytic prior ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Prior:
+    """Hook cost of one compressor as a function of size: linear in elements, plus a constant.
+
+    seconds = (local_per_element + P * decode_per_element) * numel
+              + local_fixed + P * decode_fixed + rank_per_element * numel * rank
+
+    where P is the number of payloads decoded per step: 1 for all-reduce compressors (one
+    summed payload), the world size for all-gather compressors (one payload per rank).
+    """
+
+    local_per_element_s: float
+    """Compress, error-feedback decompress and write-back, seconds per element."""
+    local_fixed_s: float
+    """Per-call overhead of the same work (kernel launches, Python), seconds."""
+    decode_per_element_s: float
+    """Decoding one received payload, seconds per element of the layer."""
+    decode_fixed_s: float
+    """Per-payload decode overhead, seconds."""
+    rank_per_element_s: float = 0.0
+    """PowerSGD only: extra seconds per element per unit of rank (the matrix products)."""
+
+    def seconds(self, numel: int, payloads: int, rank: int = 0) -> float:
+        per_element = self.local_per_element_s + payloads * self.decode_per_element_s
+        return (
+            per_element * numel
+            + self.local_fixed_s
+            + payloads * self.decode_fixed_s
+            + self.rank_per_element_s * numel * rank
+        )
+
+
+# Measured on 2026-11-22 on "Intel(R) Xeon(R) Processor @ 2.80GHz" (Ice Lake, 2 vCPUs under
+# KVM), torch 2.13.0+cpu, 2 torch threads, float32 near-square gradients of 4Ki..4Mi elements
+# (autocomp.bench.compressors.gradient_like), default parameters, PowerSGD at ranks 1, 4, 16.
+# Protocol: the hook's per-layer work replayed without the collective; local part (cast copy,
+# residual add, compress, error-feedback decompress and subtract, write-back, commit) and the
+# decode of one received payload timed separately; all 60 cases interleaved round-robin over
+# 2 x (12 + 20) rounds and the minimum kept, because another benchmark was loading the CPUs.
+# Fit: non-negative least squares on relative error. Median |fit - measured| / measured is
+# 6-17% per compressor, worst case 46% (small sizes, where the fixed part dominates).
+PRIORS: dict[str, Prior] = {
+    "fp16": Prior(1.476e-09, 2.505e-05, 1.496e-10, 6.192e-06),
+    "bf16": Prior(1.449e-09, 2.307e-05, 1.735e-10, 6.366e-06),
+    "int8": Prior(4.389e-09, 1.742e-04, 1.214e-09, 5.483e-05),
+    "qsgd": Prior(1.311e-08, 2.130e-04, 1.633e-09, 6.829e-05),
+    "sign": Prior(6.980e-09, 2.005e-04, 1.974e-09, 7.910e-05),
+    "topk": Prior(1.123e-08, 6.550e-05, 2.739e-10, 3.212e-05),
+    "randomk": Prior(7.701e-10, 3.098e-05, 2.414e-10, 9.652e-06),
+    "powersgd": Prior(1.365e-09, 6.725e-05, 1.635e-10, 1.168e-05, 3.943e-11),
+}
+"""Analytic hook cost per compressor name (see the comment above for how it was measured)."""
+FALLBACK_PRIOR = Prior(1.3e-08, 2.1e-04, 2.0e-09, 8.0e-05)
+"""Prior of compressors not in :data:`PRIORS`: about the slowest measured one (qsgd/sign)."""
+
+
+def _payloads(compressor: Compressor, world_size: int) -> int:
+    return world_size if compressor.collective is Collective.ALL_GATHER else 1
+
+
+def _effective_rank(compressor: Compressor, shape: torch.Size) -> int:
+    if isinstance(compressor, PowerSGD) and compressor.compresses(shape):
+        return int(compressor.config["rank"])
+    return 0
+
+
+def prior_seconds(compressor: Compressor, shape: torch.Size, world_size: int) -> float:
+    """Analytic hook cost of ``compressor`` on a layer of ``shape`` (0 for ``none``).
+
+    ``none`` costs nothing by definition: the hook hands its gradient to the all-reduce as is.
+    Compressors without a measured prior get :data:`FALLBACK_PRIOR` (conservatively slow).
+    """
+    if type(compressor) is NoCompression:
+        return 0.0
+    prior = PRIORS.get(compressor.name, FALLBACK_PRIOR)
+    numel = torch.Size(shape).numel()
+    return prior.seconds(
+        numel, _payloads(compressor, world_size), _effective_rank(compressor, torch.Size(shape))
+    )
+
+
+# ---- samples -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CostSample:
+    """One measured hook cost, as stored, saved and used for warm starts."""
+
+    spec: str
+    """Compressor spec, e.g. ``topk:ratio=0.01,ef=true``."""
+    shape: tuple[int, ...]
+    """Gradient shape of the layer."""
+    seconds: float
+    """Measured local hook work for this layer in one step."""
+    world_size: int = 2
+    """Ranks in the job that measured it (all-gather compressors decode one payload per rank)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "spec": self.spec,
+            "shape": list(self.shape),
+            "seconds": self.seconds,
+            "world_size": self.world_size,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CostSample:
+        try:
+            return cls(
+                spec=str(data["spec"]),
+                shape=tuple(int(d) for d in data["shape"]),
+                seconds=float(data["seconds"]),
+                world_size=int(data.get("world_size", 2)),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"not a cost sample: {data!r} ({err!r})") from None
+
+
+def samples_from_bench(
+    document: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+) -> list[CostSample]:
+    """Cost samples from ``python -m autocomp.bench.compressors --json`` output, for warm_start.
+
+    Uses each result's ``hook_ms_min`` when present (least disturbed by other load), else
+    ``hook_ms``, and the world size the benchmark modelled (``settings.world_size``, else 2).
+    Results without a hook time (``none``) are skipped.
+    """
+    world = 2
+    if isinstance(document, Mapping):
+        world = int(document.get("settings", {}).get("world_size", world))
+        results = document.get("results", [])
+    else:
+        results = document
+    samples = []
+    for result in results:
+        milliseconds = result.get("hook_ms_min", result.get("hook_ms"))
+        if milliseconds is None or not float(milliseconds) > 0:
+            continue
+        samples.append(
+            CostSample(
+                spec=str(result["spec"]),
+                shape=tuple(int(d) for d in result["shape"]),
+                seconds=float(milliseconds) / 1e3,
+                world_size=int(result.get("world_size", world)),
+            )
+        )
+    return samples
+
+
+# ---- features ----------------------------------------------------------------------------------
+
+
+def _log(value: float) -> float:
+    return math.log(value) if value > 0 else 0.0
+
+
+class _Features:
+    """Fixed feature layout: compressor one-hot, its parameters, sizes, and the prior."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        # Only compressors present in the training rows: fewer columns, faster fits. Others
+        # get an all-zero one-hot, i.e. the correction shared by everything seen.
+        registry = available_compressors()
+        self.names = sorted(set(names))
+        self.params: list[tuple[str, str]] = [
+            (name, param.name)
+            for name in self.names
+            if name in registry
+            for param in registry[name].params
+        ]
+        self.width = len(self.names) + len(self.params) + 8
+
+    def row(self, compressor: Compressor, shape: torch.Size, world_size: int) -> list[float]:
+        out = [1.0 if compressor.name == name else 0.0 for name in self.names]
+        for name, param in self.params:
+            value = compressor.config.get(param) if compressor.name == name else None
+            if value is None or isinstance(value, bool):
+                out.append(float(bool(value)))
+            else:
+                out.append(_log(float(value)))
+        numel = shape.numel()
+        rows, cols = matrix_shape(shape)
+        rank = _effective_rank(compressor, shape)
+        ratio = compressor.config.get("ratio")
+        kept_elements = kept(numel, float(ratio)) if isinstance(ratio, float) else 0
+        out += [
+            _log(numel),
+            _log(rows),
+            _log(cols),
+            _log(_payloads(compressor, world_size)),
+            _log(kept_elements),
+            _log(rank * (rows + cols)),
+            _log(rank * numel),
+            _log(prior_seconds(compressor, shape, world_size)),
+        ]
+        return out
+
+
+_Key = tuple[str, tuple[int, ...], int]
+"""(spec, shape, world size): the unit the training set is grouped by."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    key: _Key
+    seconds: float
+    """Median of the group's recent measurements (the regression target, before the log)."""
+    weight: int
+    """How many measurements that median summarises."""
+
+
+# ---- the model ---------------------------------------------------------------------------------
+
+
+class CostModel:
+    """Predicts hook compression time per layer and collective time on the current link.
+
+    Not thread-safe. Refits run inside :meth:`add_sample` every ``refit_every`` samples (about
+    0.1-0.3 s for 1024 groups on a 2-vCPU Xeon), so call it from the controller between steps,
+    not from the hook, or set ``auto_refit=False`` and call :meth:`fit` when convenient.
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        """Tuning of :class:`CostModel`."""
+
+        world_size: int = 2
+        """Ranks of the job: an all-gather compressor decodes this many payloads per step."""
+        prior_bandwidth_bytes_per_s: float = 125e6
+        """Link bandwidth assumed before the first estimate (1 Gbit/s)."""
+        prior_latency_s: float = 50e-6
+        """Latency per hop assumed before the first estimate."""
+        refit_every: int = 256
+        """New samples between automatic refits of the correction (a refit: ~0.1-0.3 s)."""
+        auto_refit: bool = True
+        """Refit inside add_sample; False: only when fit() is called (e.g. before deciding)."""
+        min_fit_samples: int = 16
+        """Samples needed before the first fit (until then: the prior alone)."""
+        max_keys: int = 1024
+        """Distinct (spec, shape, world size) groups kept; the least recently updated go first."""
+        per_key: int = 9
+        """Recent measurements kept per group; their median is the group's training target."""
+        error_window: int = 256
+        """Recent (predicted, measured) pairs kept per kind for :meth:`prediction_error`."""
+        n_estimators: int = 100
+        """Boosting rounds of the correction model."""
+        max_depth: int = 3
+        """Depth of each tree (3: interactions of up to three features)."""
+        learning_rate: float = 0.1
+        """Shrinkage of each tree's contribution."""
+        max_correction: float = 1000.0
+        """Bound on the predicted measured/prior ratio, either way (GPUs may be ~100x off)."""
+
+        def __post_init__(self) -> None:
+            if self.world_size < 1:
+                raise ValueError(f"world_size must be >= 1, got {self.world_size}")
+            if self.prior_bandwidth_bytes_per_s <= 0 or self.prior_latency_s < 0:
+                raise ValueError("prior bandwidth must be > 0 and prior latency >= 0")
+            if min(self.refit_every, self.min_fit_samples, self.max_keys, self.per_key) < 1:
+                raise ValueError("refit_every, min_fit_samples, max_keys and per_key must be >= 1")
+            if self.max_correction < 1:
+                raise ValueError(f"max_correction must be >= 1, got {self.max_correction}")
+
+    def __init__(self, config: Config | None = None) -> None:
+        self.config = config or CostModel.Config()
+        self._link: LinkEstimate | None = None
+        self._groups: OrderedDict[_Key, deque[float]] = OrderedDict()
+        self._since_fit = 0
+        self._fit_rows: list[_Row] | None = None
+        self._regressor: Any | None = None
+        self._features: _Features | None = None
+        self._cache: dict[_Key, float] = {}
+        self._compressors: dict[str, Compressor] = {}
+        self._errors: dict[str, deque[tuple[float, float]]] = {
+            kind: deque(maxlen=self.config.error_window) for kind in _KINDS
+        }
+
+    # ---- communication ------------------------------------------------------------------------
+
+    @property
+    def link(self) -> LinkEstimate:
+        """The link estimate in use (the Config prior until :meth:`update_link`)."""
+        if self._link is not None:
+            return self._link
+        return LinkEstimate(
+            latency_s=self.config.prior_latency_s,
+            bandwidth_bytes_per_s=self.config.prior_bandwidth_bytes_per_s,
+            samples=0,
+            rel_residual=0.0,
+        )
+
+    def update_link(self, estimate: LinkEstimate | None) -> None:
+        """Use ``estimate`` (e.g. ``BandwidthMeter.end_window()``) from now on; None: the prior."""
+        self._link = estimate
+
+    def comm_seconds(self, collective: Collective, payload_bytes: int, world_size: int) -> float:
+        """Predicted service time of one collective carrying ``payload_bytes`` per rank."""
+        return self.link.seconds(collective, payload_bytes, world_size)
+
+    def add_comm_sample(
+        self, collective: Collective, payload_bytes: int, world_size: int, seconds: float
+    ) -> None:
+        """Record a measured collective against its prediction (for :meth:`prediction_error`).
+
+        This does not learn the link: feed the same measurement to a
+        :class:`~autocomp.link_model.BandwidthMeter` and pass its estimate to
+        :meth:`update_link`. Collectives that move nothing (one rank) are ignored.
+        """
+        if not (math.isfinite(seconds) and seconds > 0):
+            return
+        if link_bytes(collective, payload_bytes, world_size) <= 0:
+            return
+        if latency_hops(collective, world_size) == 0:
+            return
+        predicted = self.comm_seconds(collective, payload_bytes, world_size)
+        self._errors["comm"].append((predicted, float(seconds)))
+
+    # ---- compression --------------------------------------------------------------------------
+
+    def _compressor(self, spec: str | Compressor) -> Compressor:
+        if isinstance(spec, Compressor):
+            return spec
+        compressor = self._compressors.get(spec)
+        if compressor is None:
+            compressor = self._compressors[spec] = build_compressor(spec)
+        return compressor
+
+    def compress_seconds(self, compressor: Compressor | str, shape: torch.Size) -> float:
+        """Predicted local hook work per step for a layer of ``shape`` using ``compressor``."""
+        return self.compress_seconds_many([(compressor, shape)])[0]
+
+    def compress_seconds_many(
+        self, items: Sequence[tuple[Compressor | str, torch.Size | Sequence[int]]]
+    ) -> list[float]:
+        """:meth:`compress_seconds` for many (compressor, shape) pairs in one model call."""
+        world = self.config.world_size
+        resolved = [(self._compressor(c), torch.Size(shape)) for c, shape in items]
+        out: list[float] = [0.0] * len(resolved)
+        missing: list[int] = []
+        for i, (compressor, shape) in enumerate(resolved):
+            prior = prior_seconds(compressor, shape, world)
+            if prior <= 0 or self._regressor is None:
+                out[i] = prior
+                continue
+            cached = self._cache.get((compressor.spec, tuple(shape), world))
+            if cached is None:
+                missing.append(i)
+            else:
+                out[i] = cached
+        if missing:
+            assert self._features is not None and self._regressor is not None
+            matrix = np.array(
+                [self._features.row(*resolved[i], world) for i in missing], dtype=np.float64
+            )
+            limit = math.log(self.config.max_correction)
+            corrections = np.clip(self._regressor.predict(matrix), -limit, limit)
+            for i, correction in zip(missing, corrections, strict=True):
+                compressor, shape = resolved[i]
+                value = prior_seconds(compressor, shape, world) * math.exp(float(correction))
+                self._cache[(compressor.spec, tuple(shape), world)] = value
+                out[i] = value
+        return out
+
+    def add_sample(
+        self, compressor: Compressor | str, shape: torch.Size | Sequence[int], seconds: float
+    ) -> None:
+        """Record a measured hook cost; refits when ``refit_every`` samples have accumulated.
+
+        The prediction is recorded first (for :meth:`prediction_error`), so the error is always
+        out of sample. ``none`` (which costs nothing by definition) and non-positive or
+        non-finite times are ignored.
+        """
+        compressor = self._compressor(compressor)
+        shape = torch.Size(shape)
+        if type(compressor) is NoCompression or not (math.isfinite(seconds) and seconds > 0):
+            return
+        predicted = self.compress_seconds(compressor, shape)
+        self._errors["compress"].append((predicted, float(seconds)))
+        self._store((compressor.spec, tuple(shape), self.config.world_size), float(seconds))
+        due = self._since_fit >= self.config.refit_every
+        if self.config.auto_refit and due and self.samples >= self.config.min_fit_samples:
+            self.fit()
+
+    def _store(self, key: _Key, seconds: float) -> None:
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = deque(maxlen=self.config.per_key)
+            while len(self._groups) > self.config.max_keys:
+                self._groups.popitem(last=False)
+        else:
+            self._groups.move_to_end(key)
+        group.append(seconds)
+        self._since_fit += 1
+
+    @property
+    def samples(self) -> int:
+        """Measurements currently held (at most ``max_keys * per_key``)."""
+        return sum(len(group) for group in self._groups.values())
+
+    @property
+    def fitted(self) -> bool:
+        """True once a correction model is in use (before that: the prior alone)."""
+        return self._regressor is not None
+
+    def warm_start(self, samples: Iterable[CostSample | Mapping[str, Any]]) -> int:
+        """Add offline measurements (e.g. :func:`samples_from_bench`) and refit; returns the count.
+
+        Warm-start samples do not count towards :meth:`prediction_error`.
+        """
+        count = 0
+        for sample in samples:
+            if not isinstance(sample, CostSample):
+                sample = CostSample.from_dict(sample)
+            compressor = self._compressor(sample.spec)
+            if type(compressor) is NoCompression:
+                continue
+            if not (math.isfinite(sample.seconds) and sample.seconds > 0):
+                continue
+            self._store((compressor.spec, tuple(sample.shape), sample.world_size), sample.seconds)
+            count += 1
+        if count:
+            self.fit()
+        return count
+
+    def fit(self) -> None:
+        """Refit the correction on the current groups now (normally automatic)."""
+        rows = [
+            _Row(key, statistics.median(group), len(group))
+            for key, group in self._groups.items()
+            if group
+        ]
+        self._fit_on(rows)
+
+    def _fit_on(self, rows: list[_Row]) -> None:
+        self._since_fit = 0
+        self._cache.clear()
+        if len(rows) < 2:
+            self._regressor = self._features = None
+            self._fit_rows = rows or None
+            return
+        # Deferred: importing scikit-learn takes 1-2 s, paid only once a fit is due.
+        from sklearn.ensemble import GradientBoostingRegressor
+
+        features = _Features(self._compressor(row.key[0]).name for row in rows)
+        matrix = np.empty((len(rows), features.width), dtype=np.float64)
+        target = np.empty(len(rows), dtype=np.float64)
+        weight = np.empty(len(rows), dtype=np.float64)
+        for i, row in enumerate(rows):
+            spec, shape, world = row.key
+            compressor, size = self._compressor(spec), torch.Size(shape)
+            matrix[i] = features.row(compressor, size, world)
+            target[i] = math.log(row.seconds / prior_seconds(compressor, size, world))
+            weight[i] = row.weight
+        regressor = GradientBoostingRegressor(
+            n_estimators=self.config.n_estimators,
+            max_depth=self.config.max_depth,
+            learning_rate=self.config.learning_rate,
+            subsample=1.0,
+            random_state=0,
+        )
+        regressor.fit(matrix, target, sample_weight=weight)
+        self._regressor, self._features, self._fit_rows = regressor, features, rows
+        logger.debug("cost model refitted on %d groups (%d samples)", len(rows), weight.sum())
+
+    # ---- accuracy -----------------------------------------------------------------------------
+
+    def prediction_error(self) -> dict[str, dict[str, float | int | None]]:
+        """Absolute percentage error of recent out-of-sample predictions, per kind.
+
+        Returns ``{"compress": {...}, "comm": {...}}``, each with ``samples`` (pairs in the
+        window), ``median_ape_pct`` and ``mean_ape_pct`` (100 * |predicted - measured| /
+        measured; None when there are no samples).
+        """
+        report: dict[str, dict[str, float | int | None]] = {}
+        for kind in _KINDS:
+            pairs = self._errors[kind]
+            errors = [100.0 * abs(p - m) / m for p, m in pairs]
+            report[kind] = {
+                "samples": len(errors),
+                "median_ape_pct": statistics.median(errors) if errors else None,
+                "mean_ape_pct": statistics.fmean(errors) if errors else None,
+            }
+        return report
+
+    # ---- persistence --------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-safe state: config, link, measurements, the current fit's rows, error windows."""
+        return {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "config": asdict(self.config),
+            "link": None if self._link is None else self._link.to_dict(),
+            "groups": [
+                {"spec": k[0], "shape": list(k[1]), "world_size": k[2], "seconds": list(v)}
+                for k, v in self._groups.items()
+            ],
+            "since_fit": self._since_fit,
+            "fit_rows": None
+            if self._fit_rows is None
+            else [
+                {
+                    "spec": r.key[0],
+                    "shape": list(r.key[1]),
+                    "world_size": r.key[2],
+                    "seconds": r.seconds,
+                    "weight": r.weight,
+                }
+                for r in self._fit_rows
+            ],
+            "errors": {kind: [list(pair) for pair in self._errors[kind]] for kind in _KINDS},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (this model's config is kept).
+
+        Raises ValueError for another format or version, or malformed content.
+        """
+        _check_header(state)
+        try:
+            link = state["link"]
+            groups: OrderedDict[_Key, deque[float]] = OrderedDict()
+            for entry in state["groups"]:
+                key = _key(entry)
+                self._compressor(key[0])  # unknown compressors fail here, not later
+                values = [float(s) for s in entry["seconds"]]
+                groups[key] = deque(values[-self.config.per_key :], maxlen=self.config.per_key)
+            fit_rows = None
+            if state["fit_rows"] is not None:
+                fit_rows = [
+                    _Row(_key(r), float(r["seconds"]), int(r["weight"])) for r in state["fit_rows"]
+                ]
+                for row in fit_rows:
+                    self._compressor(row.key[0])
+                    if not row.seconds > 0:
+                        raise ValueError(f"non-positive time in fit row {row}")
+            errors = {
+                kind: [(float(p), float(m)) for p, m in state["errors"][kind]] for kind in _KINDS
+            }
+            since_fit = int(state["since_fit"])
+            link_estimate = None if link is None else LinkEstimate.from_dict(link)
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"malformed cost model state: {err}") from None
+        self._link = link_estimate
+        self._groups = groups
+        for kind in _KINDS:
+            self._errors[kind] = deque(errors[kind], maxlen=self.config.error_window)
+        if fit_rows is None:
+            self._regressor = self._features = None
+            self._fit_rows = None
+            self._cache.clear()
+        else:
+            self._fit_on(fit_rows)
+        self._since_fit = since_fit
+
+    def save(self, path: str | Path) -> None:
+        """Write the model as JSON (no pickle); :meth:`load` reproduces its predictions."""
+        Path(path).write_text(json.dumps(self.state_dict(), indent=1) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path, config: Config | None = None) -> CostModel:
+        """A model from :meth:`save` output; ``config`` overrides the saved one.
+
+        Raises ValueError naming the file if it is unreadable, corrupt, or of another version.
+        """
+        try:
+            state = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path}: not a readable cost model file ({err})") from None
+        try:
+            _check_header(state)
+            if config is None:
+                config = _config_from(state["config"])
+            model = cls(config)
+            model.load_state_dict(state)
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"{path}: {err}") from None
+        return model
+
+
+def _check_header(state: Any) -> None:
+    if not isinstance(state, Mapping) or state.get("format") != FORMAT:
+        raise ValueError(f"not a cost model (expected format {FORMAT!r})")
+    version = state.get("version")
+    if version != FORMAT_VERSION:
+        raise ValueError(
+            f"cost model format version {version!r} is not supported (expected {FORMAT_VERSION})"
+        )
+
+
+def _key(entry: Mapping[str, Any]) -> _Key:
+    world = int(entry["world_size"])
+    if world < 1:
+        raise ValueError(f"world_size must be >= 1, got {world}")
+    return (str(entry["spec"]), tuple(int(d) for d in entry["shape"]), world)
+
+
+def _config_from(saved: Mapping[str, Any]) -> CostModel.Config:
+    known = {f.name for f in fields(CostModel.Config)}
+    unknown = sorted(set(saved) - known)
+    if unknown:
+        logger.debug("ignoring unknown cost model config fields %s", unknown)
+    return CostModel.Config(**{k: v for k, v in saved.items() if k in known})

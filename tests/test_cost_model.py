@@ -1,0 +1,312 @@
+"""Tier 1: pure unit, no processes.
+
+:mod:`autocomp.cost_model`: the analytic prior is sane (grows with size, PowerSGD with rank,
+all-gather decoding with the world size; ``none`` is free); the learned correction beats the
+prior clearly on held-out shapes of a known synthetic cost function and stays bounded far
+outside the training range; refits follow the configured cadence; save/load and state_dict
+round trips reproduce predictions exactly; corrupt and other-version files raise ValueError
+naming the file; prediction_error matches a hand computation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from autocomp.compressors import Collective, available_compressors, build_compressor
+from autocomp.cost_model import (
+    FORMAT_VERSION,
+    PRIORS,
+    CostModel,
+    CostSample,
+    prior_seconds,
+    samples_from_bench,
+)
+from autocomp.link_model import LinkEstimate
+
+SPECS = [
+    "fp16",
+    "int8",
+    "qsgd:levels=4",
+    "sign",
+    "topk:ratio=0.01",
+    "topk:ratio=0.001",
+    "randomk:ratio=0.01",
+    "powersgd:rank=1",
+    "powersgd:rank=4",
+    "powersgd:rank=16",
+]
+TRAIN_SHAPES = [torch.Size([2**i, 2**j]) for i in range(4, 13, 2) for j in range(4, 13, 2)]
+HELD_OUT_SHAPES = [
+    torch.Size([2**i + 3, 3 * 2**j]) for i in range(5, 12, 2) for j in range(5, 11, 2)
+]
+
+
+def truth(spec: str, shape: torch.Size) -> float:
+    """A 'machine' that differs from the prior non-trivially: slower, superlinear, per type."""
+    compressor = build_compressor(spec)
+    factor = 1.8 * (shape.numel() / 65536) ** 0.15
+    if compressor.name == "topk":
+        factor *= 1.5
+    return prior_seconds(compressor, shape, 2) * factor
+
+
+def trained_model(config: CostModel.Config | None = None, repeats: int = 2) -> CostModel:
+    rng = np.random.default_rng(0)
+    model = CostModel(config or CostModel.Config(refit_every=64))
+    for _ in range(repeats):
+        for spec in SPECS:
+            for shape in TRAIN_SHAPES:
+                model.add_sample(spec, shape, truth(spec, shape) * rng.lognormal(0.0, 0.05))
+    model.fit()
+    return model
+
+
+@pytest.fixture(scope="module")
+def model() -> CostModel:
+    return trained_model()
+
+
+def mape(predict, specs=SPECS, shapes=HELD_OUT_SHAPES) -> float:
+    errors = [
+        abs(predict(spec, shape) - truth(spec, shape)) / truth(spec, shape)
+        for spec in specs
+        for shape in shapes
+    ]
+    return 100.0 * float(np.mean(errors))
+
+
+# ---- prior -------------------------------------------------------------------------------------
+
+
+def test_every_builtin_compressor_has_a_prior() -> None:
+    assert set(available_compressors()) - {"none"} <= set(PRIORS)
+
+
+@pytest.mark.parametrize("spec", [*SPECS, "bf16", "qsgd", "randomk:unbiased=false"])
+def test_prior_grows_with_size(spec: str) -> None:
+    compressor = build_compressor(spec)
+    sizes = [torch.Size([2**i, 2**i]) for i in range(2, 13)]
+    costs = [prior_seconds(compressor, s, 2) for s in sizes]
+    assert all(c > 0 for c in costs)
+    assert all(a < b for a, b in itertools.pairwise(costs))
+    # sane magnitudes for a CPU: microseconds for tiny layers, under a second for 16M elements
+    assert 1e-6 < costs[0] < 1e-3 and costs[-1] < 1.0
+
+
+def test_prior_powersgd_grows_with_rank_and_gather_with_world() -> None:
+    shape = torch.Size([1024, 1024])
+    ranks = [prior_seconds(build_compressor(f"powersgd:rank={r}"), shape, 2) for r in (1, 4, 16)]
+    assert ranks[0] < ranks[1] < ranks[2]
+    topk = build_compressor("topk")
+    assert prior_seconds(topk, shape, 2) < prior_seconds(topk, shape, 8)
+    fp16 = build_compressor("fp16")  # all-reduce: one summed payload whatever the world size
+    assert prior_seconds(fp16, shape, 2) == prior_seconds(fp16, shape, 8)
+    assert prior_seconds(build_compressor("none"), shape, 2) == 0.0
+    assert CostModel().compress_seconds(build_compressor("none"), shape) == 0.0
+
+
+# ---- learning ----------------------------------------------------------------------------------
+
+
+def test_regressor_beats_prior_on_held_out_shapes(model: CostModel) -> None:
+    prior_error = mape(lambda spec, shape: prior_seconds(build_compressor(spec), shape, 2))
+    model_error = mape(model.compress_seconds)
+    assert prior_error > 40.0  # the synthetic machine really differs from the prior
+    assert model_error < 15.0
+    assert model_error < prior_error / 3
+
+
+def test_correction_bounded_outside_training_range(model: CostModel) -> None:
+    huge = torch.Size([1 << 15, 1 << 14])  # 512M elements: far beyond the 16M trained on
+    for spec in SPECS:
+        ratio = model.compress_seconds(spec, huge) / prior_seconds(build_compressor(spec), huge, 2)
+        largest_seen = max(
+            truth(spec, s) / prior_seconds(build_compressor(spec), s, 2) for s in TRAIN_SHAPES
+        )
+        assert 1.0 < ratio < 1.2 * largest_seen
+
+
+def test_batch_prediction_matches_single(model: CostModel) -> None:
+    items = [(spec, shape) for spec in SPECS[:3] for shape in HELD_OUT_SHAPES[:4]]
+    batch = model.compress_seconds_many(items)
+    assert batch == [model.compress_seconds(c, s) for c, s in items]
+
+
+def test_refit_cadence() -> None:
+    model = CostModel(CostModel.Config(refit_every=10, min_fit_samples=10))
+    shapes = [torch.Size([64 * (i + 1), 32]) for i in range(9)]
+    for shape in shapes:
+        model.add_sample("int8", shape, 1e-3)
+    assert not model.fitted  # 9 samples: below both thresholds
+    model.add_sample("int8", torch.Size([32, 32]), 1e-3)
+    assert model.fitted
+    before = model.compress_seconds("int8", torch.Size([100, 100]))
+    for _ in range(9):
+        model.add_sample("int8", torch.Size([100, 100]), 1.0)  # wildly slower, but no refit yet
+    assert model.compress_seconds("int8", torch.Size([100, 100])) == before
+    model.add_sample("int8", torch.Size([100, 100]), 1.0)
+    assert model.compress_seconds("int8", torch.Size([100, 100])) > 10 * before
+
+
+def test_manual_refit_only() -> None:
+    model = CostModel(CostModel.Config(refit_every=4, min_fit_samples=4, auto_refit=False))
+    for i in range(20):
+        model.add_sample("sign", torch.Size([32 * (i + 1), 16]), 1e-3)
+    assert not model.fitted
+    model.fit()
+    assert model.fitted
+
+
+def test_warm_start_from_bench_document() -> None:
+    document = {
+        "benchmark": "autocomp.bench.compressors",
+        "results": [
+            {"spec": "none", "shape": [1024, 1024], "hook_ms": 0.0},
+            *[
+                {"spec": spec, "shape": list(shape), "hook_ms": truth(spec, shape) * 1e3}
+                for spec in SPECS
+                for shape in TRAIN_SHAPES
+            ],
+        ],
+    }
+    samples = samples_from_bench(document)
+    assert len(samples) == len(SPECS) * len(TRAIN_SHAPES)
+    model = CostModel()
+    assert model.warm_start(samples) == len(samples)
+    assert model.fitted
+    assert mape(model.compress_seconds) < 15.0
+    assert model.prediction_error()["compress"]["samples"] == 0  # offline data is not a test
+    # plain dicts work too
+    assert CostModel().warm_start([s.to_dict() for s in samples[:5]]) == 5
+
+
+# ---- persistence -------------------------------------------------------------------------------
+
+
+def test_save_load_round_trip_identical(model: CostModel, tmp_path: Path) -> None:
+    trained = model
+    model = CostModel(trained.config)  # a copy: the fixture is shared
+    model.load_state_dict(trained.state_dict())
+    model.update_link(LinkEstimate(60e-6, 50e6, 100, 0.05))
+    model.add_sample("int8", torch.Size([300, 300]), 5e-3)  # pending: not in the current fit
+    path = tmp_path / "cost.json"
+    model.save(path)
+    loaded = CostModel.load(path)
+    shapes = [*HELD_OUT_SHAPES, torch.Size([7]), torch.Size([64, 3, 3, 3])]
+    for spec in [*SPECS, "bf16", "qsgd"]:
+        for shape in shapes:
+            assert loaded.compress_seconds(spec, shape) == model.compress_seconds(spec, shape)
+    assert loaded.comm_seconds(Collective.ALL_GATHER, 12345, 4) == model.comm_seconds(
+        Collective.ALL_GATHER, 12345, 4
+    )
+    assert loaded.prediction_error() == model.prediction_error()
+    assert loaded.samples == model.samples
+    assert json.loads(path.read_text()) == json.loads(json.dumps(loaded.state_dict()))
+
+
+def test_state_dict_round_trip_for_checkpoints(model: CostModel) -> None:
+    state = json.loads(json.dumps(model.state_dict()))
+    clone = CostModel(model.config)
+    clone.load_state_dict(state)
+    for spec in SPECS:
+        shape = HELD_OUT_SHAPES[3]
+        assert clone.compress_seconds(spec, shape) == model.compress_seconds(spec, shape)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "{not json",
+        "",
+        json.dumps([1, 2, 3]),
+        json.dumps({"format": "something else", "version": FORMAT_VERSION}),
+    ],
+    ids=["truncated", "empty", "list", "foreign"],
+)
+def test_corrupt_file_raises_naming_it(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "corrupt-cost.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=re.escape("corrupt-cost.json")):
+        CostModel.load(path)
+
+
+def test_damaged_content_raises_naming_file(model: CostModel, tmp_path: Path) -> None:
+    state = model.state_dict()
+    state["groups"][0]["spec"] = "nosuchcompressor"
+    path = tmp_path / "damaged.json"
+    path.write_text(json.dumps(state))
+    with pytest.raises(ValueError, match=re.escape("damaged.json")):
+        CostModel.load(path)
+
+
+def test_wrong_version_raises_naming_file(tmp_path: Path) -> None:
+    state = CostModel().state_dict()
+    state["version"] = FORMAT_VERSION + 1
+    path = tmp_path / "future-cost.json"
+    path.write_text(json.dumps(state))
+    with pytest.raises(ValueError, match=r"future-cost\.json.*version"):
+        CostModel.load(path)
+    with pytest.raises(ValueError, match=re.escape("missing.json")):
+        CostModel.load(tmp_path / "missing.json")
+
+
+# ---- communication and accuracy ----------------------------------------------------------------
+
+
+def test_comm_prior_then_estimate() -> None:
+    model = CostModel()
+    # Before any estimate: 1 Gbit/s and 50 us per hop. N=2 all-reduce: 2 hops, 1 payload.
+    assert model.comm_seconds(Collective.ALL_REDUCE, 1_250_000, 2) == pytest.approx(
+        2 * 50e-6 + 1_250_000 / 125e6
+    )
+    model.update_link(LinkEstimate(0.0, 6.25e6, 64, 0.02))
+    assert model.comm_seconds(Collective.ALL_GATHER, 625_000, 3) == pytest.approx(0.2)
+    model.update_link(None)
+    assert model.link.samples == 0
+
+
+def test_prediction_error_matches_hand_computation() -> None:
+    model = CostModel()
+    assert model.prediction_error()["comm"] == {
+        "samples": 0,
+        "median_ape_pct": None,
+        "mean_ape_pct": None,
+    }
+    model.update_link(
+        LinkEstimate(latency_s=0.0, bandwidth_bytes_per_s=1e6, samples=1, rel_residual=0)
+    )
+    # N=2 all-reduce puts exactly the payload on the link: predicted = bytes / 1e6 s
+    model.add_comm_sample(Collective.ALL_REDUCE, 1_000_000, 2, 1.25)  # |1 - 1.25| / 1.25 = 20%
+    model.add_comm_sample(Collective.ALL_REDUCE, 2_000_000, 2, 1.6)  # 0.4 / 1.6 = 25%
+    model.add_comm_sample(Collective.ALL_REDUCE, 1_000_000, 2, 0.5)  # 0.5 / 0.5 = 100%
+    model.add_comm_sample(Collective.ALL_REDUCE, 1_000_000, 1, 0.5)  # one rank: ignored
+    comm = model.prediction_error()["comm"]
+    assert comm["samples"] == 3
+    assert comm["median_ape_pct"] == pytest.approx(25.0)
+    assert comm["mean_ape_pct"] == pytest.approx((20 + 25 + 100) / 3)
+
+    shape = torch.Size([256, 256])
+    prior = prior_seconds(build_compressor("sign"), shape, 2)
+    model.add_sample("sign", shape, 2 * prior)  # predicted = prior (not fitted): 50%
+    model.add_sample("sign", shape, prior / 2)  # 100%
+    model.add_sample("none", shape, 1.0)  # free by definition: ignored
+    compress = model.prediction_error()["compress"]
+    assert compress["samples"] == 2
+    assert compress["median_ape_pct"] == pytest.approx(75.0)
+    assert compress["mean_ape_pct"] == pytest.approx(75.0)
+
+
+def test_cost_sample_dict_round_trip() -> None:
+    sample = CostSample("topk:ratio=0.01,ef=true", (3, 4), 1.5e-3, world_size=4)
+    assert CostSample.from_dict(json.loads(json.dumps(sample.to_dict()))) == sample
+    with pytest.raises(ValueError):
+        CostSample.from_dict({"spec": "int8"})
+    assert math.isfinite(CostModel().compress_seconds(sample.spec, torch.Size(sample.shape)))

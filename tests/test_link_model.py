@@ -1,0 +1,278 @@
+"""Tier 1: pure unit, no processes.
+
+:mod:`autocomp.link_model`: the ring-collective byte and hop formulas; the bandwidth meter
+recovering alpha and beta from noisy synthetic service times with 10% outliers, adopting an
+abrupt rate drop (125 MB/s -> 6.25 MB/s) within one window while smoothing small changes,
+falling back to a ratio estimate when sizes are all alike, and round-tripping its state; the
+NIC counters resolving ``lo`` and measuring a real loopback transfer made by the test itself
+(a TCP connection on 127.0.0.1 inside this process: nothing leaves the host).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from autocomp.compressors import Collective
+from autocomp.link_model import (
+    BandwidthMeter,
+    LinkEstimate,
+    NicCounters,
+    NicSample,
+    latency_hops,
+    link_bytes,
+    local_address_for,
+    rate_between,
+    resolve_interface,
+)
+
+AR, AG = Collective.ALL_REDUCE, Collective.ALL_GATHER
+
+
+# ---- formulas ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8, 64])
+def test_link_bytes_and_hops(n: int) -> None:
+    b = 1_000_000
+    assert link_bytes(AR, b, n) == pytest.approx(2 * (n - 1) / n * b)
+    assert link_bytes(AG, b, n) == (n - 1) * b
+    assert latency_hops(AR, n) == 2 * (n - 1)
+    assert latency_hops(AG, n) == n - 1
+
+
+def test_single_rank_moves_nothing() -> None:
+    for collective in Collective:
+        assert link_bytes(collective, 123, 1) == 0
+        assert latency_hops(collective, 1) == 0
+    estimate = LinkEstimate(1e-4, 1e6, 10, 0.01)
+    assert estimate.seconds(AR, 10**6, 1) == 0
+
+
+def test_estimate_seconds_and_dict_round_trip() -> None:
+    estimate = LinkEstimate(
+        latency_s=50e-6, bandwidth_bytes_per_s=125e6, samples=7, rel_residual=0.1
+    )
+    expected = 2 * 50e-6 + 1e6 / 125e6  # N=2 all-reduce: 2 hops, 2*(1/2)*1 MB on the link
+    assert estimate.seconds(AR, 1_000_000, 2) == pytest.approx(expected)
+    assert LinkEstimate.from_dict(json.loads(json.dumps(estimate.to_dict()))) == estimate
+    with pytest.raises(ValueError):
+        LinkEstimate.from_dict({"latency_s": 1.0})
+    with pytest.raises(ValueError):
+        LinkEstimate(latency_s=0.0, bandwidth_bytes_per_s=0.0, samples=0, rel_residual=0.0)
+
+
+# ---- the meter ---------------------------------------------------------------------------------
+
+
+def feed(
+    meter: BandwidthMeter,
+    rng: np.random.Generator,
+    *,
+    latency: float,
+    bandwidth: float,
+    count: int = 64,
+    outliers: float = 0.0,
+    world: int = 4,
+    log10_bytes: tuple[float, float] = (3.0, 7.0),
+    noise: float = 0.05,
+) -> None:
+    """Synthetic service times of a mix of all-reduces and all-gathers."""
+    for i in range(count):
+        collective = AG if i % 3 == 0 else AR
+        payload = int(10 ** rng.uniform(*log10_bytes))
+        seconds = latency_hops(collective, world) * latency
+        seconds += link_bytes(collective, payload, world) / bandwidth
+        seconds *= rng.lognormal(0.0, noise)
+        if rng.random() < outliers:
+            seconds *= rng.uniform(2.0, 10.0)  # queued behind something, preempted, ...
+        meter.add(collective, payload, world, seconds)
+
+
+def test_meter_recovers_alpha_and_beta_despite_outliers() -> None:
+    rng = np.random.default_rng(1)
+    meter = BandwidthMeter()
+    feed(meter, rng, latency=80e-6, bandwidth=125e6, count=200, outliers=0.1)
+    estimate = meter.end_window()
+    assert estimate is not None
+    assert estimate.bandwidth_bytes_per_s == pytest.approx(125e6, rel=0.10)
+    assert estimate.latency_s == pytest.approx(80e-6, rel=0.10)
+    assert estimate.samples == 200
+    assert estimate.rel_residual < 0.1
+
+
+def test_meter_without_robustness_would_be_fooled() -> None:
+    """The same data through plain least squares misses by more: the robust fit matters."""
+    rng = np.random.default_rng(1)
+    sizes, times, hops = [], [], []
+    for i in range(200):
+        collective = AG if i % 3 == 0 else AR
+        payload = int(10 ** rng.uniform(3, 7))
+        t = latency_hops(collective, 4) * 80e-6 + link_bytes(collective, payload, 4) / 125e6
+        t *= rng.lognormal(0, 0.05)
+        if rng.random() < 0.1:
+            t *= rng.uniform(2.0, 10.0)
+        sizes.append(link_bytes(collective, payload, 4))
+        times.append(t)
+        hops.append(latency_hops(collective, 4))
+    coef, *_ = np.linalg.lstsq(np.column_stack([hops, sizes]), np.array(times), rcond=None)
+    assert abs(1 / coef[1] / 125e6 - 1) > 0.2
+
+
+def test_abrupt_rate_change_adopted_within_one_window(caplog: pytest.LogCaptureFixture) -> None:
+    rng = np.random.default_rng(2)
+    meter = BandwidthMeter()
+    for _ in range(3):
+        feed(meter, rng, latency=50e-6, bandwidth=125e6, outliers=0.1)
+        meter.end_window()
+    assert meter.estimate is not None and not meter.rate_changed
+    feed(meter, rng, latency=50e-6, bandwidth=6.25e6, outliers=0.1)
+    with caplog.at_level(logging.DEBUG, logger="autocomp.link_model"):
+        estimate = meter.end_window()
+    assert estimate is not None
+    assert estimate.bandwidth_bytes_per_s == pytest.approx(6.25e6, rel=0.10)
+    assert meter.rate_changed
+    assert estimate.samples == 64  # the old windows no longer count
+    assert any("rate change" in r.getMessage() for r in caplog.records)
+    # and back up again, just as fast
+    feed(meter, rng, latency=50e-6, bandwidth=125e6, outliers=0.1)
+    assert meter.end_window().bandwidth_bytes_per_s == pytest.approx(125e6, rel=0.10)
+
+
+def test_small_changes_are_smoothed() -> None:
+    rng = np.random.default_rng(3)
+    config = BandwidthMeter.Config(ewma_weight=0.3)
+    meter = BandwidthMeter(config)
+    feed(meter, rng, latency=50e-6, bandwidth=100e6, noise=0.01)
+    first = meter.end_window()
+    feed(meter, rng, latency=50e-6, bandwidth=150e6, noise=0.01)  # x1.5 < change_factor 2
+    blended = meter.end_window()
+    window = meter.last_window
+    assert first is not None and blended is not None and window is not None
+    assert not meter.rate_changed
+    assert window.bandwidth_bytes_per_s == pytest.approx(150e6, rel=0.05)
+    # EWMA of seconds per byte: 0.7 / first + 0.3 / window
+    expected = 1 / (0.7 / first.bandwidth_bytes_per_s + 0.3 / window.bandwidth_bytes_per_s)
+    assert blended.bandwidth_bytes_per_s == pytest.approx(expected)
+    assert first.bandwidth_bytes_per_s < blended.bandwidth_bytes_per_s < 150e6
+    assert blended.samples == first.samples + window.samples
+
+
+def test_similar_sizes_fall_back_to_ratio_with_prior_latency() -> None:
+    rng = np.random.default_rng(4)
+    meter = BandwidthMeter(BandwidthMeter.Config(prior_latency_s=50e-6))
+    feed(meter, rng, latency=50e-6, bandwidth=40e6, log10_bytes=(6.0, 6.1), world=2)
+    estimate = meter.end_window()
+    assert estimate is not None
+    assert estimate.latency_s == pytest.approx(50e-6)  # from the prior: not identifiable here
+    assert estimate.bandwidth_bytes_per_s == pytest.approx(40e6, rel=0.05)
+
+
+def test_small_window_stays_open() -> None:
+    rng = np.random.default_rng(5)
+    meter = BandwidthMeter(BandwidthMeter.Config(min_samples=8))
+    feed(meter, rng, latency=50e-6, bandwidth=125e6, count=5)
+    assert meter.end_window() is None and meter.pending == 5
+    feed(meter, rng, latency=50e-6, bandwidth=125e6, count=5)
+    assert meter.end_window() is not None and meter.pending == 0
+    meter.add(AR, 1000, 1, 0.1)  # one rank: nothing to learn
+    meter.add(AR, 1000, 2, 0.0)  # no time: ignored
+    assert meter.pending == 0
+    assert meter.ignored == 2
+
+
+def test_state_dict_round_trip_and_reset() -> None:
+    rng = np.random.default_rng(6)
+    meter = BandwidthMeter()
+    feed(meter, rng, latency=50e-6, bandwidth=125e6)
+    meter.end_window()
+    feed(meter, rng, latency=50e-6, bandwidth=125e6, count=5)  # an open window too
+    state = json.loads(json.dumps(meter.state_dict()))
+    clone = BandwidthMeter()
+    clone.load_state_dict(state)
+    assert clone.estimate == meter.estimate and clone.pending == 5
+    feed(meter, np.random.default_rng(7), latency=50e-6, bandwidth=90e6)
+    feed(clone, np.random.default_rng(7), latency=50e-6, bandwidth=90e6)
+    assert clone.end_window() == meter.end_window()
+    with pytest.raises(ValueError, match="version"):
+        clone.load_state_dict({**state, "version": 99})
+    clone.reset()
+    assert clone.estimate is None and clone.pending == 0
+
+
+# ---- NIC counters ------------------------------------------------------------------------------
+
+
+def test_resolve_interface_from_environment() -> None:
+    assert resolve_interface({"GLOO_SOCKET_IFNAME": "lo"}) == "lo"
+    assert resolve_interface({"NCCL_SOCKET_IFNAME": "lo,eth0"}) == "lo"
+    assert resolve_interface({"NCCL_SOCKET_IFNAME": "=lo"}) == "lo"
+    assert resolve_interface({"MASTER_ADDR": "127.0.0.1"}) == "lo"
+    assert resolve_interface({"MASTER_ADDR": "localhost"}) == "lo"
+    assert resolve_interface({"NCCL_SOCKET_IFNAME": "^docker"}) is None  # exclusion list
+    assert resolve_interface({"MASTER_ADDR": "some-host-name"}) is None  # no DNS lookups
+    assert resolve_interface({}) is None
+    assert local_address_for("127.0.0.1") == "127.0.0.1"
+
+
+def _loopback_transfer(total: int) -> None:
+    """Send ``total`` bytes over a TCP connection on 127.0.0.1 and receive them all."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        received = 0
+
+        def drain() -> None:
+            nonlocal received
+            connection, _ = server.accept()
+            with connection:
+                while chunk := connection.recv(1 << 16):
+                    received += len(chunk)
+
+        thread = threading.Thread(target=drain)
+        thread.start()
+        with socket.create_connection(server.getsockname()) as client:
+            client.sendall(b"\0" * total)
+        thread.join(timeout=10)
+        assert received == total
+
+
+def test_nic_counters_measure_loopback_transfer() -> None:
+    counters = NicCounters(environ={"GLOO_SOCKET_IFNAME": "lo"})
+    assert counters.interface == "lo"
+    before = counters.sample()
+    assert before is not None
+    total = 4 << 20
+    _loopback_transfer(total)
+    after = counters.sample()
+    assert after is not None
+    assert after.bytes_sent - before.bytes_sent >= total
+    assert after.bytes_recv - before.bytes_recv >= total
+    rate = counters.rate_since(before)
+    assert rate is not None and rate > 0
+    assert rate_between(before, after, "max") == pytest.approx(
+        max(after.bytes_sent - before.bytes_sent, after.bytes_recv - before.bytes_recv)
+        / (after.time_s - before.time_s)
+    )
+
+
+def test_nic_counters_missing_interface(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger="autocomp.link_model"):
+        counters = NicCounters("no-such-nic0")
+        assert counters.interface is None
+        assert counters.sample() is None
+        assert counters.rate_since(NicSample("lo", 0, 0, 0.0)) is None
+    assert len(caplog.records) == 1
+
+
+def test_rate_between_rejects_nonsense() -> None:
+    a = NicSample("lo", 100, 100, 1.0)
+    assert rate_between(a, a) is None  # no time passed
+    assert rate_between(a, NicSample("lo", 50, 100, 2.0)) is None  # counter reset
+    assert rate_between(a, NicSample("eth0", 200, 100, 2.0)) is None  # other interface
+    assert rate_between(a, NicSample("lo", 300, 100, 3.0)) == 100.0

@@ -11,11 +11,18 @@ Gradients are divided by the world size before compression, so summing what all 
 yields the average. Biased compressors keep an error-feedback residual per parameter, keyed
 by parameter name so it survives DDP's bucket rebuild after the first iteration.
 
+Non-finite gradients: after the collectives, each compressed layer's decoded average is checked
+(identical on every rank, so every rank reacts identically). A layer whose average is NaN/Inf
+gets its error feedback and compressor state reset, and is sent uncompressed on the next step;
+the non-finite average itself reaches the optimizer exactly as plain DDP would deliver it, so
+AMP's GradScaler still sees it and skips the step.
+
 (No ``from __future__ import annotations`` here: DDP inspects the hook's annotations at
 registration and rejects string annotations.)
 """
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from autocomp.compressors import Collective, Compressor, NoCompression
+from autocomp.profiler import LayerSample, StepProfiler
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +61,8 @@ class LayerSlot:
     """Wire bytes this rank handed to collectives for this layer, all steps."""
     bytes_raw: int = 0
     """Bytes an uncompressed all-reduce would have sent, all steps."""
+    uncompressed_until: int = 0
+    """Send uncompressed while the hook's step is below this (after a non-finite average)."""
 
     @property
     def numel(self) -> int:
@@ -68,7 +78,6 @@ class _BucketLayout:
     key: tuple[int, ...]
     slots: list[LayerSlot]
     offsets: list[int]
-    uncompressed: bool
 
 
 @dataclass(slots=True)
@@ -76,6 +85,8 @@ class _Part:
     slot: LayerSlot
     offset: int
     payload: torch.Tensor
+    plain: bool
+    """Sent as the gradient itself (no decode, no compressor state to advance)."""
 
 
 class HookState:
@@ -101,7 +112,38 @@ class HookState:
         """Steps completed: incremented when the last bucket of a backward is launched."""
         self.enabled = True
         """False after ``close()``: the hook then does a plain averaging all-reduce."""
+        self.profiler: StepProfiler | None = None
+        """Set by the adaptive controller; None in static mode (no timing overhead)."""
+        self.nonfinite_events: list[tuple[int, str]] = []
+        """(step, layer) of every non-finite average seen; drained by the controller."""
         self._layouts: dict[int, _BucketLayout] = {}
+        self._pending_checks: list[tuple[int, LayerSlot, torch.Tensor]] = []
+        self._checked_step = 0
+
+    def resolve_nonfinite(self) -> None:
+        """React to last step's non-finite averages, identically on every rank.
+
+        The flags are 0-d device tensors, read here (once per step, at the first bucket of the
+        next step) rather than in the completion callbacks, to avoid a device sync per layer.
+        """
+        if self._checked_step == self.step:
+            return
+        self._checked_step = self.step
+        pending, self._pending_checks = self._pending_checks, []
+        for step, slot, finite in pending:
+            if bool(finite):
+                continue
+            slot.residual = None
+            slot.state = slot.compressor.init_state(slot.shape, slot.seed, self.rank)
+            slot.uncompressed_until = self.step + 1
+            self.nonfinite_events.append((step, slot.name))
+            logger.warning(
+                "autocomp: non-finite average gradient for %s at step %d: error feedback "
+                "reset, sent uncompressed at step %d",
+                slot.name,
+                step,
+                self.step,
+            )
 
     def assign(self, assignment: dict[str, Compressor]) -> list[str]:
         """Switch layers to new compressors between steps; returns the names that changed.
@@ -118,8 +160,6 @@ class HookState:
             slot.compressor = compressor
             slot.state = compressor.init_state(slot.shape, slot.seed, self.rank)
             changed.append(name)
-        if changed:
-            self._layouts.clear()
         return changed
 
     def layout(self, bucket: dist.GradBucket) -> _BucketLayout:
@@ -144,10 +184,15 @@ class HookState:
                 f"autocomp: bucket {bucket.index()} holds {bucket.buffer().numel()} elements but "
                 f"its parameters add up to {offset}; this DDP layout is not supported"
             )
-        uncompressed = all(_is_identity(s.compressor) for s in slots)
-        layout = _BucketLayout(key, slots, offsets, uncompressed)
+        layout = _BucketLayout(key, slots, offsets)
         self._layouts[bucket.index()] = layout
         return layout
+
+    def sends_plain(self, slot: LayerSlot) -> bool:
+        """True when this layer goes into the bucket's all-reduce as it is this step."""
+        return slot.residual is None and (
+            _is_identity(slot.compressor) or self.step < slot.uncompressed_until
+        )
 
 
 def _all_gather(output: torch.Tensor, payload: torch.Tensor, group: Any) -> torch.futures.Future:
@@ -155,17 +200,24 @@ def _all_gather(output: torch.Tensor, payload: torch.Tensor, group: Any) -> torc
     return gather(output, payload, group=group, async_op=True).get_future()
 
 
-def _prepare(slot: LayerSlot, grad: torch.Tensor, state: HookState) -> torch.Tensor:
-    """Compress one layer's (already averaged-by-division) gradient; update error feedback."""
+def _prepare(slot: LayerSlot, grad: torch.Tensor, state: HookState) -> tuple[torch.Tensor, bool]:
+    """Compress one layer's (already divided) gradient and update its error feedback.
+
+    Returns the payload and whether it is the plain gradient (no decode needed).
+    """
     compressor = slot.compressor
     x = grad.view(slot.shape).to(torch.float32, copy=True)
+    profiler = (
+        state.profiler if state.profiler is not None and state.profiler.sample_this_step else None
+    )
+    grad_norm = float(torch.linalg.vector_norm(x)) if profiler is not None else 0.0
     if slot.residual is not None:
         x.add_(slot.residual)
-    if _is_identity(compressor):
+    if _is_identity(compressor) or state.step < slot.uncompressed_until:
         # A pending residual is flushed into an uncompressed layer in its own dtype.
-        payload = x.reshape(-1).to(slot.dtype)
-    else:
-        payload = compressor.compress(x, slot.state)
+        slot.residual = None
+        return x.reshape(-1).to(slot.dtype), True
+    payload = compressor.compress(x, slot.state)
     if state.check_wire_bytes:
         sent = payload.numel() * payload.element_size()
         expected = slot.wire_bytes()
@@ -174,29 +226,57 @@ def _prepare(slot: LayerSlot, grad: torch.Tensor, state: HookState) -> torch.Ten
                 f"compressor {compressor.spec} produced {sent} bytes for {slot.name} "
                 f"{tuple(slot.shape)} but reports {expected}"
             )
+    x_norm = float(torch.linalg.vector_norm(x)) if profiler is not None else 0.0
     if compressor.error_feedback:
-        estimate = compressor.decompress(payload, slot.shape, slot.state)
-        slot.residual = x.sub_(estimate)
+        slot.residual = x.sub_(compressor.decompress(payload, slot.shape, slot.state))
+        error = float(torch.linalg.vector_norm(slot.residual)) if profiler is not None else 0.0
     else:
         slot.residual = None
-    return payload
+        if profiler is not None:
+            estimate = compressor.decompress(payload, slot.shape, slot.state)
+            error = float(torch.linalg.vector_norm(x - estimate))
+    if profiler is not None:
+        profiler.layer_sample(
+            slot.name,
+            LayerSample(
+                grad_norm=grad_norm,
+                residual_norm=error if slot.residual is not None else 0.0,
+                rel_error=error / x_norm if x_norm > 0 else 0.0,
+                spec=compressor.spec,
+            ),
+        )
+    return payload, False
+
+
+def _sample_plain(slot: LayerSlot, grad: torch.Tensor, profiler: StepProfiler) -> None:
+    norm = float(torch.linalg.vector_norm(grad.float()))
+    profiler.layer_sample(slot.name, LayerSample(norm, 0.0, 0.0, slot.compressor.spec))
 
 
 def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook applying each parameter's compressor; see the module docstring."""
+    profiler = state.profiler
+    entered = profiler.hook_entered() if profiler is not None else 0.0
+    state.resolve_nonfinite()
     buffer = bucket.buffer()
     group = state.process_group
     world = state.world_size
     buffer.div_(world)
     layout = state.layout(bucket)
     is_last = bucket.is_last()
+    sample = profiler is not None and profiler.sample_this_step
 
-    if not state.enabled or (layout.uncompressed and all(s.residual is None for s in layout.slots)):
-        for slot in layout.slots:
+    if not state.enabled or all(state.sends_plain(s) for s in layout.slots):
+        for slot, offset in zip(layout.slots, layout.offsets, strict=True):
             size = slot.numel * slot.dtype.itemsize
             slot.bytes_sent += size
             slot.bytes_raw += size
+            if sample and profiler is not None:
+                _sample_plain(slot, buffer[offset : offset + slot.numel], profiler)
         fut = dist.all_reduce(buffer, group=group, async_op=True).get_future()
+        if profiler is not None:
+            profiler.collective(Collective.ALL_REDUCE, buffer.numel() * buffer.element_size(), fut)
+            profiler.hook_exited(entered)
         if is_last:
             state.step += 1
         return fut.then(lambda f: f.value()[0])
@@ -205,14 +285,19 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
     gather_parts: list[_Part] = []
     for slot, offset in zip(layout.slots, layout.offsets, strict=True):
         grad = buffer[offset : offset + slot.numel]
-        if _is_identity(slot.compressor) and slot.residual is None:
-            payload = grad
+        if state.sends_plain(slot):
+            payload, plain = grad, True
+            if sample and profiler is not None:
+                _sample_plain(slot, grad, profiler)
         else:
-            payload = _prepare(slot, grad, state)
+            started = time.perf_counter()
+            payload, plain = _prepare(slot, grad, state)
+            if profiler is not None:
+                profiler.layer_cost(slot.name, time.perf_counter() - started)
         slot.bytes_sent += payload.numel() * payload.element_size()
         slot.bytes_raw += slot.numel * slot.dtype.itemsize
-        part = _Part(slot, offset, payload)
-        if slot.compressor.collective is Collective.ALL_REDUCE:
+        part = _Part(slot, offset, payload, plain)
+        if part.plain or slot.compressor.collective is Collective.ALL_REDUCE:
             reduce_parts.setdefault(payload.dtype, []).append(part)
         else:
             gather_parts.append(part)
@@ -224,25 +309,36 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
         parts = reduce_parts[dtype]
         flat = torch.cat([p.payload.reshape(-1) for p in parts])
         reduce_groups.append((flat, parts))
-        futures.append(dist.all_reduce(flat, group=group, async_op=True).get_future())
+        fut = dist.all_reduce(flat, group=group, async_op=True).get_future()
+        futures.append(fut)
+        if profiler is not None:
+            profiler.collective(Collective.ALL_REDUCE, flat.numel() * flat.element_size(), fut)
     gathered: torch.Tensor | None = None
     if gather_parts:
         local = torch.cat([p.payload for p in gather_parts])
         gathered = torch.empty(world * local.numel(), dtype=torch.uint8, device=local.device)
-        futures.append(_all_gather(gathered, local, group))
+        fut = _all_gather(gathered, local, group)
+        futures.append(fut)
+        if profiler is not None:
+            profiler.collective(Collective.ALL_GATHER, local.numel(), fut)
+    step = state.step
     if is_last:
         state.step += 1
+    if profiler is not None:
+        profiler.hook_exited(entered)
 
     def finish(_: torch.futures.Future) -> torch.Tensor:
+        started = time.perf_counter()
         for fut in futures:
             fut.value()  # re-raise a failed collective here rather than use stale data
+        checks: list[tuple[int, LayerSlot, torch.Tensor]] = []
         for flat, parts in reduce_groups:
             start = 0
             for part in parts:
                 size = part.payload.numel()
                 summed = flat[start : start + size]
                 start += size
-                _write_back(buffer, part, part.slot.compressor.decompress, summed)
+                _write_back(buffer, part, part.slot.compressor.decompress, summed, step, checks)
         if gathered is not None:
             rows = gathered.view(world, -1)
             start = 0
@@ -250,18 +346,30 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
                 size = part.payload.numel()
                 payloads = [rows[r, start : start + size] for r in range(world)]
                 start += size
-                _write_back(buffer, part, part.slot.compressor.decompress_sum, payloads)
+                decode = part.slot.compressor.decompress_sum
+                _write_back(buffer, part, decode, payloads, step, checks)
+        state._pending_checks.extend(checks)
+        if profiler is not None:
+            profiler.bucket_finished(time.perf_counter() - started)
         return buffer
 
     return torch.futures.collect_all(futures).then(finish)
 
 
-def _write_back(buffer: torch.Tensor, part: _Part, decode: Any, received: Any) -> None:
+def _write_back(
+    buffer: torch.Tensor,
+    part: _Part,
+    decode: Any,
+    received: Any,
+    step: int,
+    checks: list[tuple[int, LayerSlot, torch.Tensor]],
+) -> None:
     slot = part.slot
     target = buffer[part.offset : part.offset + slot.numel]
-    if _is_identity(slot.compressor):
+    if part.plain:
         target.copy_(received)
         return
     estimate = decode(received, slot.shape, slot.state)
+    checks.append((step, slot, torch.isfinite(estimate).all()))
     target.copy_(estimate.reshape(-1))
     slot.compressor.commit(received, slot.state)

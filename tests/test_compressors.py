@@ -411,19 +411,24 @@ EF_SPECS = [
 ]
 
 
+def _hook_state() -> types.SimpleNamespace:
+    """The attributes of HookState that _prepare reads, for a single rank without profiling."""
+    return types.SimpleNamespace(check_wire_bytes=True, profiler=None, step=0)
+
+
 def _ef_gap(spec: str, shape: tuple[int, ...], steps: int = 20) -> tuple[float, float]:
     """Run ``steps`` steps through ``_prepare``; return (max |invariant gap|, scale)."""
     compressor = build_compressor(spec)
     size = torch.Size(shape)
     slot = LayerSlot("layer.weight", size, torch.float32, 17, compressor)
     slot.state = compressor.init_state(size, slot.seed, 0)
-    hook_state = types.SimpleNamespace(check_wire_bytes=True)
+    hook_state = _hook_state()
     sent = torch.zeros(size, dtype=torch.float64)
     total = torch.zeros(size, dtype=torch.float64)
     g = _gen(40)
     for _ in range(steps):
         grad = torch.randn(size.numel(), generator=g)  # a flat bucket slice, as in the hook
-        payload = _prepare(slot, grad, hook_state)
+        payload, _ = _prepare(slot, grad, hook_state)
         # Single rank: the "summed" payload is this rank's own payload.
         if compressor.collective is Collective.ALL_REDUCE:
             estimate = compressor.decompress(payload, size, slot.state)
@@ -453,7 +458,7 @@ def test_error_feedback_invariant_breaks_without_ef(spec: str) -> None:
 
 
 def test_prepare_keeps_residual_only_for_ef_compressors() -> None:
-    hook_state = types.SimpleNamespace(check_wire_bytes=True)
+    hook_state = _hook_state()
     for spec, keeps in [("topk:ratio=0.1", True), ("qsgd", False), ("randomk", False)]:
         c = build_compressor(spec)
         size = torch.Size([20])
@@ -469,7 +474,7 @@ def test_prepare_flushes_pending_residual_into_none() -> None:
     residual = _randn(6, seed=42)
     slot = LayerSlot("w", size, torch.float32, 1, c, {}, residual=residual.clone())
     grad = _randn(6, seed=43)
-    payload = _prepare(slot, grad, types.SimpleNamespace(check_wire_bytes=True))
+    payload, _ = _prepare(slot, grad, _hook_state())
     assert torch.allclose(c.decompress(payload, size, slot.state), grad + residual)
     assert slot.residual is None
 
@@ -479,7 +484,7 @@ def test_prepare_flushes_pending_residual_into_none_fp16_grads() -> None:
     size = torch.Size([6])
     slot = LayerSlot("w", size, torch.float16, 1, c, {}, residual=torch.full((6,), 0.25))
     grad = torch.ones(6, dtype=torch.float16)
-    payload = _prepare(slot, grad, types.SimpleNamespace(check_wire_bytes=True))
+    payload, _ = _prepare(slot, grad, _hook_state())
     assert payload.dtype == c.payload_dtype(torch.float16)
     assert torch.allclose(c.decompress(payload, size, slot.state).float(), torch.full((6,), 1.25))
 

@@ -1,0 +1,254 @@
+"""In-process profiler: one rank's step timeline, fed by the comm hook and the controller.
+
+What it measures, per step:
+
+- when gradient buckets become ready (the hook is called the moment DDP launches a bucket),
+  and the time the hook itself spends compressing and launching;
+- each collective's bytes and *service* time: from when it could start on the wire (its
+  launch, or the previous collective's completion if that was later) to its completion, so a
+  collective queued behind another is not charged for the wait;
+- the compression cost per layer (compress, error-feedback decode, decode of what arrived);
+- on sampled steps, per-layer gradient and residual norms and the relative error of the
+  compressor in use.
+
+From these a window summary gives the quantities the policy needs (backward time, the part of
+it communication can hide behind, link busy time, exposed communication and overlap, defined
+as in ``docs/policy.md``) and the raw samples for the bandwidth fit and the cost model.
+
+Cost: a few ``perf_counter`` calls and dict updates per layer per step; norms only on sampled
+steps (one in ``window``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+
+from autocomp.compressors import Collective
+
+now = time.perf_counter
+
+
+@dataclass(slots=True)
+class CollectiveRecord:
+    """One collective issued by the hook."""
+
+    kind: Collective
+    payload_bytes: int
+    launched: float
+    done: float | None = None
+
+
+@dataclass(slots=True)
+class LayerSample:
+    """Norms and error of one layer on a sampled step (this rank, before averaging)."""
+
+    grad_norm: float
+    residual_norm: float
+    rel_error: float | None
+    spec: str
+
+
+@dataclass(slots=True)
+class _Step:
+    started: float
+    forward_done: float | None = None
+    first_ready: float | None = None
+    last_ready: float | None = None
+    last_hook_exit: float | None = None
+    hook_seconds_before_last: float = 0.0
+    last_hook_seconds: float = 0.0
+    last_finished: float | None = None
+    finish_seconds: float = 0.0
+    collectives: list[CollectiveRecord] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimes:
+    """Timeline summary of one completed step on this rank (seconds)."""
+
+    step_seconds: float
+    """From this step's forward start to the next one's: the full iteration."""
+    backward_seconds: float
+    """Forward end to the last bucket ready, minus the hook's own work."""
+    hideable_seconds: float
+    """Backward compute after the first bucket is ready: what communication can hide behind."""
+    comm_busy_seconds: float
+    """Sum of collective service times: the link's busy time."""
+    compress_seconds: float
+    """Hook work (compress + launch) plus decode in completion callbacks."""
+    exposed_seconds: float
+    """Communication and decode still running after backward compute ended."""
+
+    @property
+    def overlap(self) -> float:
+        """Fraction of communication (incl. compression) hidden behind backward compute."""
+        total = self.comm_busy_seconds + self.compress_seconds
+        if total <= 0:
+            return 1.0
+        return min(1.0, max(0.0, 1.0 - self.exposed_seconds / total))
+
+
+@dataclass(frozen=True, slots=True)
+class WindowProfile:
+    """What one rank measured over a window of steps."""
+
+    steps: int
+    times: StepTimes
+    """Median over the window's complete steps."""
+    collectives: list[tuple[Collective, int, float]]
+    """(kind, payload bytes, service seconds) of every collective with a known completion."""
+    layer_seconds: dict[str, float]
+    """Mean hook cost per step per compressed layer."""
+    layer_samples: dict[str, LayerSample]
+    """Norms/errors from the window's sampled step."""
+
+
+def _service_times(records: list[CollectiveRecord]) -> list[tuple[CollectiveRecord, float]]:
+    done = sorted((r for r in records if r.done is not None), key=lambda r: r.done or 0.0)
+    out = []
+    previous_done = float("-inf")
+    for record in done:
+        assert record.done is not None
+        start = max(record.launched, previous_done)
+        out.append((record, max(0.0, record.done - start)))
+        previous_done = record.done
+    return out
+
+
+class StepProfiler:
+    """Collects one rank's measurements; thread-safe where collectives complete off-thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._current: _Step | None = None
+        self._finished: list[tuple[_Step, float]] = []
+        self._layer_seconds: dict[str, float] = defaultdict(float)
+        self._layer_samples: dict[str, LayerSample] = {}
+        self.sample_this_step = False
+        """Set by the controller: the hook records norms and errors on this step."""
+
+    # ---- controller side ------------------------------------------------------------------
+
+    def begin_step(self, sample: bool = False) -> None:
+        """Called at the start of every training forward."""
+        t = now()
+        with self._lock:
+            if self._current is not None and self._current.last_ready is not None:
+                self._finished.append((self._current, t))
+            self._current = _Step(started=t)
+        self.sample_this_step = sample
+
+    def forward_done(self) -> None:
+        if self._current is not None:
+            self._current.forward_done = now()
+
+    # ---- hook side ------------------------------------------------------------------------
+
+    def hook_entered(self) -> float:
+        t = now()
+        step = self._current
+        if step is not None:
+            if step.first_ready is None:
+                step.first_ready = t
+            if step.last_hook_exit is not None:
+                step.hook_seconds_before_last += step.last_hook_seconds
+            step.last_ready = t
+        return t
+
+    def hook_exited(self, entered: float) -> None:
+        t = now()
+        step = self._current
+        if step is not None:
+            step.last_hook_exit = t
+            step.last_hook_seconds = t - entered
+
+    def collective(
+        self, kind: Collective, payload_bytes: int, future: torch.futures.Future
+    ) -> None:
+        step = self._current
+        if step is None:
+            return
+        record = CollectiveRecord(kind, payload_bytes, now())
+        step.collectives.append(record)
+
+        def mark(_: torch.futures.Future) -> None:
+            record.done = now()
+
+        future.add_done_callback(mark)
+
+    def bucket_finished(self, seconds: float) -> None:
+        """A completion callback finished decoding a bucket (``seconds`` of decode work)."""
+        step = self._current
+        if step is not None:
+            with self._lock:
+                step.finish_seconds += seconds
+                step.last_finished = now()
+
+    def layer_cost(self, name: str, seconds: float) -> None:
+        """Add hook work done for one layer (compress, decode) in the current step."""
+        self._layer_seconds[name] += seconds
+
+    def layer_sample(self, name: str, sample: LayerSample) -> None:
+        self._layer_samples[name] = sample
+
+    # ---- window ---------------------------------------------------------------------------
+
+    def _summarize(self, step: _Step, next_start: float) -> StepTimes | None:
+        if step.first_ready is None or step.last_ready is None:
+            return None
+        forward_done = step.forward_done or step.started
+        last_exit = step.last_hook_exit or step.last_ready
+        backward = max(0.0, step.last_ready - forward_done - step.hook_seconds_before_last)
+        hideable = max(0.0, step.last_ready - step.first_ready - step.hook_seconds_before_last)
+        services = _service_times(step.collectives)
+        busy = sum(s for _, s in services)
+        ends = [r.done for r, _ in services if r.done is not None]
+        if step.last_finished is not None:
+            ends.append(step.last_finished)
+        exposed = max(0.0, max(ends) - last_exit) if ends else 0.0
+        hook_work = step.hook_seconds_before_last + step.last_hook_seconds
+        return StepTimes(
+            step_seconds=next_start - step.started,
+            backward_seconds=backward,
+            hideable_seconds=hideable,
+            comm_busy_seconds=busy,
+            compress_seconds=hook_work + step.finish_seconds,
+            exposed_seconds=exposed,
+        )
+
+    def end_window(self) -> WindowProfile | None:
+        """Summarize the steps completed since the last call and start a new window."""
+        with self._lock:
+            finished, self._finished = self._finished, []
+        summaries = [s for s in (self._summarize(st, nxt) for st, nxt in finished) if s]
+        collectives = [
+            (r.kind, r.payload_bytes, seconds)
+            for st, _ in finished
+            for r, seconds in _service_times(st.collectives)
+        ]
+        steps = max(1, len(finished))
+        layer_seconds = {name: total / steps for name, total in self._layer_seconds.items()}
+        samples = dict(self._layer_samples)
+        self._layer_seconds.clear()
+        self._layer_samples.clear()
+        if not summaries:
+            return None
+
+        def median(attr: str) -> float:
+            return statistics.median(getattr(s, attr) for s in summaries)
+
+        times = StepTimes(
+            step_seconds=median("step_seconds"),
+            backward_seconds=median("backward_seconds"),
+            hideable_seconds=median("hideable_seconds"),
+            comm_busy_seconds=median("comm_busy_seconds"),
+            compress_seconds=median("compress_seconds"),
+            exposed_seconds=median("exposed_seconds"),
+        )
+        return WindowProfile(len(summaries), times, collectives, layer_seconds, samples)

@@ -206,13 +206,14 @@ def _prepare(slot: LayerSlot, grad: torch.Tensor, state: HookState) -> tuple[tor
     Returns the payload and whether it is the plain gradient (no decode needed).
     """
     compressor = slot.compressor
-    x = grad.view(slot.shape).to(torch.float32, copy=True)
-    profiler = (
-        state.profiler if state.profiler is not None and state.profiler.sample_this_step else None
-    )
-    grad_norm = float(torch.linalg.vector_norm(x)) if profiler is not None else 0.0
+    grad = grad.view(slot.shape)
+    sampling = state.profiler is not None and state.profiler.sample_this_step
+    profiler = state.profiler if sampling else None
+    grad_norm = float(torch.linalg.vector_norm(grad, dtype=torch.float32)) if sampling else 0.0
     if slot.residual is not None:
-        x.add_(slot.residual)
+        x = torch.add(grad, slot.residual)  # one pass: upcast, copy and add together
+    else:
+        x = grad.to(torch.float32, copy=True)
     if _is_identity(compressor) or state.step < slot.uncompressed_until:
         # A pending residual is flushed into an uncompressed layer in its own dtype.
         slot.residual = None

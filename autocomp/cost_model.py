@@ -371,6 +371,11 @@ class CostModel:
             rel_residual=0.0,
         )
 
+    @property
+    def bandwidth_bytes_per_s(self) -> float | None:
+        """Measured link bandwidth, or None while only the prior is known."""
+        return None if self._link is None else self._link.bandwidth_bytes_per_s
+
     def update_link(self, estimate: LinkEstimate | None) -> None:
         """Use ``estimate`` (e.g. ``BandwidthMeter.end_window()``) from now on; None: the prior."""
         self._link = estimate

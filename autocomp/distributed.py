@@ -45,3 +45,18 @@ def require_same_on_all_ranks(digest: bytes, group: ProcessGroup | None, what: s
         "must build the same model and pass the same plan; refusing to start rather than "
         "issue mismatched collectives."
     )
+
+
+def raise_together(error: Exception | None, group: ProcessGroup | None, what: str) -> None:
+    """Collective: if any rank hit ``error``, raise on every rank (never strand the others).
+
+    Call it on every rank after a local validation that may fail on some ranks only: the ranks
+    that passed would otherwise enter the next collective alone and wait for a timeout.
+    """
+    failed = torch.tensor([0 if error is None else 1], dtype=torch.int64)
+    failed = failed.to(collective_device(group))
+    dist.all_reduce(failed, group=group)
+    if error is not None:
+        raise error
+    if int(failed.item()):
+        raise RuntimeError(f"{what} failed on another rank; see that rank's error")

@@ -188,6 +188,12 @@ class HookState:
         self._layouts[bucket.index()] = layout
         return layout
 
+    def bucket_of(self) -> dict[str, int]:
+        """DDP bucket index of every parameter seen so far (after the rebuild: the final one)."""
+        return {
+            slot.name: index for index, layout in self._layouts.items() for slot in layout.slots
+        }
+
     def sends_plain(self, slot: LayerSlot) -> bool:
         """True when this layer goes into the bucket's all-reduce as it is this step."""
         return slot.residual is None and (

@@ -1,0 +1,466 @@
+"""The adaptive window loop: measure, combine across ranks, decide on rank 0, switch together.
+
+Every ``window`` steps, at the start of a training forward (outside the comm hook, after the
+previous backward's collectives have all completed):
+
+1. each rank summarizes its window (:class:`~autocomp.profiler.StepProfiler`) into a fixed-size
+   vector, and one all-reduce combines them (timings, per-layer norms, errors and costs, loss);
+2. rank 0 updates the link fit, the cost model and the convergence guards, runs the policy
+   engine, and broadcasts the plan (one spec per parameter, in a fixed order) and the list of
+   error-feedback resets;
+3. every rank applies the same plan before the forward continues, so all ranks switch at the
+   same step.
+
+The step counter is the hook's (one per synchronizing backward), so ranks that run the same
+training loop reach every boundary at the same step. Forwards without gradient sync (eval,
+``no_sync`` accumulation) do not count and never trigger a collective.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from autocomp.compressors import build_compressor
+from autocomp.cost_model import CostModel
+from autocomp.distributed import collective_device
+from autocomp.guards import ConvergenceGuards
+from autocomp.hook import HookState
+from autocomp.link_model import BandwidthMeter, LinkEstimate, NicCounters
+from autocomp.policy.engine import LayerProfile, PolicyDecision, PolicyEngine, StepTiming
+from autocomp.policy.rules import PolicyRules
+from autocomp.profiler import StepProfiler, WindowProfile
+
+logger = logging.getLogger(__name__)
+
+_TIMING_FIELDS = (
+    "step_seconds",
+    "backward_seconds",
+    "hideable_seconds",
+    "comm_busy_seconds",
+    "compress_seconds",
+    "exposed_seconds",
+)
+# Per-layer slots in the combined vector: grad norm^2, residual norm^2, has sample,
+# rel error, hook seconds.
+_PER_LAYER = 5
+_HEADER = 1 + len(_TIMING_FIELDS) + 2  # has profile, timings, loss sum, loss count
+
+
+@dataclass(slots=True)
+class WindowRecord:
+    """What one window measured and decided (rank 0 has the full record)."""
+
+    step: int
+    """Step at which the new plan takes effect."""
+    bandwidth_bytes_per_s: float | None
+    """Live link bandwidth fit (None before the first fit)."""
+    latency_s: float | None
+    """Live per-hop latency fit."""
+    nic_bytes_per_s: float | None
+    """Cross-check: bytes/s sent on the interface torch.distributed uses (psutil)."""
+    step_seconds: float
+    backward_seconds: float
+    hideable_seconds: float
+    comm_busy_seconds: float
+    compress_seconds: float
+    exposed_seconds: float
+    measured_overlap: float
+    """1 - exposed / (comm + compression), the same definition the policy predicts."""
+    predicted_overlap: float | None
+    """What the previous decision predicted for this window."""
+    bytes_per_step: float
+    """Wire bytes this rank sent per step under the previous plan."""
+    uncompressed_bytes_per_step: float
+    loss: float | None
+    """Mean loss over the window (from ``observe_loss``), all ranks."""
+    changes: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Layer -> (old spec, new spec) switched at this boundary."""
+    decision: dict[str, Any] | None = None
+    """The policy decision (per-layer reasons), rank 0 only."""
+    guard_events: list[dict[str, Any]] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """One log line: bandwidth seen, bytes per step, what changed and why."""
+        bw = (
+            "link n/a"
+            if self.bandwidth_bytes_per_s is None
+            else f"link {self.bandwidth_bytes_per_s * 8 / 1e6:,.0f} Mbit/s"
+        )
+        ratio = self.uncompressed_bytes_per_step / max(self.bytes_per_step, 1.0)
+        head = (
+            f"step {self.step:>6}: {bw}, {self.bytes_per_step / 1e6:,.2f} MB/step "
+            f"({ratio:,.1f}x), step {self.step_seconds * 1e3:,.0f} ms, "
+            f"overlap {self.measured_overlap:.2f}"
+        )
+        if not self.changes:
+            return head + "; plan unchanged"
+        reasons = {}
+        if self.decision is not None:
+            reasons = {d["name"]: d["reason"] for d in self.decision["layers"]}
+        parts = [
+            f"{name} {old} -> {new}" + (f" ({reasons[name]})" if name in reasons else "")
+            for name, (old, new) in sorted(self.changes.items())
+        ]
+        return head + "; " + "; ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class AdaptiveLoop:
+    """Owns the profiler, link fit, cost model, guards and policy engine of one wrapped model."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        """Adaptive-mode settings (all ranks must pass the same values)."""
+
+        target_overlap: float = 0.9
+        """Fraction of gradient communication to hide behind backward compute."""
+        window: int = 20
+        """Steps between decisions."""
+        warmup_steps: int = 100
+        """Uncompressed steps at the start (the policy preset's value unless overridden)."""
+        history: int = 1000
+        """Window records kept in memory."""
+
+    @staticmethod
+    def validate(config: Config) -> None:
+        """Raise ValueError for settings no run could use."""
+        if not 0.0 <= config.target_overlap <= 1.0:
+            raise ValueError(f"target_overlap must be in [0, 1], got {config.target_overlap}")
+        if config.window < 1:
+            raise ValueError(f"window must be >= 1, got {config.window}")
+        if config.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {config.warmup_steps}")
+
+    def __init__(
+        self,
+        ddp: DistributedDataParallel,
+        state: HookState,
+        rules: PolicyRules,
+        pins: Sequence[tuple[str, str]],
+        config: Config,
+    ) -> None:
+        self.validate(config)
+        self.ddp = ddp
+        self.state = state
+        self.config = config
+        self.rules = rules
+        self.pins = list(pins)
+        self.names = list(state.slots)
+        self.profiler = StepProfiler()
+        state.profiler = self.profiler
+        self.meter = BandwidthMeter()
+        self.cost_model = CostModel(CostModel.Config(world_size=state.world_size))
+        self.engine = PolicyEngine(rules, self.cost_model, target_overlap=config.target_overlap)
+        # The guards see one observation per window, so step counts become window counts.
+        guard_rules = rules.guards
+        window = config.window
+        self.guards = ConvergenceGuards(
+            ConvergenceGuards.Config(
+                warmup_steps=config.warmup_steps,
+                loss_divergence_ratio=guard_rules.loss_spike_ratio,
+                loss_ewma_alpha=min(1.0, window / guard_rules.loss_window),
+                loss_patience=max(2, math.ceil(guard_rules.loss_window / window)),
+                critical_change=guard_rules.accordion_threshold,
+                residual_factor=guard_rules.residual_factor,
+                max_backoff=guard_rules.max_backoff_levels,
+                recovery_windows=max(1, math.ceil(guard_rules.backoff_recovery_steps / window)),
+            ),
+            layers=self.names,
+        )
+        self.nic = NicCounters()
+        self._nic_last = self.nic.sample()
+        self.history: deque[WindowRecord] = deque(maxlen=config.history)
+        self.force_none = False
+        """Operator override: every layer uncompressed from the next boundary."""
+        self.frozen = False
+        """Operator override: keep the current plan (measurements continue)."""
+        self._rel_errors: dict[str, dict[str, float]] = {name: {} for name in self.names}
+        self._grad_norms: dict[str, float] = {}
+        self._last_decision: PolicyDecision | None = None
+        self._last_boundary = 0
+        self._loss_sum = 0.0
+        self._loss_count = 0
+        self._bytes_mark = self._bytes_totals()
+        self._handles = [
+            ddp.register_forward_pre_hook(self._on_forward),
+            ddp.register_forward_hook(self._on_forward_done),
+        ]
+
+    # ---- training-loop side -------------------------------------------------------------------
+
+    def observe_loss(self, loss: float | torch.Tensor) -> None:
+        """Record this step's loss for the divergence guard (no device sync for tensors)."""
+        if isinstance(loss, torch.Tensor):
+            loss = float(loss.detach().float().mean())
+        self._loss_sum += float(loss)
+        self._loss_count += 1
+
+    def _syncs(self, module: torch.nn.Module) -> bool:
+        return (
+            torch.is_grad_enabled()
+            and module.training
+            and bool(getattr(module, "require_backward_grad_sync", True))
+            and self.state.enabled
+        )
+
+    def _on_forward(self, module: torch.nn.Module, args: Any) -> None:
+        if not self._syncs(module):
+            return
+        step = self.state.step
+        window = self.config.window
+        if step > 0 and step % window == 0 and step != self._last_boundary:
+            self._last_boundary = step
+            self._boundary(step)
+        self.profiler.begin_step(sample=(step + 1) % window == 0)
+
+    def _on_forward_done(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self._syncs(module):
+            self.profiler.forward_done()
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self.state.profiler = None
+
+    # ---- the boundary -------------------------------------------------------------------------
+
+    def _bytes_totals(self) -> tuple[int, int]:
+        slots = self.state.slots.values()
+        return sum(s.bytes_sent for s in slots), sum(s.bytes_raw for s in slots)
+
+    def _local_vector(self, profile: WindowProfile | None) -> torch.Tensor:
+        vector = torch.zeros(_HEADER + _PER_LAYER * len(self.names), dtype=torch.float64)
+        if profile is not None:
+            vector[0] = 1.0
+            for i, name in enumerate(_TIMING_FIELDS):
+                vector[1 + i] = getattr(profile.times, name)
+        vector[_HEADER - 2] = self._loss_sum
+        vector[_HEADER - 1] = self._loss_count
+        if profile is not None:
+            for i, name in enumerate(self.names):
+                base = _HEADER + _PER_LAYER * i
+                sample = profile.layer_samples.get(name)
+                if sample is not None:
+                    vector[base] = sample.grad_norm**2
+                    vector[base + 1] = sample.residual_norm**2
+                    vector[base + 2] = 1.0
+                    vector[base + 3] = sample.rel_error or 0.0
+                vector[base + 4] = profile.layer_seconds.get(name, 0.0)
+        return vector
+
+    def _boundary(self, step: int) -> None:
+        group = self.state.process_group
+        world = self.state.world_size
+        profile = self.profiler.end_window()
+        combined = self._local_vector(profile).to(collective_device(group))
+        dist.all_reduce(combined, group=group)
+        combined = combined.cpu()
+        self._loss_sum, self._loss_count = 0.0, 0
+
+        sent, raw = self._bytes_totals()
+        steps = max(1, step - (self._last_window_step()))
+        bytes_per_step = (sent - self._bytes_mark[0]) / steps
+        raw_per_step = (raw - self._bytes_mark[1]) / steps
+        self._bytes_mark = (sent, raw)
+
+        payload: list[Any] = [None]
+        record: WindowRecord | None = None
+        if self.state.rank == 0:
+            record, plan, resets = self._decide(step, profile, combined, world)
+            record.bytes_per_step = bytes_per_step
+            record.uncompressed_bytes_per_step = raw_per_step
+            payload = [{"plan": plan, "reset": resets}]
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+        dist.broadcast_object_list(payload, src=src, group=group)
+        message = payload[0]
+        if not isinstance(message, dict) or len(message["plan"]) != len(self.names):
+            raise RuntimeError("autocomp: malformed plan broadcast from rank 0")
+
+        for name in message["reset"]:
+            slot = self.state.slots[name]
+            slot.residual = None
+            slot.state = slot.compressor.init_state(slot.shape, slot.seed, self.state.rank)
+        before = {name: self.state.slots[name].compressor.spec for name in self.names}
+        assignment = {
+            name: build_compressor(spec)
+            for name, spec in zip(self.names, message["plan"], strict=True)
+        }
+        self.state.assign(assignment)
+        changes = {
+            name: (before[name], spec)
+            for name, spec in zip(self.names, message["plan"], strict=True)
+            if before[name] != spec
+        }
+        if record is None:
+            record = self._peer_record(step, combined, bytes_per_step, raw_per_step)
+        record.changes = changes
+        self.history.append(record)
+        if self.state.rank == 0:
+            logger.info("autocomp %s", record.summary())
+
+    def _last_window_step(self) -> int:
+        return self.history[-1].step if self.history else 0
+
+    def _means(self, combined: torch.Tensor) -> tuple[dict[str, float], float | None]:
+        ranks = max(1.0, float(combined[0]))
+        timings = {name: float(combined[1 + i]) / ranks for i, name in enumerate(_TIMING_FIELDS)}
+        count = float(combined[_HEADER - 1])
+        loss = float(combined[_HEADER - 2]) / count if count > 0 else None
+        return timings, loss
+
+    def _peer_record(
+        self, step: int, combined: torch.Tensor, bytes_per_step: float, raw_per_step: float
+    ) -> WindowRecord:
+        timings, loss = self._means(combined)
+        return WindowRecord(
+            step=step,
+            bandwidth_bytes_per_s=None,
+            latency_s=None,
+            nic_bytes_per_s=None,
+            **timings,
+            measured_overlap=_overlap(timings),
+            predicted_overlap=None,
+            bytes_per_step=bytes_per_step,
+            uncompressed_bytes_per_step=raw_per_step,
+            loss=loss,
+        )
+
+    def _decide(
+        self, step: int, profile: WindowProfile | None, combined: torch.Tensor, world: int
+    ) -> tuple[WindowRecord, list[str], list[str]]:
+        timings, loss = self._means(combined)
+        # Link: rank 0's own collectives (every rank sees the same ring).
+        if profile is not None:
+            for kind, nbytes, seconds in profile.collectives:
+                self.meter.add(kind, nbytes, world, seconds)
+                self.cost_model.add_comm_sample(kind, nbytes, world, seconds)
+        estimate: LinkEstimate | None = self.meter.end_window()
+        if estimate is not None:
+            self.cost_model.update_link(estimate)
+        nic_now = self.nic.sample()
+        nic_rate = self.nic.rate_since(self._nic_last) if self._nic_last is not None else None
+        self._nic_last = nic_now
+
+        grad_norms: dict[str, float] = {}
+        residual_norms: dict[str, float] = {}
+        for i, name in enumerate(self.names):
+            base = _HEADER + _PER_LAYER * i
+            samples = float(combined[base + 2])
+            slot = self.state.slots[name]
+            seconds = float(combined[base + 4]) / world
+            if seconds > 0 and slot.compressor.name != "none":
+                self.cost_model.add_sample(slot.compressor, slot.shape, seconds)
+            if samples <= 0:
+                continue
+            grad_norms[name] = math.sqrt(float(combined[base]) / samples)
+            residual_norms[name] = math.sqrt(float(combined[base + 1]) / samples)
+            if slot.compressor.name != "none":
+                measured = float(combined[base + 3]) / samples
+                known = self._rel_errors[name]
+                spec = slot.compressor.spec
+                known[spec] = measured if spec not in known else 0.5 * (known[spec] + measured)
+        self._grad_norms.update(grad_norms)
+
+        nonfinite = {name: True for _, name in self.state.nonfinite_events}
+        self.state.nonfinite_events.clear()
+        if nonfinite:
+            self.guards.check_nonfinite(step, nonfinite)
+        if loss is not None:
+            self.guards.observe_loss(step, loss)
+        if grad_norms:
+            self.guards.observe_window(step, grad_norms, residual_norms)
+        resets = sorted(self.guards.layers_to_reset())
+        new_events = [e.to_dict() for e in self.guards.events if e.step == step]
+
+        layouts = self.state.bucket_of()
+        layers = [
+            LayerProfile(
+                name=name,
+                shape=self.state.slots[name].shape,
+                dtype=self.state.slots[name].dtype,
+                grad_norm=self._grad_norms.get(name, 0.0),
+                rel_error=dict(self._rel_errors[name]),
+                bucket=layouts.get(name),
+            )
+            for name in self.names
+        ]
+        timing = StepTiming(
+            backward_seconds=timings["backward_seconds"],
+            hideable_seconds=timings["hideable_seconds"],
+            step_seconds=timings["step_seconds"],
+        )
+        previous = self._last_decision
+        if self.frozen and previous is not None:
+            plan = [self.state.slots[name].compressor.spec for name in self.names]
+            decision = previous
+        else:
+            decision = self.engine.decide(
+                layers,
+                timing,
+                step,
+                world,
+                backoff=self.guards.backoff(),
+                pins=self.pins,
+                force_none=self.force_none,
+            )
+            plan = [decision.layer(name).spec for name in self.names]
+            self._last_decision = decision
+        record = WindowRecord(
+            step=step,
+            bandwidth_bytes_per_s=None if estimate is None else estimate.bandwidth_bytes_per_s,
+            latency_s=None if estimate is None else estimate.latency_s,
+            nic_bytes_per_s=nic_rate,
+            **timings,
+            measured_overlap=_overlap(timings),
+            predicted_overlap=None if previous is None else previous.predicted_overlap,
+            bytes_per_step=0.0,
+            uncompressed_bytes_per_step=0.0,
+            loss=loss,
+            decision=decision.to_dict(),
+            guard_events=new_events,
+        )
+        return record, plan, resets
+
+    # ---- checkpointing ------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "meter": self.meter.state_dict(),
+            "cost_model": self.cost_model.state_dict(),
+            "guards": self.guards.state_dict(),
+            "rel_errors": {k: dict(v) for k, v in self._rel_errors.items()},
+            "grad_norms": dict(self._grad_norms),
+            "last_boundary": self._last_boundary,
+            "force_none": self.force_none,
+            "frozen": self.frozen,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.meter.load_state_dict(state["meter"])
+        self.cost_model.load_state_dict(state["cost_model"])
+        self.cost_model.update_link(self.meter.estimate)
+        self.guards.load_state_dict(state["guards"])
+        self._rel_errors = {name: dict(state["rel_errors"].get(name, {})) for name in self.names}
+        self._grad_norms = dict(state["grad_norms"])
+        self._last_boundary = int(state["last_boundary"])
+        self.force_none = bool(state["force_none"])
+        self.frozen = bool(state["frozen"])
+
+
+def _overlap(timings: dict[str, float]) -> float:
+    total = timings["comm_busy_seconds"] + timings["compress_seconds"]
+    if total <= 0:
+        return 1.0
+    return min(1.0, max(0.0, 1.0 - timings["exposed_seconds"] / total))

@@ -131,6 +131,8 @@ class AdaptiveLoop:
         """Uncompressed steps at the start (the policy preset's value unless overridden)."""
         history: int = 1000
         """Window records kept in memory."""
+        sampled_steps: int = 4
+        """Steps at the end of each window whose gradient norms and errors are measured."""
 
     @staticmethod
     def validate(config: Config) -> None:
@@ -188,6 +190,8 @@ class AdaptiveLoop:
         self._rel_errors: dict[str, dict[str, float]] = {name: {} for name in self.names}
         self._grad_norms: dict[str, float] = {}
         self._last_decision: PolicyDecision | None = None
+        self.decision_failures = 0
+        """Windows whose decision raised (the plan was kept); see the log for tracebacks."""
         self._last_boundary = 0
         self._loss_sum = 0.0
         self._loss_count = 0
@@ -222,7 +226,9 @@ class AdaptiveLoop:
         if step > 0 and step % window == 0 and step != self._last_boundary:
             self._last_boundary = step
             self._boundary(step)
-        self.profiler.begin_step(sample=(step + 1) % window == 0)
+        # Norms are sampled on the window's last few steps: a single minibatch gradient norm
+        # is too noisy for the critical-regime check, a pass per step costs too much.
+        self.profiler.begin_step(sample=window - step % window <= self.config.sampled_steps)
 
     def _on_forward_done(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self._syncs(module):
@@ -278,7 +284,16 @@ class AdaptiveLoop:
         payload: list[Any] = [None]
         record: WindowRecord | None = None
         if self.state.rank == 0:
-            record, plan, resets = self._decide(step, profile, combined, world)
+            try:
+                record, plan, resets = self._decide(step, profile, combined, world)
+            except Exception:
+                # A policy failure must not strand the other ranks in the broadcast, nor stop
+                # training: keep the current plan, say so loudly, and try again next window.
+                logger.exception("autocomp: policy decision failed at step %d; plan kept", step)
+                record = self._peer_record(step, combined, bytes_per_step, raw_per_step)
+                plan = [self.state.slots[name].compressor.spec for name in self.names]
+                resets = []
+                self.decision_failures += 1
             record.bytes_per_step = bytes_per_step
             record.uncompressed_bytes_per_step = raw_per_step
             payload = [{"plan": plan, "reset": resets}]
@@ -371,12 +386,16 @@ class AdaptiveLoop:
                 known = self._rel_errors[name]
                 spec = slot.compressor.spec
                 known[spec] = measured if spec not in known else 0.5 * (known[spec] + measured)
-        self._grad_norms.update(grad_norms)
+        # Non-finite norms go to the guards (which react) but never into the policy's weights.
+        self._grad_norms.update({n: v for n, v in grad_norms.items() if math.isfinite(v)})
 
         nonfinite = {name: True for _, name in self.state.nonfinite_events}
         self.state.nonfinite_events.clear()
         if nonfinite:
+            # The hook already reset these layers on every rank at the step it happened; the
+            # guard records and counts the events, and its reset queue is dropped here.
             self.guards.check_nonfinite(step, nonfinite)
+            self.guards.layers_to_reset()
         if loss is not None:
             self.guards.observe_loss(step, loss)
         if grad_norms:

@@ -266,7 +266,7 @@ def wrap(
     *,
     target_overlap: float | None = None,
     policy: str | Path | PolicyRules | None = None,
-    window: int = 20,
+    window: int | None = None,
     warmup_steps: int | None = None,
     seed: int | None = None,
 ) -> Controller:
@@ -290,7 +290,7 @@ def wrap(
             in [0, 1] (adaptive; default: the policy preset's, 0.9).
         policy: preset name (``default``, ``datacenter``, ``cloud-ethernet``, ``wan``,
             ``federated``) or path of a TOML policy (adaptive).
-        window: steps between decisions (adaptive).
+        window: steps between decisions (adaptive; default: the preset's replan_interval).
         warmup_steps: uncompressed steps at the start (adaptive; default: the preset's).
         seed: base seed of shared random choices (default ``AUTOCOMP_SEED`` or 0).
 
@@ -327,6 +327,8 @@ def wrap(
         target = policy_rules.target_overlap if target_overlap is None else target_overlap
         if isinstance(target, bool) or not isinstance(target, (int, float)):
             raise TypeError(f"target_overlap must be a number in [0, 1], got {target!r}")
+        if window is None:
+            window = policy_rules.replan_interval
         if isinstance(window, bool) or not isinstance(window, int):
             raise TypeError(f"window must be an int, got {window!r}")
         loop_config = AdaptiveLoop.Config(

@@ -264,6 +264,8 @@ class BandwidthMeter:
         """Samples further than this many robust sigmas from the fit are dropped and refitted."""
         prior_latency_s: float = 50e-6
         """Latency per hop assumed when a window cannot separate latency from bandwidth."""
+        envelope_quantile: float = 0.3
+        """Per size class (factor-2 bins), fit only samples at or below this time quantile."""
 
         def __post_init__(self) -> None:
             if not 0 < self.ewma_weight <= 1:
@@ -352,7 +354,26 @@ class BandwidthMeter:
         self._estimate = self._blend(window, fit.method)
         return self._estimate
 
+    def _lower_envelope(self, samples: list[_Sample]) -> list[_Sample]:
+        """The fast edge of each size class.
+
+        A collective's time on one rank includes waiting for the slowest peer to arrive, which
+        only ever adds time: the noise is one-sided, and a fit through all samples would read
+        compute skew between ranks as a slow link (on a fast link, badly so). Within each
+        factor-2 size class only the samples at or below ``envelope_quantile`` are kept.
+        """
+        classes: dict[int, list[_Sample]] = {}
+        for sample in samples:
+            size_class = int(math.log2(max(sample.sent / sample.hops, 1.0)))
+            classes.setdefault(size_class, []).append(sample)
+        kept: list[_Sample] = []
+        for members in classes.values():
+            cutoff = float(np.quantile([m.seconds for m in members], self.config.envelope_quantile))
+            kept.extend(m for m in members if m.seconds <= cutoff)
+        return kept
+
     def _fit(self, samples: list[_Sample]) -> _Fit | None:
+        samples = self._lower_envelope(samples)
         hops = np.array([s.hops for s in samples], dtype=np.float64)
         sent = np.array([s.sent for s in samples], dtype=np.float64)
         seconds = np.array([s.seconds for s in samples], dtype=np.float64)

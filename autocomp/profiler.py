@@ -106,7 +106,18 @@ class WindowProfile:
     layer_seconds: dict[str, float]
     """Mean hook cost per step per compressed layer."""
     layer_samples: dict[str, LayerSample]
-    """Norms/errors from the window's sampled step."""
+    """Norms/errors averaged over the window's sampled steps (RMS for norms)."""
+
+
+def _mean_sample(samples: list[LayerSample]) -> LayerSample:
+    count = len(samples)
+    errors = [s.rel_error for s in samples if s.rel_error is not None]
+    return LayerSample(
+        grad_norm=(sum(s.grad_norm**2 for s in samples) / count) ** 0.5,
+        residual_norm=(sum(s.residual_norm**2 for s in samples) / count) ** 0.5,
+        rel_error=sum(errors) / len(errors) if errors else None,
+        spec=samples[-1].spec,
+    )
 
 
 def _service_times(records: list[CollectiveRecord]) -> list[tuple[CollectiveRecord, float]]:
@@ -129,7 +140,7 @@ class StepProfiler:
         self._current: _Step | None = None
         self._finished: list[tuple[_Step, float]] = []
         self._layer_seconds: dict[str, float] = defaultdict(float)
-        self._layer_samples: dict[str, LayerSample] = {}
+        self._layer_samples: dict[str, list[LayerSample]] = {}
         self.sample_this_step = False
         """Set by the controller: the hook records norms and errors on this step."""
 
@@ -195,7 +206,8 @@ class StepProfiler:
         self._layer_seconds[name] += seconds
 
     def layer_sample(self, name: str, sample: LayerSample) -> None:
-        self._layer_samples[name] = sample
+        """Record one sampled step's norms for a layer; the window reports their mean."""
+        self._layer_samples.setdefault(name, []).append(sample)
 
     # ---- window ---------------------------------------------------------------------------
 
@@ -234,7 +246,7 @@ class StepProfiler:
         ]
         steps = max(1, len(finished))
         layer_seconds = {name: total / steps for name, total in self._layer_seconds.items()}
-        samples = dict(self._layer_samples)
+        samples = {name: _mean_sample(items) for name, items in self._layer_samples.items()}
         self._layer_seconds.clear()
         self._layer_samples.clear()
         if not summaries:

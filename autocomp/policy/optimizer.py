@@ -126,11 +126,16 @@ class BudgetOptimizer:
 
         resolution: int = 2000
         """Budget units of the dynamic program; the rounding loss is at most one unit a layer."""
+        time_tolerance: float = 0.1
+        """Infeasible case: options within this fraction of a layer's fastest count as ties,
+        and the least-error one wins (time predictions are not more precise than this)."""
 
     def __init__(self, config: Config | None = None) -> None:
         self.config = config or BudgetOptimizer.Config()
         if not isinstance(self.config.resolution, int) or self.config.resolution < 1:
             raise ValueError(f"resolution must be an integer >= 1, got {self.config.resolution!r}")
+        if not self.config.time_tolerance >= 0:
+            raise ValueError(f"time_tolerance must be >= 0, got {self.config.time_tolerance!r}")
 
     def solve(
         self, layers: Sequence[Sequence[LayerOption]], budget_seconds: float
@@ -146,7 +151,17 @@ class BudgetOptimizer:
             return self._finish(layers, least_error, budget_seconds, METHOD_LEAST_ERROR)
         fastest = [_least(o, range(len(o)), "seconds", "error") for o in layers]
         if _total_seconds(layers, fastest) > budget_seconds:
-            return self._finish(layers, fastest, budget_seconds, METHOD_MIN_TIME)
+            tolerance = 1.0 + self.config.time_tolerance
+            near_fastest = [
+                _least(
+                    o,
+                    [i for i in range(len(o)) if o[i].seconds <= o[f].seconds * tolerance],
+                    "error",
+                    "seconds",
+                )
+                for o, f in zip(layers, fastest, strict=True)
+            ]
+            return self._finish(layers, near_fastest, budget_seconds, METHOD_MIN_TIME)
         if budget_seconds == 0:
             # Only free options fit; no units to discretize. Least error among them.
             free = [

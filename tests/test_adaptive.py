@@ -1,0 +1,375 @@
+"""Tier 2: the adaptive window loop on local gloo ranks.
+
+Loopback is a fast link, where the right answer is to compress nothing; to exercise real
+decisions these tests replace rank 0's link fit with a fixed slow link (10 Mbit/s), so the
+policy compresses. Everything else is real: the profiler, the all-reduce of measurements, the
+rank-0 decision, the broadcast and the switch.
+
+Covers: every rank holds the same plan at every window and switches at the same step, with
+bit-identical parameters; the fast (real loopback) link keeps everything uncompressed; each
+convergence guard fires on an injected fault (NaN gradient, loss spike, gradient-norm jump,
+runaway residual) and the plan reacts; checkpoints restore the adaptive plan and state.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import autocomp
+from autocomp.link_model import LinkEstimate
+from tests.models import MultiBucketNet, classification_batch
+from tests.multirank import run_ranks
+
+pytestmark = [pytest.mark.multirank, pytest.mark.timeout(300)]
+
+WINDOW = 4
+POLICY = """
+version = 1
+[policy]
+description = "test: small tensors allowed"
+warmup_steps = 4
+min_numel = 64
+compress_1d = false
+fast_link_gbit = 25.0
+candidates = ["none", "fp16", "int8", "topk:ratio=0.1", "powersgd:rank=2"]
+[guards]
+loss_spike_ratio = 1.5
+loss_window = 8
+accordion_threshold = 0.5
+residual_factor = 32.0
+backoff_recovery_steps = 400
+max_backoff_levels = 3
+"""
+SLOW_LINK = LinkEstimate(
+    latency_s=1e-3, bandwidth_bytes_per_s=10e6 / 8, samples=16, rel_residual=0.0
+)
+
+
+def _setup(
+    rank: int, policy_path: str, slow: bool = True, **kwargs: Any
+) -> tuple[torch.nn.Module, DDP, torch.optim.Optimizer, autocomp.Controller]:
+    torch.manual_seed(0)
+    model = MultiBucketNet()
+    ddp = DDP(model, bucket_cap_mb=0.02)
+    ctl = autocomp.wrap(ddp, target_overlap=0.9, policy=policy_path, window=WINDOW, **kwargs)
+    assert ctl.adaptive is not None
+    if slow and rank == 0:
+        ctl.adaptive.meter.end_window = lambda: SLOW_LINK  # type: ignore[method-assign]
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    return model, ddp, opt, ctl
+
+
+def _train_step(
+    ctl: autocomp.Controller, ddp: DDP, opt: torch.optim.Optimizer, rank: int, step: int
+) -> float:
+    x, y = classification_batch(rank, step)
+    loss = torch.nn.functional.cross_entropy(ddp(x), y)
+    opt.zero_grad()
+    loss.backward()
+    grads_finite = all(
+        p.grad is None or bool(torch.isfinite(p.grad).all()) for p in ddp.parameters()
+    )
+    if grads_finite:  # what AMP's GradScaler does: skip steps with non-finite gradients
+        opt.step()
+    return float(loss.detach())
+
+
+def _flat(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def _agreement(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:
+    model, ddp, opt, ctl = _setup(rank, policy_path)
+    plans_by_step = {}
+    for step in range(6 * WINDOW):
+        _train_step(ctl, ddp, opt, rank, step)
+        plans_by_step[ctl.step] = dict(ctl.plan)
+    return {
+        "plans": plans_by_step,
+        "switches": [(r.step, sorted(r.changes.items())) for r in ctl.history],
+        "params": _flat(model),
+        "reasons": None
+        if ctl.last_decision is None
+        else {d.name: d.reason for d in ctl.last_decision.layers},
+    }
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_every_rank_holds_the_same_plan_and_switches_at_the_same_step(
+    world_size: int, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    results = run_ranks(_agreement, world_size, tmp_path / "ranks", str(policy))
+    reference = results[0]
+    for result in results[1:]:
+        assert result["plans"] == reference["plans"]
+        assert result["switches"] == reference["switches"]
+        assert torch.equal(result["params"], reference["params"])
+    plans = reference["plans"]
+    # Warm-up (4 steps) is uncompressed; after the first decision the slow link compresses.
+    assert all(spec == "none" for spec in plans[1].values())
+    compressed = {n: s for n, s in plans[max(plans)].items() if s != "none"}
+    assert compressed, plans[max(plans)]
+    assert all(not n.endswith(".bias") for n in compressed)  # 1-D never compressed
+    first_switch = next(step for step, changes in reference["switches"] if changes)
+    assert first_switch % WINDOW == 0 and first_switch >= 4
+    reasons = reference["reasons"]
+    assert reasons is not None and all(reasons.values())
+    assert any("knapsack" in r or "infeasible" in r or "fastest" in r for r in reasons.values())
+
+
+def _fast_link(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:
+    # Big enough (1.3M parameters) that transfers, not latency, make up the communication.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 1024),
+        torch.nn.ReLU(),
+        torch.nn.Linear(1024, 1024),
+        torch.nn.ReLU(),
+        torch.nn.Linear(1024, 5),
+    )
+    ddp = DDP(model)
+    ctl = autocomp.wrap(ddp, target_overlap=0.9, policy=policy_path, window=WINDOW)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    for step in range(5 * WINDOW):
+        _train_step(ctl, ddp, opt, rank, step)
+    return {"plan": ctl.plan, "history": [r.to_dict() for r in ctl.history]}
+
+
+def test_fast_loopback_link_keeps_everything_uncompressed(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    results = run_ranks(_fast_link, 2, tmp_path / "ranks", str(policy))
+    assert set(results[0]["plan"].values()) == {"none"}
+    decided = [h for h in results[0]["history"] if h["decision"] is not None]
+    assert decided
+    last = decided[-1]
+    assert last["bandwidth_bytes_per_s"] is not None and last["bandwidth_bytes_per_s"] > 1e8
+    assert all(layer["spec"] == "none" for layer in last["decision"]["layers"]), last["decision"][
+        "layers"
+    ]
+
+
+def _guard_counts(ctl: autocomp.Controller) -> dict[str, int]:
+    assert ctl.adaptive is not None
+    return ctl.adaptive.guards.counts()
+
+
+def _nan_gradient(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:
+    model, ddp, opt, ctl = _setup(rank, policy_path)
+    target = "fc2.weight"
+    poison_step = 3 * WINDOW + 1
+    state = {"step": 0}
+
+    def poison(grad: torch.Tensor) -> torch.Tensor:
+        if rank == 0 and state["step"] == poison_step:
+            grad = grad.clone()
+            grad[0, 0] = float("nan")
+        return grad
+
+    model.fc2.weight.register_hook(poison)
+    slot = ctl._state.slots[target]
+    sent = []
+    for step in range(5 * WINDOW):
+        state["step"] = step
+        before = slot.bytes_sent
+        _train_step(ctl, ddp, opt, rank, step)
+        sent.append(slot.bytes_sent - before)
+    return {
+        "spec_at_poison": ctl.history[-1].to_dict()["changes"],
+        "sent": sent,
+        "raw": slot.numel * 4,
+        "events": list(ctl._state.nonfinite_events)
+        + [
+            (e.step, e.layer)
+            for e in (ctl.adaptive.guards.events if rank == 0 and ctl.adaptive else [])
+            if e.guard == "nonfinite"
+        ],
+        "counts": _guard_counts(ctl),
+        "params": _flat(model),
+        "poison_step": poison_step,
+    }
+
+
+def test_nan_gradient_resets_error_feedback_and_sends_uncompressed(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    results = run_ranks(_nan_gradient, 2, tmp_path / "ranks", str(policy))
+    for result in results:
+        assert torch.isfinite(result["params"]).all()
+        assert torch.equal(result["params"], results[0]["params"])
+        step = result["poison_step"]
+        sent = result["sent"]
+        # Compressed before, full size on the step after the NaN, compressed again after.
+        assert sent[step] < result["raw"]
+        assert sent[step + 1] == result["raw"]
+        assert sent[step + 2] < result["raw"]
+    # Rank 0 (which decides) counted the event at the next boundary.
+    assert results[0]["counts"]["nonfinite"] == 1
+    assert "fc2.weight" in [layer for _, layer in results[0]["events"]]
+
+
+def _loss_spike(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:
+    _, ddp, opt, ctl = _setup(rank, policy_path)
+    specs = []
+    for step in range(12 * WINDOW):
+        loss = _train_step(ctl, ddp, opt, rank, step)
+        # From step 24 on the observed loss is 5x higher and keeps rising: divergence.
+        observed = loss * (5.0 + 0.2 * (step - 24)) if step >= 24 else loss
+        ctl.observe_loss(observed)
+        specs.append(dict(ctl.plan))
+    assert ctl.adaptive is not None
+    events = [e.to_dict() for e in ctl.adaptive.guards.events]
+    return {"specs": specs, "events": events, "backoff": ctl.adaptive.guards.backoff()}
+
+
+def test_loss_divergence_backs_compression_off(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    results = run_ranks(_loss_spike, 2, tmp_path / "ranks", str(policy))
+    assert results[0]["specs"] == results[1]["specs"]
+    events = [e for e in results[0]["events"] if e["guard"] == "loss_divergence"]
+    assert events, results[0]["events"]
+    assert events[0]["step"] >= 24
+    assert all(level >= 1 for level in results[0]["backoff"].values())
+    before = results[0]["specs"][23]
+    after = results[0]["specs"][-1]
+    # Every layer compressed before the spike is now lighter (or uncompressed).
+    assert any(before[n] != after[n] for n in before if before[n] != "none"), (before, after)
+
+
+def _critical_regime(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:
+    model, ddp, opt, ctl = _setup(rank, policy_path)
+    state = {"step": 0}
+
+    def amplify(grad: torch.Tensor) -> torch.Tensor:
+        return grad * 20.0 if state["step"] >= 4 * WINDOW else grad
+
+    model.fc3.weight.register_hook(amplify)
+    for step in range(7 * WINDOW):
+        state["step"] = step
+        _train_step(ctl, ddp, opt, rank, step)
+    assert ctl.adaptive is not None
+    return {
+        "events": [e.to_dict() for e in ctl.adaptive.guards.events],
+        "backoff": ctl.adaptive.guards.backoff(),
+    }
+
+
+def test_gradient_norm_jump_is_a_critical_regime_for_that_layer(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    results = run_ranks(_critical_regime, 2, tmp_path / "ranks", str(policy))
+    critical = [e for e in results[0]["events"] if e["guard"] == "critical_regime"]
+    assert any(e["layer"] == "fc3.weight" and e["step"] >= 4 * WINDOW for e in critical), critical
+    assert results[0]["backoff"]["fc3.weight"] >= 1
+
+
+def _runaway_residual(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:
+    _, ddp, opt, ctl = _setup(rank, policy_path)
+    inject_step = 4 * WINDOW + 1
+    target = None
+    for step in range(7 * WINDOW):
+        if step == inject_step:
+            compressed = [
+                s for s in ctl._state.slots.values() if s.residual is not None and s.numel > 1000
+            ]
+            target = compressed[0].name
+            compressed[0].residual.mul_(1e4)  # type: ignore[union-attr]
+        _train_step(ctl, ddp, opt, rank, step)
+    assert ctl.adaptive is not None
+    return {
+        "target": target,
+        "events": [e.to_dict() for e in ctl.adaptive.guards.events],
+        "backoff": ctl.adaptive.guards.backoff(),
+        "params_finite": bool(torch.isfinite(_flat(ddp.module)).all()),
+    }
+
+
+def test_runaway_residual_is_reset_and_backed_off(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    results = run_ranks(_runaway_residual, 2, tmp_path / "ranks", str(policy))
+    target = results[0]["target"]
+    assert target is not None and results[1]["target"] == target
+    growth = [e for e in results[0]["events"] if e["guard"] == "residual_growth"]
+    assert any(e["layer"] == target for e in growth), results[0]["events"]
+    assert results[0]["backoff"][target] >= 1
+    assert results[0]["params_finite"]
+
+
+def _warmup_and_resume(rank: int, world_size: int, policy_path: str, ckpt: str) -> dict[str, Any]:
+    model, ddp, opt, ctl = _setup(rank, policy_path)
+    warm_plans = []
+    for step in range(5 * WINDOW):
+        _train_step(ctl, ddp, opt, rank, step)
+        if step < 4:
+            warm_plans.append(dict(ctl.plan))
+    saved_plan = dict(ctl.plan)
+    path = Path(ckpt) / f"rank{rank}.pt"
+    torch.save({"ac": ctl.state_dict(), "model": model.state_dict()}, path)
+    events = [e.to_dict() for e in ctl.adaptive.guards.events] if ctl.adaptive else []
+
+    model2, _, _, ctl2 = _setup(rank, policy_path)
+    blob = torch.load(path, weights_only=False)
+    model2.load_state_dict(blob["model"])
+    ctl2.load_state_dict(blob["ac"])
+    assert ctl.adaptive is not None and ctl2.adaptive is not None
+    return {
+        "warm_plans": warm_plans,
+        "events": events,
+        "saved_plan": saved_plan,
+        "restored_plan": dict(ctl2.plan),
+        "step": ctl2.step,
+        "guards_equal": ctl.adaptive.guards.state_dict() == ctl2.adaptive.guards.state_dict(),
+        "meter_equal": ctl.adaptive.meter.state_dict() == ctl2.adaptive.meter.state_dict(),
+    }
+
+
+def test_warmup_is_uncompressed_and_resume_restores_the_plan(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    results = run_ranks(_warmup_and_resume, 2, tmp_path / "ranks", str(policy), str(ckpt))
+    for result in results:
+        assert all(set(plan.values()) == {"none"} for plan in result["warm_plans"])
+        assert result["restored_plan"] == result["saved_plan"]
+        assert any(spec != "none" for spec in result["saved_plan"].values())
+        assert result["step"] == 5 * WINDOW
+        assert result["guards_equal"] and result["meter_equal"]
+    warmup = [e for e in results[0]["events"] if e["guard"] == "warmup"]
+    assert len(warmup) == 1 and warmup[0]["step"] == 4
+
+
+def _bad_arguments(rank: int, world_size: int) -> dict[str, str]:
+    cases = {
+        "overlap": {"target_overlap": 1.5},
+        "overlap_type": {"target_overlap": "high"},
+        "window": {"window": 0},
+        "warmup": {"warmup_steps": -1},
+        "policy": {"policy": "no-such-preset"},
+    }
+    out = {}
+    for key, kwargs in cases.items():
+        try:
+            autocomp.wrap(DDP(MultiBucketNet()), **kwargs)
+            out[key] = "no error"
+        except Exception as err:  # the test inspects type and message
+            out[key] = f"{type(err).__name__}: {err}"
+    return out
+
+
+def test_adaptive_arguments_are_validated(tmp_path: Path) -> None:
+    (out,) = run_ranks(_bad_arguments, 1, tmp_path)
+    assert out["overlap"].startswith("ValueError") and "[0, 1]" in out["overlap"]
+    assert out["overlap_type"].startswith("TypeError")
+    assert out["window"].startswith("ValueError") and "window" in out["window"]
+    assert out["warmup"].startswith("ValueError")
+    assert out["policy"].startswith("ValueError") and "default" in out["policy"]

@@ -210,9 +210,10 @@ def test_nan_gradient_resets_error_feedback_and_sends_uncompressed(tmp_path: Pat
         assert sent[step] < result["raw"]
         assert sent[step + 1] == result["raw"]
         assert sent[step + 2] < result["raw"]
-    # Rank 0 (which decides) counted the event at the next boundary.
-    assert results[0]["counts"]["nonfinite"] == 1
-    assert "fc2.weight" in [layer for _, layer in results[0]["events"]]
+    # Rank 0 (which decides) recorded the event at the next boundary, for that layer only
+    # (the NaN residual sampled on the poisoned step may add a second record of the fault).
+    assert results[0]["counts"]["nonfinite"] >= 1
+    assert {layer for _, layer in results[0]["events"]} == {"fc2.weight"}
 
 
 def _loss_spike(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:

@@ -16,12 +16,14 @@ __all__ = ["main"]
 _Entry = Callable[[list[str] | None], int]
 
 # name -> (module whose main(argv) runs it, one-line help).
-# A "link" subcommand (end-to-end training over a shaped link) will be registered here once
-# its benchmark module exists.
 COMMANDS: dict[str, tuple[str, str]] = {
     "compressors": (
         "autocomp.bench.compressors",
         "per-compressor compute cost on this machine and break-even link bandwidth",
+    ),
+    "link": (
+        "autocomp.bench.link",
+        "end-to-end training on 2 ranks over a shaped link: autocomp vs DDP, fp16, PowerSGD",
     ),
 }
 

@@ -34,7 +34,13 @@ from autocomp.cost_model import CostModel
 from autocomp.distributed import collective_device
 from autocomp.guards import ConvergenceGuards
 from autocomp.hook import HookState
-from autocomp.link_model import BandwidthMeter, LinkEstimate, NicCounters
+from autocomp.link_model import (
+    BandwidthMeter,
+    LinkEstimate,
+    NicCounters,
+    latency_hops,
+    link_bytes,
+)
 from autocomp.policy.engine import LayerProfile, PolicyDecision, PolicyEngine, StepTiming
 from autocomp.policy.rules import PolicyRules
 from autocomp.profiler import StepProfiler, WindowProfile
@@ -53,6 +59,7 @@ _TIMING_FIELDS = (
 # rel error, hook seconds.
 _PER_LAYER = 5
 _HEADER = 1 + len(_TIMING_FIELDS) + 2  # has profile, timings, loss sum, loss count
+_MISSING = 1e30  # marks an absent step in the MIN all-reduce of busy periods
 
 
 @dataclass(slots=True)
@@ -131,8 +138,9 @@ class AdaptiveLoop:
         """Uncompressed steps at the start (the policy preset's value unless overridden)."""
         history: int = 1000
         """Window records kept in memory."""
-        sampled_steps: int = 4
-        """Steps at the end of each window whose gradient norms and errors are measured."""
+        sampled_steps: int = 1
+        """Steps at the end of each window whose gradient norms and errors are measured (each
+        costs a few passes over the gradients, so profiling stays cheap with one)."""
 
     @staticmethod
     def validate(config: Config) -> None:
@@ -161,12 +169,13 @@ class AdaptiveLoop:
         self.names = list(state.slots)
         self.profiler = StepProfiler()
         state.profiler = self.profiler
-        self.meter = BandwidthMeter()
-        self.cost_model = CostModel(CostModel.Config(world_size=state.world_size))
+        window = config.window
+        # One sample per step: a window of a few steps must be enough for a first fit.
+        self.meter = BandwidthMeter(BandwidthMeter.Config(min_samples=min(8, max(2, window))))
+        self.cost_model = CostModel(CostModel.Config(world_size=state.world_size, refit_every=64))
         self.engine = PolicyEngine(rules, self.cost_model, target_overlap=config.target_overlap)
         # The guards see one observation per window, so step counts become window counts.
         guard_rules = rules.guards
-        window = config.window
         self.guards = ConvergenceGuards(
             ConvergenceGuards.Config(
                 warmup_steps=config.warmup_steps,
@@ -223,12 +232,12 @@ class AdaptiveLoop:
             return
         step = self.state.step
         window = self.config.window
+        # Begin first: it closes the previous step, so the window below includes it (and the
+        # boundary's own cost is charged to the step it delays).
+        self.profiler.begin_step(sample=window - step % window <= self.config.sampled_steps)
         if step > 0 and step % window == 0 and step != self._last_boundary:
             self._last_boundary = step
             self._boundary(step)
-        # Norms are sampled on the window's last few steps: a single minibatch gradient norm
-        # is too noisy for the critical-regime check, a pass per step costs too much.
-        self.profiler.begin_step(sample=window - step % window <= self.config.sampled_steps)
 
     def _on_forward_done(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self._syncs(module):
@@ -270,9 +279,21 @@ class AdaptiveLoop:
         group = self.state.process_group
         world = self.state.world_size
         profile = self.profiler.end_window()
-        combined = self._local_vector(profile).to(collective_device(group))
+        device = collective_device(group)
+        combined = self._local_vector(profile).to(device)
         dist.all_reduce(combined, group=group)
         combined = combined.cpu()
+        # A collective's time on one rank includes waiting for the slowest peer; the rank that
+        # arrived last did not wait, so the minimum over ranks of each step's link busy time is
+        # the skew-free one. Steps are aligned across ranks (same step indices).
+        busy = torch.full((self.config.window,), _MISSING, dtype=torch.float64)
+        if profile is not None:
+            periods = [sum(s for _, _, s in step) for step in profile.collectives]
+            for i, seconds in enumerate(periods[-self.config.window :]):
+                busy[i] = seconds
+        busy = busy.to(device)
+        dist.all_reduce(busy, op=dist.ReduceOp.MIN, group=group)
+        busy_min = [float(v) for v in busy.cpu() if float(v) < _MISSING]
         self._loss_sum, self._loss_count = 0.0, 0
 
         sent, raw = self._bytes_totals()
@@ -285,7 +306,7 @@ class AdaptiveLoop:
         record: WindowRecord | None = None
         if self.state.rank == 0:
             try:
-                record, plan, resets = self._decide(step, profile, combined, world)
+                record, plan, resets = self._decide(step, profile, combined, busy_min, world)
             except Exception:
                 # A policy failure must not strand the other ranks in the broadcast, nor stop
                 # training: keep the current plan, say so loudly, and try again next window.
@@ -353,14 +374,26 @@ class AdaptiveLoop:
         )
 
     def _decide(
-        self, step: int, profile: WindowProfile | None, combined: torch.Tensor, world: int
+        self,
+        step: int,
+        profile: WindowProfile | None,
+        combined: torch.Tensor,
+        busy_min: list[float],
+        world: int,
     ) -> tuple[WindowRecord, list[str], list[str]]:
         timings, loss = self._means(combined)
-        # Link: rank 0's own collectives (every rank sees the same ring).
+        # Link: rank 0's own steps (every rank sees the same ring), one busy period per step.
         if profile is not None:
-            for kind, nbytes, seconds in profile.collectives:
-                self.meter.add(kind, nbytes, world, seconds)
-                self.cost_model.add_comm_sample(kind, nbytes, world, seconds)
+            steps = profile.collectives[-self.config.window :]
+            for step_collectives, seconds in zip(steps, busy_min, strict=False):
+                self.meter.add_period(
+                    sum(latency_hops(kind, world) for kind, _, _ in step_collectives),
+                    sum(link_bytes(kind, nbytes, world) for kind, nbytes, _ in step_collectives),
+                    seconds,
+                )
+            for step_collectives in profile.collectives:
+                for kind, nbytes, seconds in step_collectives:
+                    self.cost_model.add_comm_sample(kind, nbytes, world, seconds)
         estimate: LinkEstimate | None = self.meter.end_window()
         if estimate is not None:
             self.cost_model.update_link(estimate)

@@ -266,6 +266,10 @@ class BandwidthMeter:
         """Latency per hop assumed when a window cannot separate latency from bandwidth."""
         envelope_quantile: float = 0.3
         """Per size class (factor-2 bins), fit only samples at or below this time quantile."""
+        identifiable_bytes: float = 1e6
+        """A period moving at least this many link bytes per rank can reveal the bandwidth."""
+        identifiable_seconds: float = 0.05
+        """So can a period this long moving at least 64 kB (slow links, small models)."""
 
         def __post_init__(self) -> None:
             if not 0 < self.ewma_weight <= 1:
@@ -298,10 +302,20 @@ class BandwidthMeter:
         """
         hops = latency_hops(collective, world_size)
         sent = link_bytes(collective, payload_bytes, world_size)
-        if hops == 0 or sent <= 0 or not (math.isfinite(seconds) and seconds > 0):
+        self.add_period(hops, sent, seconds)
+
+    def add_period(self, hops: int, sent_bytes: float, seconds: float) -> None:
+        """Record a busy period of the link: ``sent_bytes`` per rank in ``seconds``.
+
+        Gloo and NCCL may run several collectives of a step at once, so per-collective times
+        overlap and each looks faster than the link; the busy period of a whole step (the
+        union of its collectives' service intervals, with their summed hops and bytes) is
+        the sample that reflects the link.
+        """
+        if hops <= 0 or sent_bytes <= 0 or not (math.isfinite(seconds) and seconds > 0):
             self._ignored += 1
             return
-        self._window.append(_Sample(hops, sent, float(seconds)))
+        self._window.append(_Sample(hops, float(sent_bytes), float(seconds)))
 
     @property
     def pending(self) -> int:
@@ -338,9 +352,17 @@ class BandwidthMeter:
         """
         if len(self._window) < self.config.min_samples:
             return self._estimate
-        fit = self._fit(list(self._window))
-        count = len(self._window)
+        samples = list(self._window)
         self._window.clear()
+        if sum(1 for s in samples if self._identifiable(s)) < max(2, self.config.min_samples // 2):
+            # Only small transfers: their time is latency and per-call overhead, so fitting
+            # them would read a fast link as slow, compress more, shrink transfers further and
+            # lock in. Keep the estimate until large transfers are seen again. (With enough
+            # large ones, the small ones stay in the fit: they pin down the latency.)
+            logger.debug("link window: too few identifiable periods; estimate kept")
+            return self._estimate
+        fit = self._fit(samples)
+        count = len(samples)
         if fit is None:
             return self._estimate
         window = LinkEstimate(
@@ -353,6 +375,12 @@ class BandwidthMeter:
         self._latency_memory = window.latency_s
         self._estimate = self._blend(window, fit.method)
         return self._estimate
+
+    def _identifiable(self, sample: _Sample) -> bool:
+        cfg = self.config
+        return sample.sent >= cfg.identifiable_bytes or (
+            sample.sent >= 64e3 and sample.seconds >= cfg.identifiable_seconds
+        )
 
     def _lower_envelope(self, samples: list[_Sample]) -> list[_Sample]:
         """The fast edge of each size class.

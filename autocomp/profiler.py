@@ -101,8 +101,9 @@ class WindowProfile:
     steps: int
     times: StepTimes
     """Median over the window's complete steps."""
-    collectives: list[tuple[Collective, int, float]]
-    """(kind, payload bytes, service seconds) of every collective with a known completion."""
+    collectives: list[list[tuple[Collective, int, float]]]
+    """Per completed step: (kind, payload bytes, service seconds) of each finished collective.
+    Service intervals never overlap, so a step's seconds add up to the link's busy time."""
     layer_seconds: dict[str, float]
     """Mean hook cost per step per compressed layer."""
     layer_samples: dict[str, LayerSample]
@@ -240,9 +241,8 @@ class StepProfiler:
             finished, self._finished = self._finished, []
         summaries = [s for s in (self._summarize(st, nxt) for st, nxt in finished) if s]
         collectives = [
-            (r.kind, r.payload_bytes, seconds)
+            [(r.kind, r.payload_bytes, seconds) for r, seconds in _service_times(st.collectives)]
             for st, _ in finished
-            for r, seconds in _service_times(st.collectives)
         ]
         steps = max(1, len(finished))
         layer_seconds = {name: total / steps for name, total in self._layer_seconds.items()}

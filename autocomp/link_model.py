@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import socket
+import statistics
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -361,6 +362,7 @@ class BandwidthMeter:
             # large ones, the small ones stay in the fit: they pin down the latency.)
             logger.debug("link window: too few identifiable periods; estimate kept")
             return self._estimate
+        samples = self._latest_regime(samples)
         fit = self._fit(samples)
         count = len(samples)
         if fit is None:
@@ -375,6 +377,25 @@ class BandwidthMeter:
         self._latency_memory = window.latency_s
         self._estimate = self._blend(window, fit.method)
         return self._estimate
+
+    def _latest_regime(self, samples: list[_Sample]) -> list[_Sample]:
+        """The window's second half alone when the link changed rate inside the window.
+
+        Without this the lower envelope would keep the fast samples from before a rate drop,
+        and the drop would only be seen one window later.
+        """
+        half = len(samples) // 2
+        early = [s for s in samples[:half] if self._identifiable(s)]
+        late = [s for s in samples[half:] if self._identifiable(s)]
+        if len(early) < 1 or len(late) < 2:
+            return samples
+        early_rate = statistics.median(s.sent / s.seconds for s in early)
+        late_rate = statistics.median(s.sent / s.seconds for s in late)
+        ratio = max(early_rate / late_rate, late_rate / early_rate)
+        if ratio > self.config.change_factor:
+            logger.debug("link rate changed within the window (x%.1f): fitting its end", ratio)
+            return samples[half:]
+        return samples
 
     def _identifiable(self, sample: _Sample) -> bool:
         cfg = self.config

@@ -276,3 +276,29 @@ def test_rate_between_rejects_nonsense() -> None:
     assert rate_between(a, NicSample("lo", 50, 100, 2.0)) is None  # counter reset
     assert rate_between(a, NicSample("eth0", 200, 100, 2.0)) is None  # other interface
     assert rate_between(a, NicSample("lo", 300, 100, 3.0)) == 100.0
+
+
+def test_rate_drop_inside_a_window_is_seen_at_its_end() -> None:
+    """A drop in the middle of a window must not hide behind the window's fast early samples."""
+    meter = BandwidthMeter(BandwidthMeter.Config(min_samples=4))
+    for seconds in (0.53, 0.54, 0.53, 0.55, 0.53):  # 66 MB per step at ~1 Gbit/s
+        meter.add_period(2, 66e6, seconds)
+    before = meter.end_window()
+    assert before is not None and before.bandwidth_bytes_per_s == pytest.approx(125e6, rel=0.1)
+    for seconds in (0.54, 0.53, 10.6, 10.7, 10.6):  # the link drops to 50 Mbit/s mid-window
+        meter.add_period(2, 66e6, seconds)
+    after = meter.end_window()
+    assert after is not None and after.bandwidth_bytes_per_s == pytest.approx(6.25e6, rel=0.1)
+    assert meter.rate_changed
+
+
+def test_small_transfers_do_not_move_the_bandwidth_estimate() -> None:
+    """Latency-dominated periods (a compressed plan) must not read as a slow link."""
+    meter = BandwidthMeter(BandwidthMeter.Config(min_samples=4))
+    for _ in range(5):
+        meter.add_period(2, 66e6, 0.053)  # ~10 Gbit/s
+    fast = meter.end_window()
+    assert fast is not None
+    for _ in range(5):
+        meter.add_period(2, 20e3, 0.004)  # 20 kB in 4 ms: overhead, not bandwidth
+    assert meter.end_window() == fast

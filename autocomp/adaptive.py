@@ -256,24 +256,24 @@ class AdaptiveLoop:
         return sum(s.bytes_sent for s in slots), sum(s.bytes_raw for s in slots)
 
     def _local_vector(self, profile: WindowProfile | None) -> torch.Tensor:
-        vector = torch.zeros(_HEADER + _PER_LAYER * len(self.names), dtype=torch.float64)
+        """This rank's window as a fixed-size vector (same layout on every rank, summed)."""
+        values = [0.0] * (_HEADER + _PER_LAYER * len(self.names))
+        values[_HEADER - 2] = self._loss_sum
+        values[_HEADER - 1] = float(self._loss_count)
         if profile is not None:
-            vector[0] = 1.0
-            for i, name in enumerate(_TIMING_FIELDS):
-                vector[1 + i] = getattr(profile.times, name)
-        vector[_HEADER - 2] = self._loss_sum
-        vector[_HEADER - 1] = self._loss_count
-        if profile is not None:
+            values[0] = 1.0
+            for i, field_name in enumerate(_TIMING_FIELDS):
+                values[1 + i] = getattr(profile.times, field_name)
             for i, name in enumerate(self.names):
                 base = _HEADER + _PER_LAYER * i
                 sample = profile.layer_samples.get(name)
                 if sample is not None:
-                    vector[base] = sample.grad_norm**2
-                    vector[base + 1] = sample.residual_norm**2
-                    vector[base + 2] = 1.0
-                    vector[base + 3] = sample.rel_error or 0.0
-                vector[base + 4] = profile.layer_seconds.get(name, 0.0)
-        return vector
+                    values[base] = sample.grad_norm**2
+                    values[base + 1] = sample.residual_norm**2
+                    values[base + 2] = 1.0
+                    values[base + 3] = sample.rel_error or 0.0
+                values[base + 4] = profile.layer_seconds.get(name, 0.0)
+        return torch.tensor(values, dtype=torch.float64)
 
     def _boundary(self, step: int) -> None:
         group = self.state.process_group

@@ -1,0 +1,1368 @@
+"""End-to-end training over a real shaped link: autocomp against plain DDP and PyTorch's hooks.
+
+Run as::
+
+    python -m autocomp.bench.link [--scenario rates|drop|all] [--rates 10mbit,...,unshaped]
+        [--steps N] [--warmup N] [--window W] [--quick]
+        [--json out.json] [--markdown out.md] [--plot out.png]
+
+(or ``autocomp-bench link ...``). Needs root and iproute2 for the shaped link
+(:mod:`autocomp.shaped_link`); without them only the unshaped loopback comparison runs.
+
+Two ranks, each in its own network namespace, joined by a veth pair whose both ends carry a
+``tc tbf`` rate limit; gloo runs over the veth. Each rank uses one torch thread. The workload is
+:class:`~autocomp.workloads.MLPLanguageModel` (context 32, embedding 64, hidden 3072, about
+16.5M parameters) trained with Adam (lr 1e-3, batch 64) on the byte-level stdlib-source corpus.
+
+Scenario ``rates``: at every rate, four methods train a fresh model from the same seed:
+
+* ``allreduce``: plain DDP (default 25 MiB buckets);
+* ``fp16``: PyTorch's ``fp16_compress_hook``;
+* ``powersgd``: PyTorch's ``powerSGD_hook`` (rank 4, error feedback, warm start,
+  ``start_powerSGD_iter=2``) with a single bucket (see :data:`POWERSGD_NOTE`);
+* ``autocomp``: ``autocomp.wrap(ddp, target_overlap=0.9, window=W, warmup_steps=0)``.
+
+The step time is measured on rank 0 from the start of the forward to the end of
+``optimizer.step()`` (which includes waiting for the gradient communication), with no barrier;
+the report gives the median over the measured steps. autocomp's first window runs uncompressed
+while it measures the link, so only steps after its first decision count.
+
+Scenario ``drop``: autocomp alone at 1 Gbit/s; the parent lowers the link to 50 Mbit/s while
+both ranks wait at the same step, and the report says how many windows autocomp needs to get
+back to its new steady state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import itertools
+import json
+import logging
+import math
+import os
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from autocomp.shaped_link import ShapedLink, parse_rate, shaped_link_unavailable_reason
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["main"]
+
+METHODS: tuple[str, ...] = ("allreduce", "fp16", "powersgd", "autocomp")
+PEERS: tuple[str, ...] = ("allreduce", "fp16", "powersgd")
+DEFAULT_RATES = "10mbit,50mbit,200mbit,1gbit,unshaped"
+QUICK_RATES = "200mbit,unshaped"
+WORLD_SIZE = 2
+
+MODEL_CONFIG = {"context": 32, "embed": 64, "hidden": 3072}
+BATCH = 64
+LR = 1e-3
+SEED = 0
+VALID_BATCH = 2048
+VALID_SEED = 99
+FINAL_LOSS_STEPS = 5
+
+POWERSGD_RANK = 4
+POWERSGD_START_ITER = 2
+"""PyTorch requires start_powerSGD_iter >= 2 when error feedback or warm start is on."""
+POWERSGD_MIN_COMPRESSION_RATE = 2
+POWERSGD_BUCKET_CAP_MB = 1000
+POWERSGD_NOTE = (
+    "powersgd runs with ONE DDP bucket (bucket_cap_mb=1000): with several buckets PyTorch's "
+    "powerSGD_hook aborts on gloo, because it launches its second all-reduce (of Q) from a "
+    "future callback, and the order in which those callbacks fire differs between ranks."
+)
+DEFAULT_WINDOW = 5
+TARGET_OVERLAP = 0.9
+GLOO_TIMEOUT_S = 300.0
+DROP_SYNC_TIMEOUT_S = 300.0
+
+CHECK_PEER_FACTOR = 1.05
+CHECK_200_SPEEDUP = 3.0
+CHECK_UNSHAPED_FACTOR = 1.03
+RECOVERY_FACTOR = 1.2
+RECOVERY_STEADY_WINDOWS = 3
+RECOVERY_MAX_WINDOWS = 2
+
+MB = 1e6
+
+
+# ---- schedule --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """One link setting: its label as given and its rate in Mbit/s (None = unshaped)."""
+
+    label: str
+    mbit: float | None
+
+    @property
+    def sort_key(self) -> float:
+        return math.inf if self.mbit is None else self.mbit
+
+
+def parse_rates(text: str) -> list[Rate]:
+    rates = []
+    for token in text.split(","):
+        token = token.strip()
+        if token:
+            rates.append(Rate(token, parse_rate(token)))
+    if not rates:
+        raise ValueError("no rates given")
+    return rates
+
+
+def default_schedule(rate_mbit: float | None, quick: bool) -> tuple[int, int]:
+    """(warm-up steps, measured steps) for the peers at this rate, sized to the run time.
+
+    Plain all-reduce of the 66 MB gradient takes about 55 s at 10 Mbit/s, 11 s at 50 Mbit/s,
+    2.7 s at 200 Mbit/s, so the slow rates get few steps; there the step time is set by the
+    link alone and hardly varies from step to step.
+    """
+    if quick:
+        return 2, 4
+    if rate_mbit is not None and rate_mbit < 20:
+        return 1, 3
+    if rate_mbit is not None and rate_mbit < 100:
+        return 2, 5
+    if rate_mbit is not None and rate_mbit < 500:
+        return 5, 10
+    return 5, 20
+
+
+def raw_gradient_bytes() -> int:
+    """Bytes of one uncompressed float32 gradient of the benchmark model."""
+    context, embed, hidden = MODEL_CONFIG["context"], MODEL_CONFIG["embed"], MODEL_CONFIG["hidden"]
+    vocab = 256
+    numel = (
+        vocab * embed
+        + context * embed * hidden
+        + hidden
+        + hidden * hidden
+        + hidden
+        + 2 * hidden
+        + hidden * vocab
+        + vocab
+    )
+    return 4 * numel
+
+
+def estimate_run_seconds(steps: int, full_gradients: float, rate_mbit: float | None) -> float:
+    """Rough wall time of a run of ``steps`` steps that sends ``full_gradients`` raw gradients."""
+    seconds = 15.0 + 0.6 * steps
+    if rate_mbit is not None:
+        seconds += full_gradients * raw_gradient_bytes() * 8 / (rate_mbit * 1e6) / 0.95
+    return seconds
+
+
+# ---- worker (one rank) -----------------------------------------------------------------------
+
+
+def powersgd_wire_bytes(shapes: Sequence[Sequence[int]], rank: int, min_rate: float) -> int:
+    """Bytes one rank sends per compressed step under PyTorch's powerSGD_hook.
+
+    Mirrors ``powerSGD_hook._should_compress``: a gradient viewed as (shape[0], rest) is
+    compressed when (n + m) * r * min_rate < n * m, with r = min(n, m, rank); it then sends
+    P (n x r) and Q (m x r) in float32. Everything else is all-reduced uncompressed.
+    """
+    total = 0
+    for shape in shapes:
+        numel = math.prod(shape)
+        n = shape[0] if shape else 1
+        m = numel // n if n else 0
+        r = min(n, m, rank)
+        if (n + m) * r * min_rate < n * m:
+            total += (n + m) * r * 4
+        else:
+            total += numel * 4
+    return total
+
+
+def _wait_for(path: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {path.name} after {timeout_s:.0f} s")
+        time.sleep(0.05)
+
+
+def _worker_train(cfg: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import autocomp
+    from autocomp.workloads import MLPLanguageModel, text_batch, text_split
+
+    method: str = cfg["method"]
+    total: int = cfg["total_steps"]
+    window: int = cfg["window"]
+    drop_step: int | None = cfg.get("drop_step")
+    sync_dir = Path(cfg["run_dir"])
+
+    torch.manual_seed(cfg["seed"])
+    model = MLPLanguageModel(**MODEL_CONFIG)
+    numel = sum(p.numel() for p in model.parameters())
+    shapes = [list(p.shape) for p in model.parameters()]
+    ctl = None
+    info: dict[str, Any] = {}
+    if method == "allreduce":
+        ddp = DDP(model)
+        bytes_per_step: float | None = 4.0 * numel
+    elif method == "fp16":
+        ddp = DDP(model)
+        ddp.register_comm_hook(state=None, hook=default_hooks.fp16_compress_hook)
+        bytes_per_step = 2.0 * numel
+    elif method == "powersgd":
+        ddp = DDP(model, bucket_cap_mb=POWERSGD_BUCKET_CAP_MB)
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None,
+            matrix_approximation_rank=POWERSGD_RANK,
+            start_powerSGD_iter=POWERSGD_START_ITER,
+            min_compression_rate=POWERSGD_MIN_COMPRESSION_RATE,
+            use_error_feedback=True,
+            warm_start=True,
+        )
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        bytes_per_step = float(
+            powersgd_wire_bytes(shapes, POWERSGD_RANK, POWERSGD_MIN_COMPRESSION_RATE)
+        )
+    elif method == "autocomp":
+        ddp = DDP(model)
+        ctl = autocomp.wrap(ddp, target_overlap=TARGET_OVERLAP, window=window, warmup_steps=0)
+        bytes_per_step = None
+    else:
+        raise ValueError(f"unknown method {method!r}")
+
+    opt = torch.optim.Adam(ddp.parameters(), lr=LR)
+    split = text_split()
+    context = MODEL_CONFIG["context"]
+    times: list[float] = []
+    backward_times: list[float] = []
+    losses: list[float] = []
+    bytes_cumulative: list[int] = []
+    first_decision: int | None = None
+    drop_wall: float | None = None
+    started = time.perf_counter()
+    for step in range(total):
+        if drop_step is not None and step == drop_step:
+            (sync_dir / f"reached-{rank}").write_text(str(step))
+            waited = time.perf_counter()
+            _wait_for(sync_dir / "dropped", DROP_SYNC_TIMEOUT_S)
+            drop_wall = time.perf_counter() - waited
+        if ctl is not None:
+            bytes_cumulative.append(int(ctl.stats()["bytes_sent"]))
+        x, y = text_batch(split.train, context, BATCH, rank, step, seed=cfg["seed"])
+        t0 = time.perf_counter()
+        loss = F.cross_entropy(ddp(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        t1 = time.perf_counter()
+        opt.step()
+        t2 = time.perf_counter()
+        times.append(t2 - t0)
+        backward_times.append(t1 - t0)
+        value = float(loss.item())
+        losses.append(value)
+        if ctl is not None:
+            ctl.observe_loss(value)
+            if first_decision is None and ctl.history:
+                first_decision = ctl.history[0].step
+        if rank == 0:
+            logger.info("%s step %d: %.3f s, loss %.3f", method, step, t2 - t0, value)
+    train_seconds = time.perf_counter() - started
+
+    if ctl is not None:
+        bytes_cumulative.append(int(ctl.stats()["bytes_sent"]))
+        if first_decision is None:
+            raise RuntimeError(
+                f"autocomp made no decision in {total} steps (window {window}); run more steps"
+            )
+        measure_from = first_decision
+        measured = total - measure_from
+        bytes_per_step = (bytes_cumulative[-1] - bytes_cumulative[measure_from]) / max(measured, 1)
+        stats = ctl.stats()
+        info = {
+            "first_decision_step": first_decision,
+            "plan": ctl.plan,
+            "layers": stats["layers"],
+            "window_lines": [record.summary() for record in ctl.history],
+            "windows": [record.to_dict() for record in ctl.history],
+            "bytes_per_step_all": [b - a for a, b in itertools.pairwise(bytes_cumulative)],
+        }
+    else:
+        measure_from = cfg["warmup_steps"]
+        if method == "powersgd":
+            info = {
+                "compressed": [
+                    name
+                    for name, p in model.named_parameters()
+                    if powersgd_wire_bytes(
+                        [list(p.shape)], POWERSGD_RANK, POWERSGD_MIN_COMPRESSION_RATE
+                    )
+                    < 4 * p.numel()
+                ],
+                "bucket_cap_mb": POWERSGD_BUCKET_CAP_MB,
+                "start_powerSGD_iter": POWERSGD_START_ITER,
+            }
+    result: dict[str, Any] = {
+        "rank": rank,
+        "autocomp_path": str(Path(autocomp.__file__).parent),
+        "method": method,
+        "numel": numel,
+        "total_steps": total,
+        "measure_from": measure_from,
+        "step_times": times,
+        "backward_times": backward_times,
+        "losses": losses,
+        "bytes_per_step": bytes_per_step,
+        "train_seconds": train_seconds,
+        "drop_wait_seconds": drop_wall,
+        "info": info,
+    }
+    if rank == 0:
+        measured_times = times[measure_from:]
+        result["median_step_s"] = statistics.median(measured_times) if measured_times else None
+        result["median_backward_s"] = (
+            statistics.median(backward_times[measure_from:]) if measured_times else None
+        )
+        result["final_loss"] = statistics.fmean(losses[-FINAL_LOSS_STEPS:])
+        with torch.no_grad():
+            vx, vy = text_batch(split.valid, context, VALID_BATCH, 0, 0, seed=VALID_SEED)
+            result["valid_loss"] = float(F.cross_entropy(model(vx), vy))
+    if ctl is not None:
+        ctl.close()
+    return result
+
+
+def worker_main(config_path: Path) -> int:
+    """One rank: read the run's config, train, write ``result-rank{RANK}.json``."""
+    import torch
+    import torch.distributed as dist
+
+    cfg = json.loads(config_path.read_text(encoding="utf-8"))
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format=f"[rank {rank} %(asctime)s] %(name)s: %(message)s",
+    )
+    torch.set_num_threads(cfg["threads"])
+    dist.init_process_group(
+        "gloo",
+        init_method="env://",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=cfg["gloo_timeout_s"]),
+    )
+    try:
+        result = _worker_train(cfg, rank, world)
+    finally:
+        dist.destroy_process_group()
+    out = Path(cfg["run_dir"]) / f"result-rank{rank}.json"
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, default=str), encoding="utf-8")
+    tmp.replace(out)
+    return 0
+
+
+# ---- parent: networks and runs ---------------------------------------------------------------
+
+
+class Network(Protocol):
+    kind: str
+
+    def popen(self, host: int, argv: list[str], env: dict[str, str], **kw: Any) -> Any: ...
+
+    def env(self, host: int, port: int) -> dict[str, str]: ...
+
+    def set_rate(self, rate_mbit: float | None) -> None: ...
+
+
+class ShapedNetwork:
+    """Two namespaces on a tbf-shaped veth pair (the real thing)."""
+
+    kind = "shaped"
+
+    def __init__(self, link: ShapedLink) -> None:
+        self.link = link
+
+    def popen(self, host: int, argv: list[str], env: dict[str, str], **kw: Any) -> Any:
+        return self.link.popen(host, argv, env=env, **kw)
+
+    def env(self, host: int, port: int) -> dict[str, str]:
+        return self.link.rank_env(host, world_size=WORLD_SIZE, master_port=port)
+
+    def set_rate(self, rate_mbit: float | None) -> None:
+        if self.link.rate_mbit != rate_mbit:
+            self.link.set_rate(rate_mbit)
+
+
+class LoopbackNetwork:
+    """Fallback without root: both ranks on loopback, unshaped."""
+
+    kind = "loopback"
+
+    def popen(self, host: int, argv: list[str], env: dict[str, str], **kw: Any) -> Any:
+        return subprocess.Popen(argv, env={**os.environ, **env}, **kw)
+
+    def env(self, host: int, port: int) -> dict[str, str]:
+        return {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(host),
+            "WORLD_SIZE": str(WORLD_SIZE),
+            "LOCAL_RANK": str(host),
+            "LOCAL_WORLD_SIZE": str(WORLD_SIZE),
+            "GLOO_SOCKET_IFNAME": "lo",
+        }
+
+    def set_rate(self, rate_mbit: float | None) -> None:
+        if rate_mbit is not None:
+            raise RuntimeError("the loopback fallback cannot shape the link")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def snapshot_code(root: Path) -> tuple[Path, str]:
+    """Copy the autocomp package (and its policy presets) to ``root``; return (dir, digest).
+
+    Workers import autocomp from this copy (PYTHONPATH comes before the editable install's
+    finder), so every run of one benchmark measures the same code even if the source tree is
+    edited while it runs. The digest (sha256 over the .py and .toml files) names that code.
+    """
+    import autocomp
+    from autocomp.policy.rules import presets_dir
+
+    source = Path(autocomp.__file__).resolve().parent
+    target = root / "code"
+    shutil.copytree(source, target / "autocomp", ignore=shutil.ignore_patterns("__pycache__"))
+    presets = presets_dir()
+    policies = target / "autocomp" / "policies"
+    if presets is not None and not policies.exists():
+        policies.mkdir()
+        for entry in presets.iterdir():
+            if entry.name.endswith(".toml") or entry.name == "__init__.py":
+                (policies / entry.name).write_bytes(entry.read_bytes())
+    digest = hashlib.sha256()
+    for path in sorted(target.rglob("*")):
+        if path.is_file() and path.suffix in (".py", ".toml"):
+            digest.update(str(path.relative_to(target)).encode())
+            digest.update(path.read_bytes())
+    return target, digest.hexdigest()[:16]
+
+
+class Runner:
+    """Starts the two ranks of one run, watches them, and collects rank 0's result."""
+
+    def __init__(
+        self, network: Network, root: Path, gloo_timeout_s: float, code_dir: Path | None = None
+    ) -> None:
+        self.network = network
+        self.root = root
+        self.gloo_timeout_s = gloo_timeout_s
+        self.code_dir = code_dir
+        self.count = 0
+        # Each namespace pair is a private network: a fresh port per run avoids TIME_WAIT.
+        self.port = 29500
+
+    def run(
+        self,
+        name: str,
+        cfg: dict[str, Any],
+        timeout_s: float,
+        monitor: Callable[[Path], None] | None = None,
+    ) -> dict[str, Any]:
+        self.count += 1
+        run_dir = self.root / f"run{self.count:02d}-{name}"
+        run_dir.mkdir(parents=True)
+        cfg = {**cfg, "run_dir": str(run_dir), "gloo_timeout_s": self.gloo_timeout_s}
+        config_path = run_dir / "config.json"
+        config_path.write_text(json.dumps(cfg), encoding="utf-8")
+        if self.network.kind == "loopback":
+            port = _free_port()
+        else:
+            self.port += 1
+            port = self.port
+        argv = [sys.executable, "-m", "autocomp.bench.link", "--worker", str(config_path)]
+        extra = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(cfg["threads"])}
+        if self.code_dir is not None:
+            extra["PYTHONPATH"] = os.pathsep.join(
+                [str(self.code_dir), *filter(None, [os.environ.get("PYTHONPATH")])]
+            )
+        procs: list[Any] = []
+        logs = []
+        error: str | None = None
+        started = time.monotonic()
+        try:
+            for host in range(WORLD_SIZE):
+                log = open(run_dir / f"rank{host}.log", "w", encoding="utf-8")  # noqa: SIM115
+                logs.append(log)
+                env = {**self.network.env(host, port), **extra}
+                procs.append(
+                    self.network.popen(
+                        host, argv, env, stdout=log, stderr=subprocess.STDOUT, cwd=run_dir
+                    )
+                )
+            while True:
+                codes = [p.poll() for p in procs]
+                if monitor is not None:
+                    monitor(run_dir)
+                if all(c == 0 for c in codes):
+                    break
+                failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+                if failed:
+                    error = ", ".join(f"rank {r} exited with {c}" for r, c in failed)
+                    break
+                if time.monotonic() - started > timeout_s:
+                    error = f"timed out after {timeout_s:.0f} s"
+                    break
+                time.sleep(0.2)
+        except BaseException as err:
+            error = f"{type(err).__name__}: {err}"
+            raise
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    try:
+                        proc.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        logger.error("worker %d did not exit after kill", proc.pid)
+            for log in logs:
+                log.close()
+            if error is not None:
+                logger.error("run %s FAILED: %s", name, error)
+                for host in range(len(logs)):
+                    tail = _tail(run_dir / f"rank{host}.log", 25)
+                    logger.error("rank %d log (last lines):\n%s", host, tail)
+        wall = time.monotonic() - started
+        if error is not None:
+            return {"error": error, "wall_seconds": wall, "log_tail": _tail(run_dir / "rank0.log")}
+        result: dict[str, Any] = json.loads((run_dir / "result-rank0.json").read_text())
+        peer = json.loads((run_dir / "result-rank1.json").read_text())
+        if self.code_dir is not None and not result["autocomp_path"].startswith(str(self.code_dir)):
+            raise RuntimeError(
+                f"worker imported autocomp from {result['autocomp_path']}, not the snapshot "
+                f"{self.code_dir}"
+            )
+        result["rank1_step_times"] = peer["step_times"]
+        result["rank1_bytes_per_step"] = peer["bytes_per_step"]
+        result["wall_seconds"] = wall
+        return result
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+# ---- scenario A: rates -----------------------------------------------------------------------
+
+
+def run_rates(
+    network: Network,
+    runner: Runner,
+    rates: list[Rate],
+    args: argparse.Namespace,
+) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
+    for rate in rates:
+        network.set_rate(rate.mbit)
+        warmup, measured = default_schedule(rate.mbit, args.quick)
+        if args.warmup is not None:
+            warmup = args.warmup
+        if args.steps is not None:
+            measured = args.steps
+        print(
+            f"\n== rate {rate.label}: peers {warmup} warm-up + {measured} measured steps; "
+            f"autocomp window {args.window} (uncompressed) + {measured} measured steps",
+            flush=True,
+        )
+        for method in args.methods:
+            # Full gradients sent, for the time estimate (autocomp: its uncompressed first
+            # window, then a guess) and the timeout (every step uncompressed, with margin).
+            if method == "autocomp":
+                warm = args.window
+                gradients = args.window + measured * 0.1
+            elif method == "powersgd":
+                warm = max(warmup, POWERSGD_START_ITER + 1)
+                gradients = POWERSGD_START_ITER + (warm + measured) * 0.01
+            else:
+                warm = warmup
+                gradients = (warm + measured) * (0.5 if method == "fp16" else 1.0)
+            total = warm + measured
+            estimate = estimate_run_seconds(total, gradients, rate.mbit)
+            timeout = 3 * estimate_run_seconds(total, total, rate.mbit) + 240
+            cfg = {
+                "method": method,
+                "rate": rate.label,
+                "rate_mbit": rate.mbit,
+                "total_steps": total,
+                "warmup_steps": warm,
+                "window": args.window,
+                "seed": SEED,
+                "threads": args.threads,
+            }
+            print(f"   {method:<10} {total} steps (about {estimate:.0f} s) ...", end="", flush=True)
+            result = runner.run(f"{rate.label}-{method}", cfg, timeout)
+            result.update(method=method, rate=rate.label, rate_mbit=rate.mbit)
+            results.append(result)
+            if "error" in result:
+                print(f" FAILED: {result['error']}", flush=True)
+            else:
+                extra = ""
+                if method == "autocomp":
+                    extra = f", first decision at step {result['info']['first_decision_step']}"
+                print(
+                    f" median {result['median_step_s']:.3f} s/step, "
+                    f"{result['bytes_per_step'] / MB:.2f} MB/step, wall "
+                    f"{result['wall_seconds']:.0f} s{extra}",
+                    flush=True,
+                )
+        print()
+        print("\n".join(rate_table_lines(results, rate.label)), flush=True)
+    return results
+
+
+def _by(results: list[dict[str, Any]], rate: str, method: str) -> dict[str, Any] | None:
+    for r in results:
+        if r["rate"] == rate and r["method"] == method:
+            return r
+    return None
+
+
+def _ok(result: dict[str, Any] | None) -> bool:
+    return result is not None and "error" not in result and result.get("median_step_s") is not None
+
+
+TABLE_COLUMNS = (
+    "method",
+    "median s/step",
+    "speedup vs allreduce",
+    "MB/step",
+    "final loss",
+    "valid loss",
+    "steps (measured/total)",
+)
+
+
+def rate_rows(results: list[dict[str, Any]], rate: str) -> list[list[str]]:
+    base = _by(results, rate, "allreduce")
+    rows = []
+    for r in results:
+        if r["rate"] != rate:
+            continue
+        if not _ok(r):
+            rows.append([r["method"], "FAILED", "-", "-", "-", "-", r.get("error", "")])
+            continue
+        speed = "-"
+        if _ok(base):
+            assert base is not None
+            speed = f"{base['median_step_s'] / r['median_step_s']:.2f}x"
+        measured = r["total_steps"] - r["measure_from"]
+        rows.append(
+            [
+                r["method"],
+                f"{r['median_step_s']:.3f}",
+                speed,
+                f"{r['bytes_per_step'] / MB:.2f}",
+                f"{r['final_loss']:.3f}",
+                f"{r['valid_loss']:.3f}",
+                f"{measured}/{r['total_steps']}",
+            ]
+        )
+    return rows
+
+
+def _plain(columns: Sequence[str], rows: list[list[str]]) -> list[str]:
+    table = [list(columns), *rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(columns))]
+    out = []
+    for n, row in enumerate(table):
+        cells = [
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        out.append("  ".join(cells).rstrip())
+        if n == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return out
+
+
+def _md(columns: Sequence[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(columns) + " |"]
+    out.append("|" + "|".join("---" if i == 0 else "---:" for i in range(len(columns))) + "|")
+    out += ["| " + " | ".join(row) + " |" for row in rows]
+    return out
+
+
+def rate_table_lines(results: list[dict[str, Any]], rate: str) -> list[str]:
+    lines = [f"rate {rate}:"]
+    lines += _plain(TABLE_COLUMNS, rate_rows(results, rate))
+    auto = _by(results, rate, "autocomp")
+    if _ok(auto):
+        assert auto is not None
+        lines += autocomp_detail_lines(auto)
+    return lines
+
+
+def plan_summary(plan: dict[str, str]) -> str:
+    groups: dict[str, list[str]] = {}
+    for name, spec in plan.items():
+        groups.setdefault(spec, []).append(name)
+    return "; ".join(f"{spec}: {', '.join(names)}" for spec, names in groups.items())
+
+
+def autocomp_detail_lines(auto: dict[str, Any]) -> list[str]:
+    info = auto["info"]
+    first = info["first_decision_step"]
+    first_window = auto["step_times"][:first]
+    lines = [
+        f"autocomp: first decision at step {first} (steps 0-{first - 1} ran uncompressed while "
+        f"it measured the link: median {statistics.median(first_window):.3f} s/step)",
+        f"autocomp final plan: {plan_summary(info['plan'])}",
+        "autocomp windows:",
+    ]
+    lines += [f"  {line}" for line in info["window_lines"]]
+    for window in info["windows"]:
+        predicted = window.get("predicted_overlap")
+        lines.append(
+            f"    @{window['step']}: measured overlap {window['measured_overlap']:.2f}, "
+            f"predicted {'n/a' if predicted is None else f'{predicted:.2f}'}, "
+            f"backward {window['backward_seconds'] * 1e3:.0f} ms, hideable "
+            f"{window['hideable_seconds'] * 1e3:.0f} ms, comm busy "
+            f"{window['comm_busy_seconds'] * 1e3:.0f} ms, compress "
+            f"{window['compress_seconds'] * 1e3:.0f} ms, exposed "
+            f"{window['exposed_seconds'] * 1e3:.0f} ms"
+            + (
+                ""
+                if window.get("decision") is None
+                else f", decision predicted overlap "
+                f"{window['decision'].get('predicted_overlap', float('nan')):.2f}"
+                f" feasible={window['decision'].get('feasible')}"
+            )
+        )
+    return lines
+
+
+@dataclass(slots=True)
+class Check:
+    name: str
+    passed: bool | None
+    """None: could not be evaluated (a run failed or was not part of this invocation)."""
+    detail: str
+
+    def line(self) -> str:
+        status = {True: "PASS", False: "FAIL", None: "FAIL (not evaluated)"}[self.passed]
+        return f"{status}: {self.name}: {self.detail}"
+
+
+def rate_checks(results: list[dict[str, Any]], rates: list[Rate]) -> list[Check]:
+    checks = []
+    for rate in rates:
+        auto = _by(results, rate.label, "autocomp")
+        peers = [r for m in PEERS if _ok(r := _by(results, rate.label, m))]
+        name = f"{rate.label}: autocomp median <= {CHECK_PEER_FACTOR} x best of the peers"
+        if not _ok(auto) or not peers:
+            checks.append(Check(name, None, "autocomp or every peer failed / missing"))
+            continue
+        assert auto is not None
+        best = min(peers, key=lambda r: r["median_step_s"])
+        ratio = auto["median_step_s"] / best["median_step_s"]
+        missing = [m for m in PEERS if not _ok(_by(results, rate.label, m))]
+        checks.append(
+            Check(
+                name,
+                ratio <= CHECK_PEER_FACTOR,
+                f"autocomp {auto['median_step_s']:.3f} s vs best peer {best['method']} "
+                f"{best['median_step_s']:.3f} s = {ratio:.2f}x"
+                + (f" (peers missing: {', '.join(missing)})" if missing else ""),
+            )
+        )
+    for rate in rates:
+        if rate.mbit is not None and math.isclose(rate.mbit, 200.0):
+            checks.append(_speedup_check(results, rate.label))
+    for rate in rates:
+        if rate.mbit is None:
+            checks.append(_unshaped_check(results, rate.label))
+    return checks
+
+
+def _speedup_check(results: list[dict[str, Any]], rate: str) -> Check:
+    name = f"{rate}: autocomp >= {CHECK_200_SPEEDUP:g}x faster than allreduce"
+    auto, base = _by(results, rate, "autocomp"), _by(results, rate, "allreduce")
+    if not (_ok(auto) and _ok(base)):
+        return Check(name, None, "autocomp or allreduce failed / missing")
+    assert auto is not None and base is not None
+    speedup = base["median_step_s"] / auto["median_step_s"]
+    return Check(
+        name,
+        speedup >= CHECK_200_SPEEDUP,
+        f"allreduce {base['median_step_s']:.3f} s / autocomp {auto['median_step_s']:.3f} s = "
+        f"{speedup:.2f}x",
+    )
+
+
+def _unshaped_check(results: list[dict[str, Any]], rate: str) -> Check:
+    name = f"{rate}: autocomp <= {CHECK_UNSHAPED_FACTOR} x allreduce"
+    auto, base = _by(results, rate, "autocomp"), _by(results, rate, "allreduce")
+    if not (_ok(auto) and _ok(base)):
+        return Check(name, None, "autocomp or allreduce failed / missing")
+    assert auto is not None and base is not None
+    ratio = auto["median_step_s"] / base["median_step_s"]
+    return Check(
+        name,
+        ratio <= CHECK_UNSHAPED_FACTOR,
+        f"autocomp {auto['median_step_s']:.3f} s / allreduce {base['median_step_s']:.3f} s = "
+        f"{ratio:.2f}x",
+    )
+
+
+def plot_rates(results: list[dict[str, Any]], rates: list[Rate], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shaped = sorted(r.mbit for r in rates if r.mbit is not None)
+    unshaped_x = (shaped[-1] * 4.0) if shaped else 1000.0
+
+    def x_of(rate: Rate) -> float:
+        return unshaped_x if rate.mbit is None else rate.mbit
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    markers = {"allreduce": "o", "fp16": "s", "powersgd": "^", "autocomp": "D"}
+    for method in METHODS:
+        points = [
+            (x_of(rate), r["median_step_s"])
+            for rate in sorted(rates, key=lambda q: q.sort_key)
+            if _ok(r := _by(results, rate.label, method))
+        ]
+        if points:
+            xs, ys = zip(*points, strict=True)
+            ax.plot(xs, ys, marker=markers.get(method, "o"), label=method, linewidth=1.5)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ys_all = [r["median_step_s"] for r in results if _ok(r)]
+    if ys_all:
+        lo, hi = min(ys_all), max(ys_all)
+        yticks = [t for t in (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100) if lo / 1.5 <= t <= hi * 1.5]
+        ax.set_yticks(yticks)
+        ax.set_yticklabels([f"{t:g}" for t in yticks])
+    ticks = [x_of(r) for r in rates]
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([r.label for r in rates])
+    ax.minorticks_off()
+    ax.set_xlabel("link rate per direction (tbf-shaped veth)")
+    ax.set_ylabel("median step time (s, log)")
+    ax.set_title("2 ranks, gloo, MLP LM 16.5M params, batch 64, 1 CPU thread per rank", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ---- scenario B: link drop -------------------------------------------------------------------
+
+
+def run_drop(network: Network, runner: Runner, args: argparse.Namespace) -> dict[str, Any]:
+    high = parse_rate(args.drop_from)
+    low = parse_rate(args.drop_to)
+    window = args.window
+    drop_step = args.drop_step
+    if drop_step is None:
+        drop_step = (4 if args.quick else 6) * window + window // 2
+    post_windows = args.post_drop_windows or (4 if args.quick else 8)
+    drop_window = drop_step // window
+    total = (drop_window + 1 + post_windows) * window
+    print(
+        f"\n== drop: autocomp, {args.drop_from} then {args.drop_to} before step {drop_step} "
+        f"(window {window}; the drop falls in window {drop_window}, steps "
+        f"{drop_window * window}-{drop_window * window + window - 1}); {total} steps",
+        flush=True,
+    )
+    network.set_rate(high)
+    dropped_at: dict[str, float] = {}
+
+    def monitor(run_dir: Path) -> None:
+        if "done" in dropped_at:
+            return
+        if all((run_dir / f"reached-{r}").exists() for r in range(WORLD_SIZE)):
+            network.set_rate(low)
+            dropped_at["done"] = time.time()
+            (run_dir / "dropped").write_text("dropped")
+            print(f"   both ranks at step {drop_step}: link set to {args.drop_to}", flush=True)
+
+    cfg = {
+        "method": "autocomp",
+        "rate": f"{args.drop_from}->{args.drop_to}",
+        "rate_mbit": high,
+        "total_steps": total,
+        "warmup_steps": window,
+        "window": window,
+        "seed": SEED,
+        "threads": args.threads,
+        "drop_step": drop_step,
+    }
+    timeout = 3 * estimate_run_seconds(total, total, low) + 240
+    result = runner.run("drop-autocomp", cfg, timeout, monitor=monitor)
+    document: dict[str, Any] = {
+        "from": args.drop_from,
+        "to": args.drop_to,
+        "from_mbit": high,
+        "to_mbit": low,
+        "window": window,
+        "drop_step": drop_step,
+        "total_steps": total,
+        "autocomp": result,
+    }
+    if "error" in result:
+        print(f"   autocomp run FAILED: {result['error']}", flush=True)
+        document["check"] = Check("drop: recovers within 2 windows", None, result["error"])
+        return document
+    if "done" not in dropped_at:
+        raise RuntimeError("the drop run finished without reaching the drop step")
+    document["analysis"] = analyze_drop(result["step_times"], window, drop_step)
+    if not args.no_drop_reference:
+        network.set_rate(low)
+        warm, measured = 1, 3
+        if args.quick:
+            warm, measured = 1, 2
+        ref_cfg = {
+            "method": "allreduce",
+            "rate": args.drop_to,
+            "rate_mbit": low,
+            "total_steps": warm + measured,
+            "warmup_steps": warm,
+            "window": window,
+            "seed": SEED,
+            "threads": args.threads,
+        }
+        print(f"   reference: allreduce at {args.drop_to}, {warm + measured} steps ...", flush=True)
+        ref = runner.run("drop-allreduce", ref_cfg, 3 * estimate_run_seconds(4, 4, low) + 240)
+        document["reference"] = ref
+    document["check"] = drop_check(document)
+    print("\n".join(drop_lines(document)), flush=True)
+    return document
+
+
+def analyze_drop(times: list[float], window: int, drop_step: int) -> dict[str, Any]:
+    """Per-window medians and the recovery count (see :data:`RECOVERY_DEFINITION`)."""
+    n_windows = len(times) // window
+    medians = [statistics.median(times[i * window : (i + 1) * window]) for i in range(n_windows)]
+    drop_window = drop_step // window
+    steady_windows = list(range(n_windows - RECOVERY_STEADY_WINDOWS, n_windows))
+    steady_after = statistics.median(medians[i] for i in steady_windows)
+    pre_windows = [i for i in range(max(1, drop_window - 3), drop_window)]
+    pre_steps = [t for i in pre_windows for t in times[i * window : (i + 1) * window]]
+    steady_before = statistics.median(pre_steps) if pre_steps else None
+    recovered = None
+    for i in range(drop_window, n_windows):
+        if medians[i] <= RECOVERY_FACTOR * steady_after:
+            recovered = i
+            break
+    return {
+        "window_medians": medians,
+        "drop_window": drop_window,
+        "steady_before_s": steady_before,
+        "steady_before_windows": pre_windows,
+        "steady_after_s": steady_after,
+        "steady_after_windows": steady_windows,
+        "recovered_window": recovered,
+        "windows_to_recover": None if recovered is None else recovered - drop_window,
+    }
+
+
+RECOVERY_DEFINITION = (
+    f"Windows are blocks of W steps from step 0 (window i = steps iW..iW+W-1; autocomp decides "
+    f"at each block boundary). Post-drop steady state = median of the per-window median step "
+    f"times of the last {RECOVERY_STEADY_WINDOWS} windows. 'Recovered' = the first window, "
+    f"counting from the one containing the drop step, whose median step time is within "
+    f"{RECOVERY_FACTOR}x of that steady state. 'Windows to recover' = recovered window index - "
+    f"index of the window containing the drop (= decisions autocomp made after the drop before "
+    f"the recovered window started). Pre-drop steady state = median of all steps in the "
+    f"(up to) 3 windows before the drop window, excluding window 0 (uncompressed)."
+)
+
+
+def drop_check(document: dict[str, Any]) -> Check:
+    name = f"drop: recovers within {RECOVERY_MAX_WINDOWS} windows"
+    analysis = document.get("analysis")
+    if analysis is None:
+        return Check(name, None, "no analysis")
+    k = analysis["windows_to_recover"]
+    if k is None:
+        return Check(name, False, "never within 1.2x of the final steady state")
+    return Check(
+        name,
+        k <= RECOVERY_MAX_WINDOWS,
+        f"recovered in window {analysis['recovered_window']}, {k} window(s) after the drop "
+        f"window {analysis['drop_window']}",
+    )
+
+
+def drop_lines(document: dict[str, Any]) -> list[str]:
+    result = document["autocomp"]
+    lines = [
+        f"drop scenario: {document['from']} -> {document['to']} before step "
+        f"{document['drop_step']}, window {document['window']}, {document['total_steps']} steps"
+    ]
+    if "error" in result:
+        return [*lines, f"autocomp FAILED: {result['error']}"]
+    a = document["analysis"]
+    window = document["window"]
+    lines.append(
+        f"steady step time before the drop: {a['steady_before_s']:.3f} s "
+        f"(windows {a['steady_before_windows']})"
+    )
+    lines.append(
+        f"steady step time after recovery: {a['steady_after_s']:.3f} s "
+        f"(last {RECOVERY_STEADY_WINDOWS} windows {a['steady_after_windows']})"
+    )
+    ref = document.get("reference")
+    if ref is not None:
+        if _ok(ref):
+            lines.append(
+                f"reference allreduce at {document['to']}: {ref['median_step_s']:.3f} s/step "
+                f"(autocomp post-drop speedup {ref['median_step_s'] / a['steady_after_s']:.2f}x)"
+            )
+        else:
+            lines.append(f"reference allreduce at {document['to']}: FAILED {ref.get('error')}")
+    lines.append(
+        f"recovered window: {a['recovered_window']} ("
+        f"{a['windows_to_recover']} window(s) after the drop window {a['drop_window']})"
+    )
+    lines.append("per-window median step time (rank 0):")
+    for i, median in enumerate(a["window_medians"]):
+        mark = ""
+        if i == a["drop_window"]:
+            mark = f"  <- drop before step {document['drop_step']}"
+        elif i == a["recovered_window"]:
+            mark = "  <- recovered"
+        lines.append(
+            f"  window {i:>2} (steps {i * window:>3}-{i * window + window - 1:>3}): "
+            f"{median:7.3f} s{mark}"
+        )
+    lines.append("autocomp window lines (record step = where its new plan takes effect):")
+    lines += [f"  {line}" for line in result["info"]["window_lines"]]
+    lines.append(document["check"].line())
+    return lines
+
+
+# ---- reports ---------------------------------------------------------------------------------
+
+
+def machine_summary(network: Network, threads: int) -> dict[str, Any]:
+    import torch
+
+    from autocomp.bench.compressors import machine_info
+
+    info = machine_info()
+    info["torch_threads_per_rank"] = threads
+    info["backend"] = "gloo"
+    info["network"] = (
+        "2 network namespaces, veth pair, tc tbf on both ends (ShapedLink)"
+        if network.kind == "shaped"
+        else "loopback, unshaped (shaped link unavailable)"
+    )
+    info["torch"] = torch.__version__
+    return info
+
+
+def render_markdown(document: dict[str, Any]) -> str:
+    out = [f"Command: `{document['command']}`", ""]
+    m = document["machine"]
+    out.append(
+        f"Machine: {m['cpu']}, {m['usable_cpus']} usable CPUs, torch {m['torch']} (CPU), "
+        f"{m['torch_threads_per_rank']} thread per rank, {m['backend']}, {m['network']}. "
+        f"Model: {document['model']}. autocomp code {document.get('code_digest')}. "
+        f"Total runtime {document['runtime_s'] / 60:.1f} min."
+    )
+    out.append("")
+    rates = document.get("rates")
+    if rates is not None:
+        out.append(f"Note: {POWERSGD_NOTE}")
+        out.append("")
+        for rate in rates["rates"]:
+            out.append(f"### {rate}")
+            out.append("")
+            out += _md(TABLE_COLUMNS, rate_rows(rates["results"], rate))
+            auto = _by(rates["results"], rate, "autocomp")
+            if _ok(auto):
+                assert auto is not None
+                out += ["", "```", *autocomp_detail_lines(auto), "```"]
+            out.append("")
+        out.append("Checks:")
+        out.append("")
+        out += ["```", *(c["line"] for c in rates["checks"]), "```", ""]
+    drop = document.get("drop")
+    if drop is not None:
+        out.append("### Link drop")
+        out.append("")
+        out.append(RECOVERY_DEFINITION)
+        out.append("")
+        check = drop["check"]
+        check_obj = Check(check["name"], check["passed"], check["detail"])
+        lines = drop_lines({**drop, "check": check_obj})
+        out += ["```", *lines, "```", ""]
+    return "\n".join(out)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Check):
+        return {
+            "name": value.name,
+            "passed": value.passed,
+            "detail": value.detail,
+            "line": value.line(),
+        }
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+# ---- command line ----------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m autocomp.bench.link",
+        description="Train a 16.5M-parameter LM on 2 gloo ranks over a tbf-shaped veth link: "
+        "autocomp vs plain DDP, fp16 and PowerSGD hooks at several rates (scenario 'rates'), "
+        "and autocomp's recovery when the link drops mid-run (scenario 'drop').",
+    )
+    parser.add_argument("--scenario", choices=("rates", "drop", "all"), default="all")
+    parser.add_argument(
+        "--rates",
+        default=None,
+        help=f"comma-separated link rates (default: {DEFAULT_RATES}; --quick: {QUICK_RATES})",
+    )
+    parser.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        help="comma-separated methods to compare (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="measured steps per run at every rate (default: by rate, 3 at 10 Mbit/s to 20 at "
+        "1 Gbit/s and unshaped)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="untimed steps of the peers (default: by rate, 1 at 10 Mbit/s, 2 at 50 Mbit/s, "
+        "else 5; powersgd takes at least start_powerSGD_iter + 1 = 3)",
+    )
+    parser.add_argument(
+        "--window", type=int, default=DEFAULT_WINDOW, help="autocomp window (default: 5)"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help=f"smoke run: rates {QUICK_RATES}, few steps"
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--drop-from", default="1gbit", help="rate before the drop")
+    parser.add_argument("--drop-to", default="50mbit", help="rate after the drop")
+    parser.add_argument(
+        "--drop-step",
+        type=int,
+        default=None,
+        help="step before which the link drops (default: 6.5 windows in, mid-window)",
+    )
+    parser.add_argument(
+        "--post-drop-windows",
+        type=int,
+        default=None,
+        help="whole windows after the one containing the drop (default: 8; --quick: 4)",
+    )
+    parser.add_argument(
+        "--no-drop-reference",
+        action="store_true",
+        help="skip the plain all-reduce reference run at the post-drop rate",
+    )
+    parser.add_argument(
+        "--gloo-timeout", type=float, default=GLOO_TIMEOUT_S, help="gloo timeout in seconds"
+    )
+    parser.add_argument("--json", type=Path, default=None, help="write all results as JSON")
+    parser.add_argument("--markdown", type=Path, default=None, help="write a markdown report")
+    parser.add_argument("--plot", type=Path, default=None, help="write a PNG plot (rates)")
+    parser.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.worker is not None:
+        return worker_main(args.worker)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.window < 1 or args.threads < 1:
+        parser.error("--window and --threads must be >= 1")
+    if args.steps is not None and args.steps < 1:
+        parser.error("--steps must be >= 1")
+    if args.warmup is not None and args.warmup < 0:
+        parser.error("--warmup must be >= 0")
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown or not methods:
+        parser.error(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
+    args.methods = [m for m in METHODS if m in methods]
+    try:
+        rates = parse_rates(args.rates or (QUICK_RATES if args.quick else DEFAULT_RATES))
+        parse_rate(args.drop_from)
+        parse_rate(args.drop_to)
+    except ValueError as err:
+        parser.error(str(err))
+    signal.signal(signal.SIGTERM, _terminate)
+
+    command = shlex.join(["python", "-m", "autocomp.bench.link", *argv])
+    reason = shaped_link_unavailable_reason()
+    started = time.monotonic()
+    document: dict[str, Any] = {"benchmark": "autocomp.bench.link", "command": command}
+    print(f"autocomp link benchmark: {command}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="autocomp-link-") as tmp:
+        root = Path(tmp)
+        code_dir, digest = snapshot_code(root)
+        document["code_digest"] = digest
+        print(
+            f"autocomp code snapshot {digest} (workers import this copy, so edits to the tree "
+            "during the run do not mix versions)",
+            flush=True,
+        )
+        if reason is not None:
+            print(
+                f"SHAPED LINK UNAVAILABLE: {reason}.\nRunning ONLY the unshaped loopback "
+                "comparison (no rate shaping, no drop scenario); these numbers say nothing "
+                "about slow links.",
+                flush=True,
+            )
+            rates = [Rate("unshaped (loopback)", None)]
+            network: Network = LoopbackNetwork()
+            document.update(
+                _run_all(
+                    network,
+                    Runner(network, root, args.gloo_timeout, code_dir),
+                    rates,
+                    args,
+                    drop=False,
+                )
+            )
+        else:
+            with ShapedLink(ShapedLink.Config(hosts=WORLD_SIZE, rate_mbit=None)) as link:
+                network = ShapedNetwork(link)
+                document.update(
+                    _run_all(
+                        network,
+                        Runner(network, root, args.gloo_timeout, code_dir),
+                        rates,
+                        args,
+                        drop=args.scenario in ("drop", "all"),
+                    )
+                )
+        document["shaped_link_unavailable"] = reason
+    document["runtime_s"] = time.monotonic() - started
+    document["machine"]["load_average_after"] = _load()
+    print(f"\ntotal runtime {document['runtime_s'] / 60:.1f} min", flush=True)
+    document = _jsonable(document)
+    if args.json is not None:
+        args.json.write_text(json.dumps(document, indent=1, default=str) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}")
+    if args.markdown is not None:
+        args.markdown.write_text(render_markdown(document), encoding="utf-8")
+        print(f"wrote {args.markdown}")
+    if args.plot is not None and document.get("rates") is not None:
+        plot_rates(document["rates"]["results"], rates, args.plot)
+        print(f"wrote {args.plot}")
+    checks = []
+    if document.get("rates") is not None:
+        checks += document["rates"]["checks"]
+    if document.get("drop") is not None:
+        checks.append(document["drop"]["check"])
+    return 0 if all(c["passed"] for c in checks) else 1
+
+
+def _load() -> list[float] | None:
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _run_all(
+    network: Network,
+    runner: Runner,
+    rates: list[Rate],
+    args: argparse.Namespace,
+    drop: bool,
+) -> dict[str, Any]:
+    import torch
+
+    from autocomp.workloads import MLPLanguageModel
+
+    out: dict[str, Any] = {"machine": machine_summary(network, args.threads)}
+    numel = sum(p.numel() for p in MLPLanguageModel(**MODEL_CONFIG).parameters())
+    out["model"] = (
+        f"MLPLanguageModel(context=32, embed=64, hidden=3072), {numel:,} parameters "
+        f"({4 * numel / MB:.1f} MB of float32 gradient), Adam lr {LR:g}, batch {BATCH}"
+    )
+    print(f"model: {out['model']}; torch {torch.__version__}", flush=True)
+    print(f"network: {out['machine']['network']}", flush=True)
+    if args.scenario in ("rates", "all"):
+        if "powersgd" in args.methods:
+            print(f"NOTE: {POWERSGD_NOTE}", flush=True)
+        results = run_rates(network, runner, rates, args)
+        checks = rate_checks(results, rates)
+        print("\nchecks:")
+        for check in checks:
+            print(check.line(), flush=True)
+        out["rates"] = {
+            "rates": [r.label for r in rates],
+            "rate_mbit": [r.mbit for r in rates],
+            "results": results,
+            "checks": checks,
+            "powersgd_note": POWERSGD_NOTE,
+        }
+    if drop:
+        out["drop"] = run_drop(network, runner, args)
+        out["drop"]["definition"] = RECOVERY_DEFINITION
+    elif args.scenario in ("drop", "all"):
+        print("drop scenario skipped: it needs the shaped link", flush=True)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

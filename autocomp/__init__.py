@@ -3,12 +3,28 @@
 Quick start::
 
     ddp = torch.nn.parallel.DistributedDataParallel(model)
-    ctl = autocomp.wrap(ddp, plan={"*.bias": "none", "*": "powersgd:rank=4"})
+    ctl = autocomp.wrap(ddp, target_overlap=0.9)
+
+The public names below are imported on first use, so light modules (the run log, the sidecar)
+load without importing torch.
 """
 
-from autocomp.compressors import available_compressors, build_compressor, register_compressor
-from autocomp.controller import Controller, wrap
-from autocomp.plan import Plan, load_plan
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "Controller": "autocomp.controller",
+    "wrap": "autocomp.controller",
+    "Plan": "autocomp.plan",
+    "load_plan": "autocomp.plan",
+    "available_compressors": "autocomp.compressors",
+    "build_compressor": "autocomp.compressors",
+    "register_compressor": "autocomp.compressors",
+}
 
 __all__ = [
     "Controller",
@@ -20,4 +36,16 @@ __all__ = [
     "wrap",
 ]
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:
+    from autocomp.compressors import available_compressors, build_compressor, register_compressor
+    from autocomp.controller import Controller, wrap
+    from autocomp.plan import Plan, load_plan
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'autocomp' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -44,6 +44,7 @@ from autocomp.link_model import (
 from autocomp.policy.engine import LayerProfile, PolicyDecision, PolicyEngine, StepTiming
 from autocomp.policy.rules import PolicyRules
 from autocomp.profiler import StepProfiler, WindowProfile
+from autocomp.runlog import RunLog
 
 logger = logging.getLogger(__name__)
 
@@ -159,8 +160,13 @@ class AdaptiveLoop:
         rules: PolicyRules,
         pins: Sequence[tuple[str, str]],
         config: Config,
+        runlog: RunLog | None = None,
     ) -> None:
         self.validate(config)
+        self.runlog = runlog
+        """Rank 0's run log (one record per window, operator overrides), or None."""
+        self.operator_pins: list[tuple[str, str]] = []
+        """Pins posted by an operator (newest first); they win over the code's pins."""
         self.ddp = ddp
         self.state = state
         self.config = config
@@ -248,6 +254,8 @@ class AdaptiveLoop:
             handle.remove()
         self._handles.clear()
         self.state.profiler = None
+        if self.runlog is not None:
+            self.runlog.close()
 
     # ---- the boundary -------------------------------------------------------------------------
 
@@ -343,6 +351,8 @@ class AdaptiveLoop:
             record = self._peer_record(step, combined, bytes_per_step, raw_per_step)
         record.changes = changes
         self.history.append(record)
+        if self.runlog is not None:
+            self.runlog.append_window(record.to_dict())  # queued: never waits on disk
         if self.state.rank == 0:
             logger.info("autocomp %s", record.summary())
 
@@ -453,6 +463,7 @@ class AdaptiveLoop:
             hideable_seconds=timings["hideable_seconds"],
             step_seconds=timings["step_seconds"],
         )
+        self._apply_overrides(step)
         previous = self._last_decision
         if self.frozen and previous is not None:
             plan = [self.state.slots[name].compressor.spec for name in self.names]
@@ -464,7 +475,7 @@ class AdaptiveLoop:
                 step,
                 world,
                 backoff=self.guards.backoff(),
-                pins=self.pins,
+                pins=[*self.operator_pins, *self.pins],
                 force_none=self.force_none,
             )
             plan = [decision.layer(name).spec for name in self.names]
@@ -485,6 +496,41 @@ class AdaptiveLoop:
         )
         return record, plan, resets
 
+    def _apply_overrides(self, step: int) -> None:
+        """Operator requests from the run log, applied by rank 0 at this boundary."""
+        if self.runlog is None:
+            return
+        for override in self.runlog.pending_overrides():
+            status = "applied"
+            kind = override.kind
+            if kind == "pin":
+                try:
+                    spec = build_compressor(override.spec or "").spec
+                except (TypeError, ValueError) as err:
+                    status = f"rejected: {err}"
+                else:
+                    self.operator_pins = [p for p in self.operator_pins if p[0] != override.glob]
+                    self.operator_pins.insert(0, (str(override.glob), spec))
+            elif kind == "unpin":
+                self.operator_pins = [p for p in self.operator_pins if p[0] != override.glob]
+            elif kind in ("force_none", "unforce"):
+                self.force_none = kind == "force_none"
+            elif kind in ("freeze", "unfreeze"):
+                self.frozen = kind == "freeze"
+            else:
+                status = f"rejected: unknown kind {kind!r}"
+            logger.info(
+                "autocomp: operator override #%d %s %s %s by %s at step %d: %s",
+                override.id,
+                kind,
+                override.glob or "",
+                override.spec or "",
+                override.who,
+                step,
+                status,
+            )
+            self.runlog.mark_overrides_applied([override.id], step, status=status)
+
     # ---- checkpointing ------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
@@ -497,6 +543,7 @@ class AdaptiveLoop:
             "last_boundary": self._last_boundary,
             "force_none": self.force_none,
             "frozen": self.frozen,
+            "operator_pins": [list(pin) for pin in self.operator_pins],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -509,6 +556,7 @@ class AdaptiveLoop:
         self._last_boundary = int(state["last_boundary"])
         self.force_none = bool(state["force_none"])
         self.frozen = bool(state["frozen"])
+        self.operator_pins = [(str(g), str(spec)) for g, spec in state.get("operator_pins", [])]
 
 
 def _overlap(timings: dict[str, float]) -> float:

@@ -6,8 +6,11 @@ statistics, checkpointing of every piece of compression state, and ``close()``.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
+import secrets
+import subprocess
 import warnings
 import zlib
 from collections.abc import Mapping
@@ -21,11 +24,18 @@ from torch.nn.parallel import DistributedDataParallel
 from autocomp.adaptive import AdaptiveLoop, WindowRecord
 from autocomp.compressors import Compressor, build_compressor
 from autocomp.distributed import require_same_on_all_ranks
-from autocomp.env import AUTOCOMP_CHECK_WIRE_BYTES, AUTOCOMP_DISABLE, AUTOCOMP_SEED
+from autocomp.env import (
+    AUTOCOMP_CHECK_WIRE_BYTES,
+    AUTOCOMP_DISABLE,
+    AUTOCOMP_RUN_DIR,
+    AUTOCOMP_SEED,
+    AUTOCOMP_TOKEN,
+)
 from autocomp.hook import HookState, LayerSlot, autocomp_hook
 from autocomp.plan import Plan, assignment_digest, load_plan
 from autocomp.policy.engine import PolicyDecision
 from autocomp.policy.rules import PolicyRules, load_policy
+from autocomp.runlog import RunLog, default_run_dir, new_run_id
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +66,37 @@ class Controller:
         self._closed = False
         self.adaptive = adaptive
         """The window loop in adaptive mode (profiler, link fit, cost model, guards, policy)."""
+        self.dashboard_url: str | None = None
+        """URL of the sidecar this controller started (rank 0, ``dashboard=...``)."""
+        self._sidecar: subprocess.Popen[bytes] | None = None
+
+    @property
+    def run_dir(self) -> Path | None:
+        """Directory of the run log (rank 0, adaptive mode), or None."""
+        runlog = None if self.adaptive is None else self.adaptive.runlog
+        return None if runlog is None else runlog.path.parent
+
+    def _start_dashboard(self, run_dir: Path, port: int) -> None:
+        from autocomp.service.sidecar import start_sidecar_process, wait_until_healthy
+
+        token = AUTOCOMP_TOKEN.get() or secrets.token_urlsafe(24)
+        host = "127.0.0.1"
+        self._sidecar = start_sidecar_process(run_dir, host=host, port=port, token=token)
+        atexit.register(self._stop_dashboard)
+        url = f"http://{host}:{port}"
+        wait_until_healthy(url, timeout=30.0)
+        self.dashboard_url = f"{url}/policy"
+        # A console line on rank 0 only: the user asked for the dashboard and needs the URL.
+        print(f"autocomp dashboard: {self.dashboard_url}  (overrides token: {token})", flush=True)
+
+    def _stop_dashboard(self) -> None:
+        if self._sidecar is not None and self._sidecar.poll() is None:
+            self._sidecar.terminate()
+            try:
+                self._sidecar.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._sidecar.kill()
+        self._sidecar = None
 
     @property
     def mode(self) -> str:
@@ -204,6 +245,7 @@ class Controller:
             return
         if self.adaptive is not None:
             self.adaptive.close()
+        self._stop_dashboard()
         self._state.enabled = False
         for slot in self._state.slots.values():
             slot.residual = None
@@ -250,6 +292,35 @@ def _import_state(saved: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _open_run_log(
+    run_dir: str | Path | bool | None,
+    params: dict[str, torch.nn.Parameter],
+    rules: PolicyRules,
+    config: AdaptiveLoop.Config,
+    world_size: int,
+) -> RunLog:
+    run_id = new_run_id()
+    if run_dir is None or run_dir is True:
+        configured = AUTOCOMP_RUN_DIR.get()
+        directory = Path(configured) / run_id if configured else default_run_dir(run_id)
+    else:
+        directory = Path(run_dir)
+    meta = {
+        "world_size": world_size,
+        "policy": rules.name,
+        "target_overlap": config.target_overlap,
+        "window": config.window,
+        "warmup_steps": config.warmup_steps,
+        "layers": [
+            {"name": n, "shape": list(p.shape), "numel": p.numel(), "dtype": str(p.dtype)}
+            for n, p in params.items()
+        ],
+    }
+    log = RunLog.open(directory, run_id=run_id, meta=meta)
+    logger.info("autocomp: run log at %s", directory / "run.db")
+    return log
+
+
 def _check_model(model: object) -> DistributedDataParallel:
     if isinstance(model, DistributedDataParallel):
         return model
@@ -269,6 +340,8 @@ def wrap(
     window: int | None = None,
     warmup_steps: int | None = None,
     seed: int | None = None,
+    run_dir: str | Path | bool | None = None,
+    dashboard: bool | int = False,
 ) -> Controller:
     """Register autocomp's comm hook on ``model`` (in place) and return its controller.
 
@@ -293,6 +366,10 @@ def wrap(
         window: steps between decisions (adaptive; default: the preset's replan_interval).
         warmup_steps: uncompressed steps at the start (adaptive; default: the preset's).
         seed: base seed of shared random choices (default ``AUTOCOMP_SEED`` or 0).
+        run_dir: where rank 0 keeps the run log (adaptive): default
+            ``./autocomp-runs/<run-id>`` (or ``AUTOCOMP_RUN_DIR``); ``False`` for none.
+        dashboard: ``True`` or a port: rank 0 starts the sidecar (live ``/policy`` page, JSON
+            API, metrics, overrides) as a separate process on 127.0.0.1 and prints its URL.
 
     All arguments must be equal on every rank; this is checked.
 
@@ -390,10 +467,18 @@ def wrap(
             f"(DDP allows only one). Remove the other register_comm_hook call. ({err})"
         ) from None
     loop = None
+    runlog = None
     if loop_config is not None and policy_rules is not None and not disabled:
         pins = [(r.pattern, r.compressor.spec) for r in rules.rules]
-        loop = AdaptiveLoop(ddp, state, policy_rules, pins, loop_config)
+        if rank == 0 and run_dir is not False:
+            runlog = _open_run_log(run_dir, params, policy_rules, loop_config, world_size)
+        loop = AdaptiveLoop(ddp, state, policy_rules, pins, loop_config, runlog=runlog)
+    elif dashboard:
+        raise ValueError("dashboard=... needs adaptive mode (it shows the per-window decisions)")
     controller = Controller(ddp, state, rules, params, loop)
+    if dashboard and rank == 0 and runlog is not None:
+        port = 8765 if dashboard is True else int(dashboard)
+        controller._start_dashboard(runlog.path.parent, port)
     setattr(ddp, _WRAPPED_ATTR, controller)
     if rank == 0:
         compressed = sum(1 for c in assignment.values() if c.name != "none")

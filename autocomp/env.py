@@ -55,3 +55,9 @@ AUTOCOMP_CHECK_WIRE_BYTES = EnvVar(
     True,
     "Verify every payload's size against its compressor's wire_bytes (cheap integer check).",
 )
+AUTOCOMP_RUN_DIR = EnvVar(
+    "AUTOCOMP_RUN_DIR", "", "Parent directory of run logs (default ./autocomp-runs)."
+)
+AUTOCOMP_TOKEN = EnvVar(
+    "AUTOCOMP_TOKEN", "", "Bearer token for the sidecar's overrides (default: generated)."
+)

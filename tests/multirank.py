@@ -29,6 +29,7 @@ def _entry(
     try:
         torch.set_num_threads(1)
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("AUTOCOMP_RUN_DIR", str(Path(workdir) / "runs"))
         store = dist.FileStore(str(Path(workdir) / "store"), world_size)
         dist.init_process_group(
             "gloo",

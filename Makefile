@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint format bench clean
+.PHONY: demo test lint format bench clean chromium
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,9 +19,16 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m autocomp.demo
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(PY) -m ruff check autocomp tests examples
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The dashboard's browser test needs Debian's chromium; installed when missing and possible
+# (root with apt-get). Where it cannot be installed, that one test skips and says why.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
+		|| echo "chromium not installed: the dashboard browser test will be skipped"; }
 
 lint: $(STAMP)
 	$(PY) -m ruff check autocomp tests examples

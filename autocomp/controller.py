@@ -77,25 +77,33 @@ class Controller:
         return None if runlog is None else runlog.path.parent
 
     def _start_dashboard(self, run_dir: Path, port: int) -> None:
-        from autocomp.service.sidecar import start_sidecar_process, wait_until_healthy
+        from autocomp.service.sidecar import (
+            SidecarError,
+            start_sidecar_process,
+            wait_until_healthy,
+        )
 
         token = AUTOCOMP_TOKEN.get() or secrets.token_urlsafe(24)
         host = "127.0.0.1"
         self._sidecar = start_sidecar_process(run_dir, host=host, port=port, token=token)
         atexit.register(self._stop_dashboard)
         url = f"http://{host}:{port}"
-        wait_until_healthy(url, timeout=30.0)
+        try:
+            wait_until_healthy(url, timeout=30.0, process=self._sidecar)
+        except SidecarError as err:
+            # The dashboard is a convenience: training goes on without it.
+            logger.warning("autocomp: the dashboard did not start, training continues: %s", err)
+            self._stop_dashboard()
+            return
         self.dashboard_url = f"{url}/policy"
         # A console line on rank 0 only: the user asked for the dashboard and needs the URL.
         print(f"autocomp dashboard: {self.dashboard_url}  (overrides token: {token})", flush=True)
 
     def _stop_dashboard(self) -> None:
-        if self._sidecar is not None and self._sidecar.poll() is None:
-            self._sidecar.terminate()
-            try:
-                self._sidecar.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._sidecar.kill()
+        if self._sidecar is not None:
+            from autocomp.service.sidecar import stop_sidecar_process
+
+            stop_sidecar_process(self._sidecar)
         self._sidecar = None
 
     @property

@@ -1,0 +1,153 @@
+"""Tier 3: end to end, a real 2-rank gloo run with ``wrap(..., dashboard=PORT)``.
+
+Rank 0 starts the sidecar as a separate process. The test (another thread of the pytest
+process) waits until training reaches a step, posts an operator override over HTTP with the
+bearer token, and lets training continue: the next window's plan must carry the override on
+both ranks, and the run log must record it as applied, with who and when. A second run kills
+the sidecar with SIGKILL mid-run: training must finish unharmed, ranks bit-identical, and the
+run log complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import autocomp
+from autocomp.runlog import RunReader
+from tests.models import MultiBucketNet, classification_batch
+from tests.multirank import run_ranks
+
+pytestmark = [pytest.mark.multirank, pytest.mark.timeout(300)]
+
+TOKEN = "e2e-test-token"
+WINDOW = 4
+STEPS = 7 * WINDOW
+PAUSE_STEP = 3 * WINDOW + 1
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_for(path: Path, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear")
+        time.sleep(0.05)
+
+
+def _train(rank: int, world_size: int, sync: str, port: int, kill_sidecar: bool) -> dict[str, Any]:
+    os.environ["AUTOCOMP_TOKEN"] = TOKEN
+    torch.manual_seed(0)
+    model = MultiBucketNet()
+    ddp = DDP(model, bucket_cap_mb=0.02)
+    ctl = autocomp.wrap(
+        ddp,
+        target_overlap=0.9,
+        window=WINDOW,
+        warmup_steps=WINDOW,
+        run_dir=Path(sync) / "run",
+        dashboard=port if rank == 0 else False,
+    )
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    plans: dict[int, dict[str, str]] = {}
+    for step in range(STEPS):
+        if step == PAUSE_STEP:
+            if kill_sidecar:
+                if rank == 0:
+                    assert ctl._sidecar is not None
+                    os.kill(ctl._sidecar.pid, signal.SIGKILL)
+            else:
+                (Path(sync) / f"ready-{rank}").write_text(str(step))
+                _wait_for(Path(sync) / "posted")
+        x, y = classification_batch(rank, step)
+        loss = torch.nn.functional.cross_entropy(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctl.observe_loss(float(loss.detach()))
+        plans[step] = dict(ctl.plan)  # the plan this step's gradients were sent with
+    url = ctl.dashboard_url
+    ctl.close()
+    return {
+        "plans": plans,
+        "params": torch.cat([p.detach().reshape(-1) for p in model.parameters()]),
+        "url": url,
+        "run_dir": None if ctl.run_dir is None else str(ctl.run_dir),
+    }
+
+
+def test_override_posted_mid_run_reaches_every_rank(tmp_path: Path) -> None:
+    port = _free_port()
+    posted: dict[str, Any] = {}
+
+    def operator() -> None:
+        try:
+            for rank in (0, 1):
+                _wait_for(tmp_path / f"ready-{rank}")
+            base = f"http://127.0.0.1:{port}"
+            assert httpx.get(f"{base}/healthz", timeout=10).status_code == 200
+            body = {"kind": "pin", "glob": "fc2.weight", "spec": "int8", "who": "e2e-test"}
+            denied = httpx.post(f"{base}/api/overrides", json=body, timeout=10)
+            posted["denied"] = denied.status_code
+            response = httpx.post(
+                f"{base}/api/overrides",
+                json=body,
+                headers={"Authorization": f"Bearer {TOKEN}"},
+                timeout=10,
+            )
+            posted["status"] = response.status_code
+            posted["page"] = httpx.get(f"{base}/policy", timeout=10).status_code
+        except Exception as err:  # reported through `posted`, asserted below
+            posted["error"] = repr(err)
+        finally:
+            (tmp_path / "posted").write_text(json.dumps(posted))
+
+    thread = threading.Thread(target=operator, daemon=True)
+    thread.start()
+    results = run_ranks(_train, 2, tmp_path / "ranks", str(tmp_path), port, False)
+    thread.join(timeout=10)
+    assert "error" not in posted, posted
+    assert posted["denied"] == 401 and posted["status"] == 201 and posted["page"] == 200
+    assert results[0]["url"] == f"http://127.0.0.1:{port}/policy"
+
+    # The next boundary after the post applies the pin, on both ranks, at the same step.
+    boundary = (PAUSE_STEP // WINDOW + 1) * WINDOW
+    for result in results:
+        assert result["plans"][boundary - 1]["fc2.weight"] == "none"
+        assert result["plans"][boundary]["fc2.weight"] == "int8:chunk=256,ef=true"
+        assert result["plans"][STEPS - 1]["fc2.weight"] == "int8:chunk=256,ef=true"
+    assert results[0]["plans"] == results[1]["plans"]
+
+    reader = RunReader(Path(results[0]["run_dir"]))
+    (override,) = reader.overrides()
+    assert override["who"] == "e2e-test" and override["status"] == "applied"
+    assert override["applied_step"] == boundary and override["created"] > 0
+    assert any(c["name"] == "fc2.weight" for c in reader.changes(since_step=boundary - 1))
+
+
+def test_killing_the_sidecar_leaves_training_unharmed(tmp_path: Path) -> None:
+    port = _free_port()
+    results = run_ranks(_train, 2, tmp_path / "ranks", str(tmp_path), port, True)
+    assert torch.equal(results[0]["params"], results[1]["params"])
+    assert torch.isfinite(results[0]["params"]).all()
+    reader = RunReader(Path(results[0]["run_dir"]))
+    steps = [window["step"] for window in reader.windows()]
+    assert steps == list(range(WINDOW, STEPS, WINDOW))
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)

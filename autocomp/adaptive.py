@@ -477,6 +477,7 @@ class AdaptiveLoop:
                 backoff=self.guards.backoff(),
                 pins=[*self.operator_pins, *self.pins],
                 force_none=self.force_none,
+                current={name: self.state.slots[name].compressor.spec for name in self.names},
             )
             plan = [decision.layer(name).spec for name in self.names]
             self._last_decision = decision

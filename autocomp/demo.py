@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import secrets
 import statistics
 import tempfile
 from contextlib import ExitStack
@@ -30,6 +31,8 @@ from autocomp.bench.link import (
     Runner,
     ShapedNetwork,
 )
+from autocomp.env import AUTOCOMP_TOKEN
+from autocomp.runlog import new_run_id
 from autocomp.shaped_link import ShapedLink, parse_rate, shaped_link_unavailable_reason
 
 logger = logging.getLogger(__name__)
@@ -62,6 +65,7 @@ def _run(
     window: int,
     rate: float | None,
     monitor: Any = None,
+    run_dir: Path | None = None,
 ) -> dict[str, Any]:
     cfg = {
         "method": method,
@@ -72,6 +76,7 @@ def _run(
         "window": window,
         "seed": SEED,
         "threads": 1,
+        "autocomp_run_dir": None if run_dir is None else str(run_dir),
     }
     result = runner.run(f"demo-{method}", cfg, timeout_s=GLOO_TIMEOUT_S * 2, monitor=monitor)
     if "error" in result:
@@ -85,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=25, help="autocomp steps (default 25)")
     parser.add_argument("--window", type=int, default=5, help="autocomp window (default 5)")
     parser.add_argument("--baseline-steps", type=int, default=6, help="plain DDP steps (default 6)")
+    parser.add_argument("--port", type=int, default=8765, help="dashboard port (default 8765)")
+    parser.add_argument("--run-dir", type=Path, default=None, help="where the run log goes")
     args = parser.parse_args(argv)
     try:
         rate = parse_rate(args.rate)
@@ -123,7 +130,18 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.steps} steps (the first window runs uncompressed while it measures):",
             flush=True,
         )
-        auto = _run(runner, "autocomp", args.steps, 0, args.window, rate, monitor=_WindowEcho())
+        run_dir = (args.run_dir or Path("autocomp-runs") / f"demo-{new_run_id()}").resolve()
+        url = _start_dashboard(stack, run_dir, args.port)
+        auto = _run(
+            runner,
+            "autocomp",
+            args.steps,
+            0,
+            args.window,
+            rate,
+            monitor=_WindowEcho(),
+            run_dir=run_dir,
+        )
         first = auto["info"]["first_decision_step"]
         plan = auto["info"]["plan"]
         compressed = {name: spec for name, spec in plan.items() if spec != "none"}
@@ -147,7 +165,43 @@ def main(argv: list[str] | None = None) -> int:
         )
         if first_window is not None:
             print(f"        (its first, uncompressed window: {first_window:.3f} s/step)")
+        print(f"\nrun log: {run_dir / 'run.db'}")
+        if url is not None:
+            print(
+                "the dashboard stops with the demo; browse this run again with:\n"
+                f"  autocomp-sidecar --run-dir {run_dir}"
+            )
     return 0
+
+
+def _start_dashboard(stack: ExitStack, run_dir: Path, port: int) -> str | None:
+    """Serve the run's dashboard from this (root-namespace) process.
+
+    Rank 0 runs inside a network namespace, where 127.0.0.1 is not the user's loopback, so the
+    demo starts the sidecar itself on the run directory rank 0 writes to.
+    """
+    try:
+        from autocomp.service.sidecar import (
+            SidecarError,
+            start_sidecar_process,
+            stop_sidecar_process,
+            wait_until_healthy,
+        )
+    except ImportError as err:  # the service extra is not installed
+        print(f"   (no dashboard: {err})")
+        return None
+    token = AUTOCOMP_TOKEN.get() or secrets.token_urlsafe(16)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    process = start_sidecar_process(run_dir, host="127.0.0.1", port=port, token=token)
+    stack.callback(stop_sidecar_process, process)
+    try:
+        wait_until_healthy(f"http://127.0.0.1:{port}", timeout=30.0, process=process)
+    except SidecarError as err:
+        print(f"   (the dashboard did not start: {err}; the demo goes on without it)")
+        return None
+    url = f"http://127.0.0.1:{port}/policy"
+    print(f"   dashboard (live per-layer decisions): {url}   overrides token: {token}", flush=True)
+    return url
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import autocomp
 from autocomp.runlog import RunReader
 from tests.models import MultiBucketNet, classification_batch
 from tests.multirank import run_ranks
+from tests.test_dashboard_browser import CHROMIUM, SCREENSHOT, _Tables, chromium
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(300)]
 
@@ -35,6 +36,7 @@ TOKEN = "e2e-test-token"
 WINDOW = 4
 STEPS = 7 * WINDOW
 PAUSE_STEP = 3 * WINDOW + 1
+BROWSE_STEP = 5 * WINDOW + 1  # the override applied at 4 * WINDOW is live by then
 
 
 def _free_port() -> int:
@@ -75,6 +77,10 @@ def _train(rank: int, world_size: int, sync: str, port: int, kill_sidecar: bool)
             else:
                 (Path(sync) / f"ready-{rank}").write_text(str(step))
                 _wait_for(Path(sync) / "posted")
+        if step == BROWSE_STEP and not kill_sidecar:
+            # Hold training (both ranks) while a browser looks at the live dashboard.
+            (Path(sync) / f"browse-{rank}").write_text(str(step))
+            _wait_for(Path(sync) / "browsed")
         x, y = classification_batch(rank, step)
         loss = torch.nn.functional.cross_entropy(ddp(x), y)
         opt.zero_grad()
@@ -95,6 +101,7 @@ def _train(rank: int, world_size: int, sync: str, port: int, kill_sidecar: bool)
 def test_override_posted_mid_run_reaches_every_rank(tmp_path: Path) -> None:
     port = _free_port()
     posted: dict[str, Any] = {}
+    browsed: dict[str, Any] = {}
 
     def operator() -> None:
         try:
@@ -117,6 +124,29 @@ def test_override_posted_mid_run_reaches_every_rank(tmp_path: Path) -> None:
             posted["error"] = repr(err)
         finally:
             (tmp_path / "posted").write_text(json.dumps(posted))
+        try:
+            for rank in (0, 1):
+                _wait_for(tmp_path / f"browse-{rank}")
+            if CHROMIUM.exists():
+                result = chromium(tmp_path, "--dump-dom", f"http://127.0.0.1:{port}/policy")
+                tables = _Tables()
+                tables.feed(result.stdout)
+                browsed["rows"] = {
+                    r["attrs"]["data-layer"]: r["cells"]
+                    for r in tables.bodies.get("plan-body", [])
+                    if "data-layer" in r["attrs"]
+                }
+                if os.environ.get("AUTOCOMP_UPDATE_SCREENSHOT") == "1":
+                    chromium(
+                        tmp_path,
+                        f"--screenshot={SCREENSHOT}",
+                        "--window-size=1400,1000",
+                        f"http://127.0.0.1:{port}/policy",
+                    )
+        except Exception as err:  # reported through `browsed`, asserted below
+            browsed["error"] = repr(err)
+        finally:
+            (tmp_path / "browsed").write_text("done")
 
     thread = threading.Thread(target=operator, daemon=True)
     thread.start()
@@ -139,6 +169,16 @@ def test_override_posted_mid_run_reaches_every_rank(tmp_path: Path) -> None:
     assert override["who"] == "e2e-test" and override["status"] == "applied"
     assert override["applied_step"] == boundary and override["created"] > 0
     assert any(c["name"] == "fc2.weight" for c in reader.changes(since_step=boundary - 1))
+
+    # The live page, rendered by a real browser mid-run, shows the live per-layer decisions.
+    assert "error" not in browsed, browsed
+    if not CHROMIUM.exists():
+        pytest.skip("chromium not installed (`make test` installs it): browser check skipped")
+    rows = browsed["rows"]
+    assert set(rows) == set(results[0]["plans"][0])
+    name, _shape, compressor, *_rest, reason = rows["fc2.weight"]
+    assert name == "fc2.weight" and compressor == "int8:chunk=256,ef=true"
+    assert "pinned" in reason
 
 
 def test_killing_the_sidecar_leaves_training_unharmed(tmp_path: Path) -> None:

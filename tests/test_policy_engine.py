@@ -443,3 +443,26 @@ def test_input_validation() -> None:
     bad = LayerProfile(name="x", shape=(512, 512), grad_norm=1.0, rel_error={"zip": 0.1})
     with pytest.raises(ValueError, match="x: bad spec in rel_error"):
         engine(200, PolicyRules(min_numel=0)).decide([bad], TIMING, AFTER_WARMUP, WORLD)
+
+
+def test_hysteresis_keeps_the_compressor_in_use_and_reports_true_numbers() -> None:
+    """A layer's current compressor is favoured by ``switch_margin``; reported numbers stay true."""
+    fresh = decide(200)
+    current = {name: fresh.layer(name).runner_up for name in BIG}
+    assert all(current.values())
+
+    def with_margin(margin: float) -> object:
+        cost = FakeCostModel(200)
+        config = PolicyEngine.Config(switch_margin=margin)
+        rules = load_policy("default")
+        return PolicyEngine(rules, cost, target_overlap=TARGET, config=config).decide(
+            mlp_profile(), TIMING, AFTER_WARMUP, WORLD, current=current
+        )
+
+    assert with_margin(0.0).plan == fresh.plan  # no margin: the plan in use changes nothing
+    sticky = with_margin(0.99)  # an overwhelming margin: every layer keeps what it has
+    for name in BIG:
+        layer = sticky.layer(name)
+        assert layer.spec == current[name]
+        assert layer.predicted_seconds == pytest.approx(fresh.layer(name).runner_up_seconds)
+        assert layer.predicted_error == pytest.approx(fresh.layer(name).runner_up_error)

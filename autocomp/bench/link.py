@@ -42,6 +42,7 @@ import json
 import logging
 import math
 import os
+import resource
 import shlex
 import shutil
 import signal
@@ -201,6 +202,26 @@ def _wait_for(path: Path, timeout_s: float) -> None:
         time.sleep(0.05)
 
 
+def _check_same_init(model: Any) -> None:
+    """Raise unless every rank built the same parameters (seeded init).
+
+    DDP runs with ``init_sync=False``: its usual start-up broadcast of all 66 MB of parameters
+    would take a minute per run at 10 Mbit/s and measure nothing.
+    """
+    import torch
+    import torch.distributed as dist
+
+    with torch.no_grad():
+        flat = torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
+        weights = torch.arange(1, flat.numel() + 1, dtype=torch.float64).remainder_(997)
+        checksum = torch.stack([flat.sum(), (flat * weights).sum()])
+    low, high = checksum.clone(), checksum.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    if not torch.equal(low, high):
+        raise RuntimeError("ranks built different initial parameters; the seeds differ")
+
+
 def _worker_train(cfg: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
@@ -220,17 +241,18 @@ def _worker_train(cfg: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     model = MLPLanguageModel(**MODEL_CONFIG)
     numel = sum(p.numel() for p in model.parameters())
     shapes = [list(p.shape) for p in model.parameters()]
+    _check_same_init(model)
     ctl = None
     info: dict[str, Any] = {}
     if method == "allreduce":
-        ddp = DDP(model)
+        ddp = DDP(model, init_sync=False)
         bytes_per_step: float | None = 4.0 * numel
     elif method == "fp16":
-        ddp = DDP(model)
+        ddp = DDP(model, init_sync=False)
         ddp.register_comm_hook(state=None, hook=default_hooks.fp16_compress_hook)
         bytes_per_step = 2.0 * numel
     elif method == "powersgd":
-        ddp = DDP(model, bucket_cap_mb=POWERSGD_BUCKET_CAP_MB)
+        ddp = DDP(model, bucket_cap_mb=POWERSGD_BUCKET_CAP_MB, init_sync=False)
         state = powerSGD_hook.PowerSGDState(
             process_group=None,
             matrix_approximation_rank=POWERSGD_RANK,
@@ -244,8 +266,14 @@ def _worker_train(cfg: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
             powersgd_wire_bytes(shapes, POWERSGD_RANK, POWERSGD_MIN_COMPRESSION_RATE)
         )
     elif method == "autocomp":
-        ddp = DDP(model)
-        ctl = autocomp.wrap(ddp, target_overlap=TARGET_OVERLAP, window=window, warmup_steps=0)
+        ddp = DDP(model, init_sync=False)
+        ctl = autocomp.wrap(
+            ddp,
+            target_overlap=TARGET_OVERLAP,
+            window=window,
+            warmup_steps=0,
+            run_dir=Path(cfg.get("autocomp_run_dir") or sync_dir / "autocomp-run"),
+        )
         bytes_per_step = None
     else:
         raise ValueError(f"unknown method {method!r}")
@@ -514,6 +542,8 @@ class Runner:
         logs = []
         error: str | None = None
         started = time.monotonic()
+        busy_before, own_before = _machine_busy_seconds(), _own_cpu_seconds()
+        load_before = _load()
         try:
             for host in range(WORLD_SIZE):
                 log = open(run_dir / f"rank{host}.log", "w", encoding="utf-8")  # noqa: SIM115
@@ -557,8 +587,20 @@ class Runner:
                     tail = _tail(run_dir / f"rank{host}.log", 25)
                     logger.error("rank %d log (last lines):\n%s", host, tail)
         wall = time.monotonic() - started
+        busy_after, own_after = _machine_busy_seconds(), _own_cpu_seconds()
+        cpus = os.cpu_count() or 1
+        other_cpu = None
+        if busy_before is not None and busy_after is not None and wall > 0:
+            other = (busy_after - busy_before) - (own_after - own_before)
+            other_cpu = max(0.0, other) / (wall * cpus)
+        load = {"load_before": load_before, "load_after": _load(), "other_cpu_share": other_cpu}
         if error is not None:
-            return {"error": error, "wall_seconds": wall, "log_tail": _tail(run_dir / "rank0.log")}
+            return {
+                "error": error,
+                "wall_seconds": wall,
+                "log_tail": _tail(run_dir / "rank0.log"),
+                **load,
+            }
         result: dict[str, Any] = json.loads((run_dir / "result-rank0.json").read_text())
         peer = json.loads((run_dir / "result-rank1.json").read_text())
         if self.code_dir is not None and not result["autocomp_path"].startswith(str(self.code_dir)):
@@ -569,7 +611,26 @@ class Runner:
         result["rank1_step_times"] = peer["step_times"]
         result["rank1_bytes_per_step"] = peer["bytes_per_step"]
         result["wall_seconds"] = wall
+        result.update(load)
         return result
+
+
+def _machine_busy_seconds() -> float | None:
+    """CPU seconds all CPUs spent busy since boot (/proc/stat), or None off Linux."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_seconds() -> float:
+    """CPU seconds of this process and its waited-for children (the workers)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -639,12 +700,19 @@ def run_rates(
                 print(
                     f" median {result['median_step_s']:.3f} s/step, "
                     f"{result['bytes_per_step'] / MB:.2f} MB/step, wall "
-                    f"{result['wall_seconds']:.0f} s{extra}",
+                    f"{result['wall_seconds']:.0f} s, {_other_text(result)}{extra}",
                     flush=True,
                 )
         print()
         print("\n".join(rate_table_lines(results, rate.label)), flush=True)
     return results
+
+
+def _other_text(result: dict[str, Any]) -> str:
+    share = result.get("other_cpu_share")
+    if share is None:
+        return "other CPU use n/a"
+    return f"other CPU use {share:.0%}"
 
 
 def _by(results: list[dict[str, Any]], rate: str, method: str) -> dict[str, Any] | None:

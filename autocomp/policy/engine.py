@@ -413,6 +413,8 @@ class _Pending:
     options: list[LayerOption]
     rel_errors: dict[str, float]
     note: str
+    true_options: dict[str, LayerOption] = field(default_factory=dict)
+    """Undiscounted options by key (the optimizer sees the current one discounted)."""
 
 
 class PolicyEngine:
@@ -428,6 +430,10 @@ class PolicyEngine:
         """DDP's bucket size (its default bucket_cap_mb=25), to count buckets when unknown."""
         priors: ErrorPriors = field(default_factory=ErrorPriors)
         """Relative errors used until the profiler measures them."""
+        switch_margin: float = 0.15
+        """Hysteresis: a layer's current compressor looks this much cheaper and more accurate
+        to the optimizer, so noisy measurements do not flap the plan (every switch discards
+        warm-start state)."""
 
     def __init__(
         self,
@@ -461,6 +467,7 @@ class PolicyEngine:
         backoff: Mapping[str, int] = _NO_BACKOFF,
         pins: Sequence[tuple[str, str]] = (),
         force_none: bool = False,
+        current: Mapping[str, str] | None = None,
     ) -> PolicyDecision:
         """The plan for the next steps; see the module docstring for the rules and budget.
 
@@ -473,6 +480,8 @@ class PolicyEngine:
                 layer's heaviest candidates (lightest = lowest prior error, 'none' first).
             pins: (glob, spec) pairs tried before the policy's own pins, first match wins.
             force_none: operator override, every layer uncompressed.
+            current: each layer's spec in use now; it gets ``Config.switch_margin`` of
+                hysteresis in the optimizer.
         """
         names = [layer.name for layer in layers]
         if len(set(names)) != len(names):
@@ -494,7 +503,9 @@ class PolicyEngine:
                 rule, spec, reason = ruled
                 decisions[index] = self._fixed(layer, rule, spec, reason, latency)
             else:
-                pending.append(self._pending(index, layer, backoff.get(layer.name, 0), latency))
+                in_use = None if current is None else current.get(layer.name)
+                levels = backoff.get(layer.name, 0)
+                pending.append(self._pending(index, layer, levels, latency, in_use))
 
         buckets = self._bucket_count(layers)
         latency_seconds = buckets * latency.of(Collective.ALL_REDUCE) if world_size > 1 else 0.0
@@ -665,7 +676,12 @@ class PolicyEngine:
         )
 
     def _pending(
-        self, index: int, layer: LayerProfile, levels: int, latency: _LatencyCache
+        self,
+        index: int,
+        layer: LayerProfile,
+        levels: int,
+        latency: _LatencyCache,
+        in_use: str | None = None,
     ) -> _Pending:
         ordered = self.lightness_order(layer)
         note = ""
@@ -683,7 +699,16 @@ class PolicyEngine:
             rel_errors[compressor.spec] = rel
             error = rel**2 * layer.grad_norm**2
             options.append(LayerOption(compressor.spec, seconds, error, wire))
-        return _Pending(index, layer, options, rel_errors, note)
+        true_options = {option.key: option for option in options}
+        keep = 1.0 - self.config.switch_margin
+        if in_use is not None and len(options) > 1:
+            options = [
+                LayerOption(o.key, o.seconds * keep, o.error * keep, o.wire_bytes)
+                if o.key == in_use
+                else o
+                for o in options
+            ]
+        return _Pending(index, layer, options, rel_errors, note, true_options)
 
     def _bucket_count(self, layers: Sequence[LayerProfile]) -> int:
         if not layers:
@@ -701,13 +726,16 @@ class PolicyEngine:
         infeasible = solution.method == METHOD_MIN_TIME
         out = []
         for item, choice in zip(pending, solution.choices, strict=True):
-            chosen = choice.option
+            # Report true predictions, not the hysteresis-discounted ones the optimizer saw.
+            chosen = item.true_options.get(choice.option.key, choice.option)
             head = "infeasible budget, fastest option" if infeasible else "knapsack"
             reason = (
                 f"{item.note}{head}: {chosen.key} predicts {_seconds_text(chosen.seconds)}, "
                 f"{_bytes_text(chosen.wire_bytes)}, rel. error {item.rel_errors[chosen.key]:.3g}"
             )
             runner = choice.runner_up
+            if runner is not None:
+                runner = item.true_options.get(runner.key, runner)
             if runner is None:
                 reason += "; no other candidate"
             else:

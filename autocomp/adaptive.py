@@ -179,6 +179,8 @@ class AdaptiveLoop:
         # One sample per step: a window of a few steps must be enough for a first fit.
         self.meter = BandwidthMeter(BandwidthMeter.Config(min_samples=min(8, max(2, window))))
         self.cost_model = CostModel(CostModel.Config(world_size=state.world_size, refit_every=64))
+        if state.rank == 0:  # only rank 0 decides
+            _calibrate(self.cost_model, rules.candidates, state.world_size)
         self.engine = PolicyEngine(rules, self.cost_model, target_overlap=config.target_overlap)
         # The guards see one observation per window, so step counts become window counts.
         guard_rules = rules.guards
@@ -558,6 +560,53 @@ class AdaptiveLoop:
         self.force_none = bool(state["force_none"])
         self.frozen = bool(state["frozen"])
         self.operator_pins = [(str(g), str(spec)) for g, spec in state.get("operator_pins", [])]
+
+
+CALIBRATION_SHAPE = torch.Size([1024, 1024])
+
+
+def _calibrate(cost_model: CostModel, specs: Sequence[str], world_size: int) -> None:
+    """Time each candidate's real hook path once here, at the training thread count.
+
+    The cost model's cold-start constants come from another machine and an idle one; without
+    this the first decisions try compressors that do not pay, one window each. About a second
+    on a 2-core CPU, on rank 0 only.
+    """
+    import time
+    import types
+
+    from autocomp.compressors import Collective
+    from autocomp.hook import LayerSlot, _prepare
+
+    hook_state = types.SimpleNamespace(check_wire_bytes=False, profiler=None, step=0)
+    generator = torch.Generator().manual_seed(0)
+    grad = torch.randn(CALIBRATION_SHAPE.numel(), generator=generator) * 1e-3
+    for spec in specs:
+        compressor = build_compressor(spec)
+        if compressor.name == "none":
+            continue
+        slot = LayerSlot("calibration", CALIBRATION_SHAPE, torch.float32, 0, compressor)
+        slot.state = compressor.init_state(CALIBRATION_SHAPE, 0, 0)
+        best = math.inf
+        for _ in range(3):  # the first call pays one-off costs; keep the fastest
+            started = time.perf_counter()
+            payload, _ = _prepare(slot, grad, hook_state)  # type: ignore[arg-type]
+            if compressor.collective is Collective.ALL_GATHER:
+                received: Any = [payload] * world_size
+                estimate = compressor.decompress_sum(received, CALIBRATION_SHAPE, slot.state)
+            else:
+                received = payload
+                estimate = compressor.decompress(payload, CALIBRATION_SHAPE, slot.state)
+            bool(torch.isfinite(estimate).all())
+            compressor.commit(received, slot.state)
+            best = min(best, time.perf_counter() - started)
+        factor = cost_model.calibrate(compressor, CALIBRATION_SHAPE, best)
+        logger.debug(
+            "autocomp: %s costs %.2f ms per 1M elements here (x%.2f prior)",
+            compressor.spec,
+            best * 1e3,
+            factor,
+        )
 
 
 def _overlap(timings: dict[str, float]) -> float:

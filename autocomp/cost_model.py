@@ -359,6 +359,7 @@ class CostModel:
         self._regressor: Any | None = None
         self._features: _Features | None = None
         self._cache: dict[_Key, float] = {}
+        self._prior_scale: dict[str, float] = {}
         self._compressors: dict[str, Compressor] = {}
         self._errors: dict[str, deque[tuple[float, float]]] = {
             kind: deque(maxlen=self.config.error_window) for kind in _KINDS
@@ -419,6 +420,30 @@ class CostModel:
             compressor = self._compressors[spec] = build_compressor(spec)
         return compressor
 
+    def _prior(self, compressor: Compressor, shape: torch.Size, world_size: int) -> float:
+        return prior_seconds(compressor, shape, world_size) * self._prior_scale.get(
+            compressor.name, 1.0
+        )
+
+    def calibrate(self, compressor: Compressor | str, shape: torch.Size, seconds: float) -> float:
+        """Scale ``compressor``'s family prior so it predicts ``seconds`` on ``shape``.
+
+        One measurement on this machine, at this thread count, corrects the cold-start prior by
+        a constant factor (the constants were measured elsewhere); returns the factor.
+        """
+        compressor = self._compressor(compressor)
+        base = prior_seconds(compressor, torch.Size(shape), self.config.world_size)
+        if base <= 0 or not (math.isfinite(seconds) and seconds > 0):
+            return 1.0
+        factor = min(
+            max(seconds / base, 1.0 / self.config.max_correction), self.config.max_correction
+        )
+        self._prior_scale[compressor.name] = factor
+        self._cache.clear()
+        if self._fit_rows:
+            self._fit_on(self._fit_rows)  # the correction is relative to the prior: refit
+        return factor
+
     def compress_seconds(self, compressor: Compressor | str, shape: torch.Size) -> float:
         """Predicted local hook work per step for a layer of ``shape`` using ``compressor``."""
         return self.compress_seconds_many([(compressor, shape)])[0]
@@ -432,7 +457,7 @@ class CostModel:
         out: list[float] = [0.0] * len(resolved)
         missing: list[int] = []
         for i, (compressor, shape) in enumerate(resolved):
-            prior = prior_seconds(compressor, shape, world)
+            prior = self._prior(compressor, shape, world)
             measured = self._groups.get((compressor.spec, tuple(shape), world))
             if prior > 0 and measured:
                 # Direct evidence for this exact layer and compressor beats any model.
@@ -455,7 +480,7 @@ class CostModel:
             corrections = np.clip(self._regressor.predict(matrix), -limit, limit)
             for i, correction in zip(missing, corrections, strict=True):
                 compressor, shape = resolved[i]
-                value = prior_seconds(compressor, shape, world) * math.exp(float(correction))
+                value = self._prior(compressor, shape, world) * math.exp(float(correction))
                 self._cache[(compressor.spec, tuple(shape), world)] = value
                 out[i] = value
         return out
@@ -548,7 +573,7 @@ class CostModel:
             spec, shape, world = row.key
             compressor, size = self._compressor(spec), torch.Size(shape)
             matrix[i] = features.row(compressor, size, world)
-            target[i] = math.log(row.seconds / prior_seconds(compressor, size, world))
+            target[i] = math.log(row.seconds / self._prior(compressor, size, world))
             weight[i] = row.weight
         regressor = GradientBoostingRegressor(
             n_estimators=self.config.n_estimators,
@@ -608,6 +633,7 @@ class CostModel:
                 for r in self._fit_rows
             ],
             "errors": {kind: [list(pair) for pair in self._errors[kind]] for kind in _KINDS},
+            "prior_scale": dict(self._prior_scale),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -637,11 +663,13 @@ class CostModel:
                 kind: [(float(p), float(m)) for p, m in state["errors"][kind]] for kind in _KINDS
             }
             since_fit = int(state["since_fit"])
+            prior_scale = {str(k): float(v) for k, v in state.get("prior_scale", {}).items()}
             link_estimate = None if link is None else LinkEstimate.from_dict(link)
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"malformed cost model state: {err}") from None
         self._link = link_estimate
         self._groups = groups
+        self._prior_scale = prior_scale
         for kind in _KINDS:
             self._errors[kind] = deque(errors[kind], maxlen=self.config.error_window)
         if fit_rows is None:

@@ -1,0 +1,195 @@
+"""Compression overhead on this machine, measured on the script's own gradients.
+
+The what-if model needs, per layer shape and compressor, the time the comm hook would add.
+The analytic priors in :mod:`autocomp.cost_model` were measured on one particular CPU; the
+machine the job will run on may be faster, slower or a GPU, and real gradients are not the
+synthetic ones of the benchmark. So the profiler replays the hook's per-layer work (as
+:mod:`autocomp.hook` does it, without the collective) on a real gradient of every distinct
+shape, for every candidate, on rank 0 and within a time budget: the largest shapes first,
+because they dominate both bytes and cost; what the budget does not cover is left to the cost
+model (prior times the correction learned from what was measured).
+
+Two numbers per case, because they scale differently with the number of ranks:
+
+* ``local_s``: copy to float32 and residual add, compress, the error-feedback decompress and
+  subtraction, and ``commit`` -- paid once per step whatever the world size;
+* ``decode_s``: decoding one received payload and writing it back -- an all-reduce compressor
+  decodes one summed payload, an all-gather compressor one payload per rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from autocomp.advisor.profile import CompressorMeasurement
+from autocomp.compressors import Collective, Compressor, NoCompression, PowerSGD, build_compressor
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["MEASURED_SPECS", "CostMeter", "eligible"]
+
+MEASURED_SPECS: tuple[str, ...] = (
+    "fp16",
+    "int8",
+    "powersgd:rank=1",
+    "powersgd:rank=2",
+    "powersgd:rank=4",
+    "powersgd:rank=16",
+    "topk:ratio=0.01",
+    "topk:ratio=0.001",
+    "sign",
+    "qsgd",
+)
+"""Candidates whose cost is measured ('none' costs nothing by definition). PowerSGD rank 16 is
+in the set because the default policy offers it to the adaptive plan."""
+
+_GATHER_PAYLOADS = 2
+"""Payloads decoded per all-gather replay; the per-payload time is their mean."""
+
+
+def eligible(shape: Sequence[int], min_numel: int) -> bool:
+    """Whether a layer of ``shape`` is ever compressed by the options the advisor compares.
+
+    The uniform options and the default policy both leave 1-D tensors (biases, norm scales)
+    and tensors under ``min_numel`` elements uncompressed, so only these shapes are measured.
+    """
+    return len(shape) >= 2 and math.prod(int(d) for d in shape) >= min_numel
+
+
+@dataclass(slots=True)
+class _Replay:
+    """The hook's per-layer work for one compressor on one gradient, step after step."""
+
+    compressor: Compressor
+    grad: torch.Tensor
+    state: dict
+    residual: torch.Tensor | None = None
+
+    def step(self) -> tuple[float, float]:
+        """One step; returns (local seconds, decode seconds per received payload)."""
+        c, shape, clock = self.compressor, self.grad.shape, time.perf_counter
+        t0 = clock()
+        x = self.grad.to(torch.float32, copy=True)
+        if self.residual is not None:
+            x.add_(self.residual)
+        payload = c.compress(x, self.state)
+        if c.error_feedback:
+            self.residual = x.sub_(c.decompress(payload, shape, self.state))
+        t1 = clock()
+        if c.collective is Collective.ALL_GATHER:
+            received: torch.Tensor | list[torch.Tensor] = [payload] + [
+                payload.clone() for _ in range(_GATHER_PAYLOADS - 1)
+            ]
+            decoded = c.decompress_sum(received, shape, self.state)
+            payloads = _GATHER_PAYLOADS
+        else:
+            received = payload
+            decoded = c.decompress(payload, shape, self.state)
+            payloads = 1
+        torch.empty_like(self.grad).copy_(decoded.reshape(shape))
+        t2 = clock()
+        c.commit(received, self.state)
+        t3 = clock()
+        return (t1 - t0) + (t3 - t2), (t2 - t1) / payloads
+
+    def rel_error(self) -> float | None:
+        """One-step relative error on the gradient, from the (warmed-up) state, no residual."""
+        x = self.grad.to(torch.float32, copy=True)
+        norm = float(torch.linalg.vector_norm(x.double()))
+        if norm == 0:
+            return None
+        estimate = self.compressor.decompress(
+            self.compressor.compress(x, self.state), x.shape, self.state
+        )
+        return float(torch.linalg.vector_norm(estimate.double() - x.double())) / norm
+
+
+class CostMeter:
+    """Times every (shape, candidate) on real gradients within a wall-clock budget."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        """Tuning of :class:`CostMeter`."""
+
+        specs: tuple[str, ...] = MEASURED_SPECS
+        """Compressor specs to measure."""
+        budget_s: float = 20.0
+        """Wall-clock budget for all measurements; what does not fit is skipped (and said)."""
+        warmup: int = 1
+        """Untimed steps per case (first-call allocations, PowerSGD's random start)."""
+        reps: int = 5
+        """Timed steps per case; the medians are kept."""
+
+        def __post_init__(self) -> None:
+            if self.budget_s < 0 or self.warmup < 0 or self.reps < 1:
+                raise ValueError("need budget_s >= 0, warmup >= 0 and reps >= 1")
+
+    def __init__(self, config: Config | None = None) -> None:
+        self.config = config or CostMeter.Config()
+        self.skipped: list[str] = []
+        """Cases not measured, with the reason."""
+
+    def measure(
+        self,
+        grads: Mapping[tuple[int, ...], torch.Tensor],
+        progress: Callable[[int, int], None] | None = None,
+    ) -> list[CompressorMeasurement]:
+        """Measure every spec on every gradient (largest first) until the budget runs out."""
+        cfg = self.config
+        deadline = time.perf_counter() + cfg.budget_s
+        compressors = [build_compressor(spec) for spec in cfg.specs]
+        shapes = sorted(grads, key=lambda s: (-math.prod(s), s))
+        cases = [(shape, c) for shape in shapes for c in compressors]
+        results: list[CompressorMeasurement] = []
+        for done, (shape, compressor) in enumerate(cases):
+            if progress is not None:
+                progress(done, len(cases))
+            label = f"{compressor.spec} on {'x'.join(map(str, shape))}"
+            if type(compressor) is NoCompression:
+                continue
+            if time.perf_counter() >= deadline:
+                self.skipped.append(f"{label}: compressor budget of {cfg.budget_s:g} s used up")
+                continue
+            try:
+                with torch.no_grad():
+                    results.append(self._case(compressor, grads[shape], deadline))
+            except Exception as err:  # a compressor bug must not lose the whole profile
+                logger.warning("could not measure %s: %s", label, err)
+                self.skipped.append(f"{label}: {type(err).__name__}: {err}")
+        if progress is not None:
+            progress(len(cases), len(cases))
+        return results
+
+    def _case(
+        self, compressor: Compressor, grad: torch.Tensor, deadline: float
+    ) -> CompressorMeasurement:
+        shape = torch.Size(grad.shape)
+        replay = _Replay(compressor, grad, compressor.init_state(shape, 0, 0))
+        for _ in range(self.config.warmup):
+            replay.step()
+        local: list[float] = []
+        decode: list[float] = []
+        while len(local) < self.config.reps and (not local or time.perf_counter() < deadline):
+            seconds_local, seconds_decode = replay.step()
+            local.append(seconds_local)
+            decode.append(seconds_decode)
+        error = replay.rel_error()
+        if isinstance(compressor, PowerSGD) and not compressor.compresses(shape):
+            error = 0.0
+        return CompressorMeasurement(
+            spec=compressor.spec,
+            shape=tuple(shape),
+            collective=compressor.collective.value,
+            wire_bytes=compressor.wire_bytes(shape, grad.dtype),
+            local_s=statistics.median(local),
+            decode_s=statistics.median(decode),
+            reps=len(local),
+            rel_error=error,
+        )

@@ -1,0 +1,713 @@
+"""The what-if model: step time on a link you do not have, from a profile taken on one you do.
+
+Inputs are the profile (per-layer gradient sizes, the bucket-ready timeline of the backward,
+the compute-only step time, compression costs measured on the profiling machine) and a
+scenario: bandwidth, per-hop latency and world size. For each option (uncompressed, fp16,
+PowerSGD ranks 1/2/4, top-k 1% and 0.1%, and the adaptive per-layer plan) it predicts:
+
+1. **Per bucket, the communication time** with the alpha-beta model of
+   :mod:`autocomp.link_model`: ``hops * alpha + link_bytes / bandwidth``, where a ring
+   all-reduce of P bytes per rank has ``2(N-1)`` hops and ``2(N-1)/N * P`` link bytes and an
+   all-gather ``N-1`` hops and ``(N-1) * P``. A bucket issues one all-reduce per payload dtype
+   plus one all-gather when some of its layers need one, as :mod:`autocomp.hook` does.
+2. **Compression work**: per layer, the measured sending-side work plus the decode of one
+   payload per received payload (1 for all-reduce, N for all-gather). Where the profile has no
+   measurement (the budget ran out), the cost model warm-started from the profile predicts it.
+3. **The pipeline** (:func:`simulate_pipeline`): bucket b becomes ready at its measured time,
+   delayed by the compression work of the buckets before it (the hook runs on the backward's
+   thread); its collectives start when it is ready *and* bucket b-1's have finished, and its
+   decode follows them. Exposed time is what runs past the end of the backward.
+4. **Step time** = compute-only step (measured) + compression work + exposed communication;
+   **scaling efficiency** = compute-only step / predicted step (1.0 = perfect weak scaling).
+
+The adaptive plan is what the adaptive controller would choose: the default policy with
+warm-up 0, a :class:`~autocomp.cost_model.CostModel` warm-started from the profile's
+measurements, and a :class:`~autocomp.link_model.LinkEstimate` of the scenario, fed to
+:class:`~autocomp.policy.engine.PolicyEngine`.
+
+Uniform options compress every parameter with at least two dimensions and at least the
+policy's ``min_numel`` elements (16384 by default); biases, norm scales and tiny tensors stay
+uncompressed, as anyone deploying them would configure it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from autocomp.advisor.costs import eligible
+from autocomp.advisor.profile import LayerInfo, ModelProfile, Profile
+from autocomp.advisor.units import format_bandwidth, format_bytes, format_seconds
+from autocomp.compressors import Collective, Compressor, NoCompression, build_compressor
+from autocomp.cost_model import CostModel, CostSample
+from autocomp.link_model import LinkEstimate, latency_hops, link_bytes
+from autocomp.policy.engine import (
+    ErrorPriors,
+    LayerProfile,
+    PolicyDecision,
+    PolicyEngine,
+    StepTiming,
+)
+from autocomp.policy.rules import PolicyRules, load_policy
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ADAPTIVE",
+    "OPTIONS",
+    "Evaluation",
+    "Option",
+    "OptionResult",
+    "Pipeline",
+    "Scenario",
+    "Verdict",
+    "WhatIfModel",
+    "collective_seconds",
+    "simulate_pipeline",
+]
+
+ADAPTIVE = "adaptive"
+"""Key of the adaptive per-layer plan among the options."""
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One way to send the gradients that the advisor compares."""
+
+    key: str
+    """Short identifier (JSON key, plot legend)."""
+    label: str
+    """Human name."""
+    spec: str | None
+    """Compressor spec applied uniformly; None for the adaptive per-layer plan."""
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("none", "uncompressed", "none"),
+    Option("fp16", "fp16", "fp16"),
+    Option("powersgd-r1", "PowerSGD rank 1", "powersgd:rank=1"),
+    Option("powersgd-r2", "PowerSGD rank 2", "powersgd:rank=2"),
+    Option("powersgd-r4", "PowerSGD rank 4", "powersgd:rank=4"),
+    Option("topk-1%", "top-k 1%", "topk:ratio=0.01"),
+    Option("topk-0.1%", "top-k 0.1%", "topk:ratio=0.001"),
+    Option(ADAPTIVE, "adaptive plan", None),
+)
+"""The options of every evaluation, 'none' first."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Scenario:
+    """The link and job size to predict for."""
+
+    bandwidth_bytes_per_s: float
+    """What one rank can push through its link."""
+    latency_s: float
+    """Per-hop latency (alpha)."""
+    world_size: int
+    """Ranks in the job."""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.bandwidth_bytes_per_s) and self.bandwidth_bytes_per_s > 0):
+            raise ValueError(f"bandwidth must be > 0, got {self.bandwidth_bytes_per_s!r}")
+        if not (math.isfinite(self.latency_s) and self.latency_s >= 0):
+            raise ValueError(f"latency must be >= 0, got {self.latency_s!r}")
+        if isinstance(self.world_size, bool) or self.world_size < 2:
+            raise ValueError(f"world size must be >= 2, got {self.world_size!r}")
+
+    @property
+    def link(self) -> LinkEstimate:
+        return LinkEstimate(
+            latency_s=self.latency_s,
+            bandwidth_bytes_per_s=self.bandwidth_bytes_per_s,
+            samples=1,
+            rel_residual=0.0,
+        )
+
+    def describe(self) -> str:
+        return (
+            f"{format_bandwidth(self.bandwidth_bytes_per_s)}, "
+            f"{format_seconds(self.latency_s)}/hop, {self.world_size} ranks"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
+            "bandwidth_gbit_s": self.bandwidth_bytes_per_s * 8 / 1e9,
+            "latency_s": self.latency_s,
+            "world_size": self.world_size,
+        }
+
+
+def collective_seconds(
+    collective: Collective, payload_bytes: int, world_size: int, link: LinkEstimate
+) -> float:
+    """Ring time of one collective: ``hops * alpha + link_bytes / bandwidth`` (link_model)."""
+    return link.seconds(collective, payload_bytes, world_size)
+
+
+# ---- the pipeline ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Pipeline:
+    """Outcome of :func:`simulate_pipeline` (seconds, counted from the end of the forward)."""
+
+    backward_end_s: float
+    """When the last hook returns: last bucket ready plus all compression work before it."""
+    comm_end_s: float
+    """When the last collective (and its decode) finishes."""
+    exposed_s: float
+    """max(0, comm_end - backward_end): communication the backward did not hide."""
+    compress_s: float
+    """Sending-side compression work, all of it on the backward's critical path."""
+    comm_s: float
+    """Sum of collective times and decodes (C without the sending-side work)."""
+
+    @property
+    def added_s(self) -> float:
+        """What communication adds to a compute-only step."""
+        return self.compress_s + self.exposed_s
+
+    @property
+    def overlap(self) -> float:
+        """1 - exposed / C with C = comm + compression work (docs/policy.md); 1 when C = 0."""
+        total = self.comm_s + self.compress_s
+        return 1.0 if total <= 0 else max(0.0, 1.0 - self.exposed_s / total)
+
+
+def simulate_pipeline(
+    ready: Sequence[float],
+    comm: Sequence[float],
+    local: Sequence[float] | None = None,
+    decode: Sequence[float] | None = None,
+) -> Pipeline:
+    """Replay the buckets in ready order on one link.
+
+    Bucket b's hook starts at ``ready[b]`` plus the compression work of the buckets before it
+    (it shares the backward's thread), works ``local[b]``, then its collectives start as soon
+    as the link is free (bucket b-1's collectives and decode done) and take ``comm[b]``,
+    followed by ``decode[b]``. ``ready`` must be non-decreasing.
+    """
+    count = len(ready)
+    if len(comm) != count:
+        raise ValueError("ready and comm must have the same length")
+    local = list(local) if local is not None else [0.0] * count
+    decode = list(decode) if decode is not None else [0.0] * count
+    if len(local) != count or len(decode) != count:
+        raise ValueError("local and decode must have one entry per bucket")
+    if any(b < a for a, b in itertools.pairwise(ready)):
+        raise ValueError("ready times must be non-decreasing (buckets in the order they fire)")
+    delay = 0.0
+    link_free = -math.inf
+    end = 0.0
+    for b in range(count):
+        delay += local[b]
+        available = ready[b] + delay
+        start = max(available, link_free)
+        end = start + comm[b] + decode[b]
+        link_free = end
+    backward_end = (ready[-1] if count else 0.0) + delay
+    comm_end = end if count else backward_end
+    return Pipeline(
+        backward_end_s=backward_end,
+        comm_end_s=comm_end,
+        exposed_s=max(0.0, comm_end - backward_end),
+        compress_s=delay,
+        comm_s=math.fsum(comm) + math.fsum(decode),
+    )
+
+
+# ---- results ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OptionResult:
+    """Predicted step of one option in one scenario."""
+
+    key: str
+    label: str
+    plan: Mapping[str, str]
+    """Canonical spec per layer name."""
+    compressed_layers: int
+    wire_bytes: int
+    """Payload bytes one rank hands to collectives per step."""
+    link_bytes: float
+    """Bytes one rank sends on its link per step (ring factors applied)."""
+    comm_s: float
+    """Collective time plus decode (all buckets)."""
+    compress_s: float
+    """Sending-side compression work."""
+    exposed_s: float
+    step_s: float
+    efficiency: float
+    """compute-only step / step."""
+    speedup: float
+    """uncompressed step / this step."""
+    overlap: float
+    rel_error: float
+    """Gradient-norm-weighted relative compression error of one step (0 = exact)."""
+
+    def to_dict(self, *, with_plan: bool = False) -> dict[str, Any]:
+        out = {
+            "key": self.key,
+            "label": self.label,
+            "compressed_layers": self.compressed_layers,
+            "wire_bytes": self.wire_bytes,
+            "link_bytes": self.link_bytes,
+            "comm_s": self.comm_s,
+            "compress_s": self.compress_s,
+            "exposed_s": self.exposed_s,
+            "step_s": self.step_s,
+            "efficiency": self.efficiency,
+            "speedup": self.speedup,
+            "overlap": self.overlap,
+            "rel_error": self.rel_error,
+        }
+        if with_plan:
+            out["plan"] = dict(self.plan)
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Evaluation:
+    """Every option in one scenario."""
+
+    scenario: Scenario
+    compute_step_s: float
+    """Measured step without communication (the single-rank step)."""
+    results: tuple[OptionResult, ...]
+    decision: PolicyDecision | None
+    """The policy engine's decision behind the adaptive plan."""
+
+    def result(self, key: str) -> OptionResult:
+        for result in self.results:
+            if result.key == key:
+                return result
+        raise KeyError(key)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verdict:
+    """The advice, with the numbers behind it."""
+
+    kind: Literal["compress", "do_not_compress", "in_between"]
+    headline: str
+    option: str | None
+    """Key of the recommended compressed option (None when compression does not pay)."""
+    reasons: tuple[str, ...]
+    top_layers: tuple[tuple[str, int, float], ...]
+    """(name, bytes, fraction of all gradient bytes), largest first."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "headline": self.headline,
+            "option": self.option,
+            "reasons": list(self.reasons),
+            "top_layers": [{"name": n, "bytes": b, "fraction": f} for n, b, f in self.top_layers],
+        }
+
+
+DO_NOT_COMPRESS_HIDDEN = (
+    "compression does not pay: the link hides the communication; with memory the real "
+    "constraint, consider FSDP/ZeRO"
+)
+DO_NOT_COMPRESS_COSTLY = (
+    "compression does not pay: compressing costs more than the wire time it saves; "
+    "with memory the real constraint, consider FSDP/ZeRO"
+)
+
+
+# ---- the model -------------------------------------------------------------------------------
+
+
+def _payloads(compressor: Compressor, world_size: int) -> int:
+    return world_size if compressor.collective is Collective.ALL_GATHER else 1
+
+
+class WhatIfModel:
+    """Predicts each option's step time for a scenario from one model of a profile."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        """Policy and verdict thresholds."""
+
+        policy: str | PolicyRules = "default"
+        """Policy preset (or rules) behind the adaptive plan; its warm-up is set to 0."""
+        target_overlap: float | None = None
+        """Overlap target of the adaptive plan (None: the policy's, 0.9 by default)."""
+        options: tuple[Option, ...] = OPTIONS
+        """Options to compare; the first must be the uncompressed one."""
+        compress_gain: float = 0.10
+        """'compress' when the chosen option is at least this much faster (10%)."""
+        min_gain: float = 0.03
+        """'does not pay' below this gain (3%, the noise of step-time measurements)."""
+        near_best: float = 0.05
+        """Options within this of the fastest count as equally fast; least error wins."""
+        hidden_fraction: float = 0.05
+        """Uncompressed exposed time below this share of the step: 'the link hides it'."""
+
+        def __post_init__(self) -> None:
+            if not self.options or self.options[0].spec != "none":
+                raise ValueError("the first option must be the uncompressed one ('none')")
+            if not 0 <= self.min_gain <= self.compress_gain:
+                raise ValueError("need 0 <= min_gain <= compress_gain")
+            if self.target_overlap is not None and not 0 < self.target_overlap <= 1:
+                raise ValueError(f"target_overlap must be in (0, 1], got {self.target_overlap}")
+
+    def __init__(
+        self, profile: Profile, model_index: int | None = None, config: Config | None = None
+    ) -> None:
+        self.profile = profile
+        self.model: ModelProfile = profile.model(model_index)
+        self.config = config or WhatIfModel.Config()
+        rules = load_policy(self.config.policy)
+        self.rules = dataclasses.replace(rules, warmup_steps=0)
+        self.target_overlap = (
+            self.config.target_overlap
+            if self.config.target_overlap is not None
+            else self.rules.target_overlap
+        )
+        self.layers = {layer.name: layer for layer in self.model.layers}
+        self._compressors: dict[str, Compressor] = {}
+        self._cost_models: dict[int, CostModel] = {}
+        self._priors = ErrorPriors()
+
+    # ---- building blocks -----------------------------------------------------------------
+
+    def compressor(self, spec: str) -> Compressor:
+        found = self._compressors.get(spec)
+        if found is None:
+            found = self._compressors[spec] = build_compressor(spec)
+        return found
+
+    def cost_samples(self, world_size: int) -> list[CostSample]:
+        """The profile's measurements as cost-model samples for ``world_size`` ranks."""
+        out = []
+        for item in self.profile.compressors:
+            compressor = self.compressor(item.spec)
+            seconds = item.local_s + _payloads(compressor, world_size) * item.decode_s
+            if seconds > 0:
+                out.append(CostSample(item.spec, item.shape, seconds, world_size))
+        return out
+
+    def cost_model(self, world_size: int) -> CostModel:
+        """A cost model for ``world_size`` ranks, warm-started from the profile (cached).
+
+        It holds the measurements at the what-if world size (all-gather decode scaled to it)
+        and at the profiling world size, so a job of either size finds direct evidence.
+        """
+        model = self._cost_models.get(world_size)
+        if model is None:
+            model = CostModel(CostModel.Config(world_size=world_size, auto_refit=False))
+            samples = self.cost_samples(world_size)
+            if self.profile.world_size != world_size and self.profile.world_size >= 1:
+                samples += self.cost_samples(self.profile.world_size)
+            model.warm_start(samples)
+            self._cost_models[world_size] = model
+        return model
+
+    def eligible(self, layer: LayerInfo) -> bool:
+        """Whether uniform options compress this layer (>= 2-D and >= min_numel elements)."""
+        return eligible(layer.shape, self.rules.min_numel)
+
+    def uniform_plan(self, spec: str) -> dict[str, str]:
+        chosen = self.compressor(spec).spec
+        none = self.compressor("none").spec
+        return {
+            name: chosen if self.eligible(layer) else none for name, layer in self.layers.items()
+        }
+
+    def rel_error(self, spec: str, layer: LayerInfo) -> float:
+        """Measured one-step error for this spec and shape if any, else the engine's prior."""
+        compressor = self.compressor(spec)
+        if type(compressor) is NoCompression:
+            return 0.0
+        measured = self.profile.measurement(compressor.spec, layer.shape)
+        if measured is not None and measured.rel_error is not None:
+            return measured.rel_error
+        return self._priors.rel_error(compressor, torch.Size(layer.shape))
+
+    def layer_profiles(self) -> list[LayerProfile]:
+        """The engine's view of the layers: shapes, buckets, norms, measured errors."""
+        out = []
+        for layer in self.model.layers:
+            errors = {}
+            for item in self.profile.compressors:
+                if item.shape == layer.shape and item.rel_error is not None:
+                    errors[item.spec] = item.rel_error
+            norm = layer.grad_norm if math.isfinite(layer.grad_norm) else 0.0
+            out.append(
+                LayerProfile(
+                    name=layer.name,
+                    shape=torch.Size(layer.shape),
+                    dtype=layer.torch_dtype,
+                    grad_norm=norm,
+                    rel_error=errors,
+                    bucket=layer.bucket,
+                )
+            )
+        return out
+
+    def _layer_cost(
+        self, compressor: Compressor, layer: LayerInfo, world: int, costs: CostModel
+    ) -> tuple[float, float]:
+        """(sending-side seconds, decode seconds) of one layer with one compressor."""
+        if type(compressor) is NoCompression:
+            return 0.0, 0.0
+        measured = self.profile.measurement(compressor.spec, layer.shape)
+        if measured is not None:
+            return measured.local_s, measured.decode_s * _payloads(compressor, world)
+        return float(costs.compress_seconds(compressor, torch.Size(layer.shape))), 0.0
+
+    # ---- evaluation ------------------------------------------------------------------------
+
+    def simulate(
+        self, plan: Mapping[str, str], scenario: Scenario, costs: CostModel | None = None
+    ) -> tuple[Pipeline, int, float]:
+        """Pipeline of one plan, with the payload and link bytes per rank per step."""
+        world = scenario.world_size
+        costs = costs or self.cost_model(world)
+        link = scenario.link
+        ready, comm, local, decode = [], [], [], []
+        wire_total = 0
+        sent_total = 0.0
+        for bucket in self.model.buckets:
+            payloads: dict[tuple[Collective, torch.dtype], int] = defaultdict(int)
+            bucket_local = bucket_decode = 0.0
+            for name in bucket.params:
+                layer = self.layers[name]
+                compressor = self.compressor(plan.get(name, "none"))
+                dtype = layer.torch_dtype
+                if type(compressor) is NoCompression:
+                    payloads[(Collective.ALL_REDUCE, dtype)] += layer.bytes
+                    continue
+                collective = compressor.collective
+                kind = (
+                    compressor.payload_dtype(dtype)
+                    if collective is Collective.ALL_REDUCE
+                    else torch.uint8
+                )
+                wire = compressor.wire_bytes(torch.Size(layer.shape), dtype)
+                payloads[(collective, kind)] += wire
+                seconds_local, seconds_decode = self._layer_cost(compressor, layer, world, costs)
+                bucket_local += seconds_local
+                bucket_decode += seconds_decode
+            seconds = 0.0
+            for (collective, _), size in payloads.items():
+                seconds += collective_seconds(collective, size, world, link)
+                wire_total += size
+                sent_total += link_bytes(collective, size, world)
+            ready.append(bucket.ready_s)
+            comm.append(seconds)
+            local.append(bucket_local)
+            decode.append(bucket_decode)
+        order = sorted(range(len(ready)), key=lambda i: ready[i])
+        pipeline = simulate_pipeline(
+            [ready[i] for i in order],
+            [comm[i] for i in order],
+            [local[i] for i in order],
+            [decode[i] for i in order],
+        )
+        return pipeline, wire_total, sent_total
+
+    def adaptive_decision(self, scenario: Scenario) -> PolicyDecision:
+        """The plan the adaptive controller would pick on this link (warm-up 0)."""
+        costs = self.cost_model(scenario.world_size)
+        costs.update_link(scenario.link)
+        engine = PolicyEngine(self.rules, costs, target_overlap=self.target_overlap)
+        timing = self.model.timing
+        return engine.decide(
+            self.layer_profiles(),
+            StepTiming(
+                backward_seconds=timing.backward_s,
+                hideable_seconds=timing.hideable_s,
+                step_seconds=timing.step_s,
+            ),
+            step=0,
+            world_size=scenario.world_size,
+        )
+
+    def evaluate(self, scenario: Scenario) -> Evaluation:
+        """Predicted step of every option."""
+        costs = self.cost_model(scenario.world_size)
+        costs.update_link(scenario.link)
+        compute = self.model.timing.compute_step_s
+        decision: PolicyDecision | None = None
+        rows: list[tuple[Option, dict[str, str], Pipeline, int, float]] = []
+        for option in self.config.options:
+            if option.spec is None:
+                decision = self.adaptive_decision(scenario)
+                plan = {d.name: d.spec for d in decision.layers}
+            else:
+                plan = self.uniform_plan(option.spec)
+            pipeline, wire, sent = self.simulate(plan, scenario, costs)
+            rows.append((option, plan, pipeline, wire, sent))
+        baseline = compute + rows[0][2].added_s
+        results = []
+        for option, plan, pipeline, wire, sent in rows:
+            step = compute + pipeline.added_s
+            results.append(
+                OptionResult(
+                    key=option.key,
+                    label=option.label,
+                    plan=plan,
+                    compressed_layers=sum(1 for s in plan.values() if s != "none"),
+                    wire_bytes=wire,
+                    link_bytes=sent,
+                    comm_s=pipeline.comm_s,
+                    compress_s=pipeline.compress_s,
+                    exposed_s=pipeline.exposed_s,
+                    step_s=step,
+                    efficiency=compute / step,
+                    speedup=baseline / step,
+                    overlap=pipeline.overlap,
+                    rel_error=self.plan_error(plan),
+                )
+            )
+        return Evaluation(
+            scenario=scenario, compute_step_s=compute, results=tuple(results), decision=decision
+        )
+
+    def plan_error(self, plan: Mapping[str, str]) -> float:
+        """sqrt(sum e_l^2 |g_l|^2 / sum |g_l|^2): one step's error relative to the gradient."""
+        num = den = 0.0
+        for name, layer in self.layers.items():
+            weight = layer.grad_norm**2 if layer.grad_norm > 0 else 0.0
+            den += weight
+            spec = plan.get(name, "none")
+            if spec != "none":
+                num += (self.rel_error(spec, layer) ** 2) * weight
+        return math.sqrt(num / den) if den > 0 else 0.0
+
+    def sweep(
+        self, bandwidths: Iterable[float], *, world_size: int, latency_s: float
+    ) -> dict[str, list[float]]:
+        """Step time of every option at each bandwidth (bytes/s), keyed by option."""
+        out: dict[str, list[float]] = {option.key: [] for option in self.config.options}
+        for bandwidth in bandwidths:
+            scenario = Scenario(
+                bandwidth_bytes_per_s=bandwidth, latency_s=latency_s, world_size=world_size
+            )
+            for result in self.evaluate(scenario).results:
+                out[result.key].append(result.step_s)
+        return out
+
+    def top_layers(self, count: int = 5) -> tuple[tuple[str, int, float], ...]:
+        """The layers carrying the most gradient bytes, with their share."""
+        total = self.model.total_bytes or 1
+        ranked = sorted(self.model.layers, key=lambda layer: (-layer.bytes, layer.name))
+        return tuple((layer.name, layer.bytes, layer.bytes / total) for layer in ranked[:count])
+
+    # ---- the verdict -----------------------------------------------------------------------
+
+    def verdict(self, evaluation: Evaluation) -> Verdict:
+        """compress / does not pay / in between, with reasons (thresholds in Config)."""
+        cfg = self.config
+        none = evaluation.results[0]
+        compressed = [r for r in evaluation.results[1:] if r.compressed_layers > 0]
+        top = self.top_layers()
+        compute = evaluation.compute_step_s
+        reasons = [
+            f"uncompressed: {format_seconds(none.comm_s)} of communication per step "
+            f"({format_bytes(none.link_bytes)} per rank on the link), "
+            f"{format_seconds(none.exposed_s)} of it exposed after the backward "
+            f"(overlap {none.overlap:.0%}); step {format_seconds(none.step_s)} against "
+            f"{format_seconds(compute)} on one rank (efficiency {none.efficiency:.0%})",
+            f"the backward leaves {format_seconds(self.model.timing.hideable_s)} after the "
+            f"first bucket is ready for communication to hide behind",
+        ]
+        scenario = evaluation.scenario
+        hops = latency_hops(Collective.ALL_REDUCE, scenario.world_size)
+        latency = len(self.model.buckets) * hops * scenario.latency_s
+        if none.comm_s > 0 and latency >= 0.5 * none.comm_s:
+            reasons.append(
+                f"{format_seconds(latency)} of the uncompressed communication is latency "
+                f"({len(self.model.buckets)} buckets x {hops} ring hops x "
+                f"{format_seconds(scenario.latency_s)}); compression cannot shrink latency, "
+                "fewer buckets (a larger bucket_cap_mb) can"
+            )
+        last = max(self.model.buckets, key=lambda b: (b.ready_s, b.index))
+        last_share = last.bytes / max(1, sum(b.bytes for b in self.model.buckets))
+        exposed_matters = none.exposed_s > cfg.hidden_fraction * none.step_s
+        if exposed_matters and len(self.model.buckets) > 0 and last_share >= 0.5:
+            reasons.append(
+                f"{last_share:.0%} of the gradient bytes are in the last bucket, ready only when "
+                "the backward ends, so their communication cannot overlap with it; a smaller "
+                "bucket_cap_mb (a DDP argument) would let more of it start earlier"
+            )
+        top_text = ", ".join(f"{name} {share:.0%}" for name, _, share in top)
+        reasons.append(f"bytes are dominated by: {top_text}")
+        if not compressed:
+            return Verdict(
+                kind="do_not_compress",
+                headline="compression does not apply: no layer is large enough to compress",
+                option=None,
+                reasons=tuple(reasons),
+                top_layers=top,
+            )
+        fastest = min(compressed, key=lambda r: (r.step_s, r.rel_error))
+        near = [r for r in compressed if r.step_s <= fastest.step_s * (1 + cfg.near_best)]
+        choice = min(near, key=lambda r: (r.rel_error, r.step_s))
+        gain = none.step_s / choice.step_s - 1.0
+        detail = (
+            f"{choice.label}: step {format_seconds(choice.step_s)} ({gain:+.0%} throughput "
+            f"against uncompressed), efficiency {choice.efficiency:.0%}, "
+            f"{format_bytes(choice.link_bytes)} per rank on the link, compression work "
+            f"{format_seconds(choice.compress_s)}, gradient-weighted one-step error "
+            f"{choice.rel_error:.2g}"
+        )
+        if choice is not fastest:
+            detail += (
+                f"; {fastest.label} is fastest ({format_seconds(fastest.step_s)}) but loses "
+                f"more of the gradient (error {fastest.rel_error:.2g}), and is within "
+                f"{cfg.near_best:.0%}"
+            )
+        reasons.append(detail)
+        gathered = [
+            r.label
+            for r in compressed
+            if r.key.startswith("topk") and r.link_bytes > none.link_bytes
+        ]
+        if gathered:
+            reasons.append(
+                f"{', '.join(gathered)} send more than uncompressed at "
+                f"{evaluation.scenario.world_size} ranks: top-k payloads are all-gathered, so "
+                "every rank receives N-1 of them"
+            )
+        if gain >= cfg.compress_gain:
+            return Verdict(
+                kind="compress",
+                headline=f"compress with {choice.label}",
+                option=choice.key,
+                reasons=tuple(reasons),
+                top_layers=top,
+            )
+        if gain < cfg.min_gain:
+            hidden = none.exposed_s <= cfg.hidden_fraction * none.step_s
+            return Verdict(
+                kind="do_not_compress",
+                headline=DO_NOT_COMPRESS_HIDDEN if hidden else DO_NOT_COMPRESS_COSTLY,
+                option=None,
+                reasons=tuple(reasons),
+                top_layers=top,
+            )
+        return Verdict(
+            kind="in_between",
+            headline=f"in between: benchmark both (uncompressed and {choice.label})",
+            option=choice.key,
+            reasons=(
+                *reasons,
+                f"a predicted gain of {gain:.1%} is between the {cfg.min_gain:.0%} noise level "
+                f"and the {cfg.compress_gain:.0%} needed to recommend compression",
+            ),
+            top_layers=top,
+        )

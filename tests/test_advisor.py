@@ -1,0 +1,606 @@
+"""The offline advisor (``autocomp-advisor``): what-if math, verdicts, files, and the CLI.
+
+Tier 1 (in process, no torch.distributed): the ring all-reduce and all-gather times as the
+world size grows; the bucket pipeline on a hand-made timeline; scaling efficiency; the verdict
+flipping from "compress" to "does not pay" as the what-if bandwidth rises; corrupt, truncated
+and other-version profiles and absurd what-if values rejected with exit status 2 and a one-line
+message naming the problem; ``--plan-out`` files loadable by ``autocomp.plan.load_plan`` and
+``CostModel.load``; ``report`` on a run log.
+
+Tier 2 (``multirank``: spawns processes, small): ``profile examples/digits_cnn.py --steps 5``
+on 2 local gloo ranks writes a valid profile (layer names and shapes of the model, a measured
+link, the bucket timeline) and ``recommend`` renders it as terminal, JSON and HTML output; a
+script that raises shows its traceback (exit 1, partial profile kept once a step was
+captured); a script without DDP gets the wrapping snippet (exit 1).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from autocomp.advisor import cli
+from autocomp.advisor.profile import (
+    PROFILE_VERSION,
+    BucketInfo,
+    CompressorMeasurement,
+    LayerInfo,
+    LinkMeasurement,
+    ModelProfile,
+    Profile,
+    ProfileError,
+    ScriptInfo,
+    Timing,
+)
+from autocomp.advisor.units import parse_bandwidth, parse_latency
+from autocomp.advisor.whatif import (
+    Scenario,
+    WhatIfModel,
+    collective_seconds,
+    simulate_pipeline,
+)
+from autocomp.compressors import Collective, build_compressor
+from autocomp.cost_model import CostModel
+from autocomp.link_model import LinkEstimate
+from autocomp.plan import load_plan
+
+pytestmark = pytest.mark.timeout(120)
+
+REPO = Path(__file__).resolve().parent.parent
+GBIT = 1e9 / 8
+
+
+# ---- a hand-made profile ---------------------------------------------------------------------
+
+
+def make_profile(*, link: bool = True) -> Profile:
+    """A 4-layer model: one 1024x1024 weight (4 MB) dominates; costs as measured on a CPU."""
+    layers = (
+        LayerInfo(name="big.weight", shape=(1024, 1024), bucket=1, grad_norm=1.0),
+        LayerInfo(name="big.bias", shape=(1024,), bucket=1, grad_norm=0.1),
+        LayerInfo(name="head.weight", shape=(10, 1024), bucket=0, grad_norm=0.5),
+        LayerInfo(name="head.bias", shape=(10,), bucket=0, grad_norm=0.05),
+    )
+    buckets = (
+        BucketInfo(index=0, params=("head.bias", "head.weight"), bytes=41_000, ready_s=0.002),
+        BucketInfo(index=1, params=("big.bias", "big.weight"), bytes=4_198_400, ready_s=0.030),
+    )
+    timing = Timing(
+        steps_used=4,
+        forward_s=0.020,
+        backward_s=0.030,
+        first_bucket_ready_s=0.002,
+        last_bucket_ready_s=0.030,
+        hideable_s=0.028,
+        step_s=0.060,
+        exposed_comm_s=0.001,
+        hook_s=0.0005,
+        compute_step_s=0.0585,
+        rank_step_s=(0.060, 0.061),
+    )
+    costs = {
+        "fp16": (1.5e-3, 2e-4, 2.5e-4),
+        "powersgd:rank=1": (1.0e-3, 2e-4, 0.72),
+        "powersgd:rank=2": (1.1e-3, 2e-4, 0.65),
+        "powersgd:rank=4": (1.2e-3, 2e-4, 0.57),
+        "powersgd:rank=16": (1.6e-3, 2e-4, 0.48),
+        "topk:ratio=0.01": (6e-3, 3e-4, 0.79),
+        "topk:ratio=0.001": (3e-3, 3e-4, 0.93),
+        "int8": (4e-3, 1.2e-3, 0.013),
+    }
+    measurements = []
+    for spec, (local, decode, error) in costs.items():
+        compressor = build_compressor(spec)
+        measurements.append(
+            CompressorMeasurement(
+                spec=compressor.spec,
+                shape=(1024, 1024),
+                collective=compressor.collective.value,
+                wire_bytes=compressor.wire_bytes(torch.Size((1024, 1024)), torch.float32),
+                local_s=local,
+                decode_s=decode,
+                reps=5,
+                rel_error=error,
+            )
+        )
+    return Profile(
+        created="2026-11-22T00:00:00+00:00",
+        complete=True,
+        status="stopped after 5 steps",
+        script=ScriptInfo(path="train.py", steps_requested=5, steps_captured=5),
+        world_size=2,
+        models=(
+            ModelProfile(
+                index=0, module_class="Net", layers=layers, buckets=buckets, timing=timing
+            ),
+        ),
+        link=LinkMeasurement(
+            latency_s=50e-6,
+            bandwidth_bytes_per_s=1.0e9,
+            rel_residual=0.05,
+            method="test",
+            world_size=2,
+            samples=((1024, 1e-4), (4 << 20, 5e-3)),
+        )
+        if link
+        else None,
+        compressors=tuple(measurements),
+        compressor_budget_s=5.0,
+    )
+
+
+@pytest.fixture(scope="module")
+def whatif() -> WhatIfModel:
+    return WhatIfModel(make_profile())
+
+
+def scenario(gbit: float, world: int = 8, latency: float = 10e-6) -> Scenario:
+    return Scenario(bandwidth_bytes_per_s=gbit * GBIT, latency_s=latency, world_size=world)
+
+
+# ---- tier 1: the math ------------------------------------------------------------------------
+
+
+def test_ring_allreduce_time_grows_with_world_size_as_the_alpha_beta_model_says() -> None:
+    link = LinkEstimate(latency_s=1e-4, bandwidth_bytes_per_s=1e9, samples=1, rel_residual=0)
+    payload = 100_000_000
+    times = {}
+    for n in (2, 4, 8, 64, 1024):
+        expected = 2 * (n - 1) * 1e-4 + 2 * (n - 1) / n * payload / 1e9
+        times[n] = collective_seconds(Collective.ALL_REDUCE, payload, n, link)
+        assert times[n] == pytest.approx(expected, rel=1e-12)
+        gather = collective_seconds(Collective.ALL_GATHER, payload, n, link)
+        assert gather == pytest.approx((n - 1) * 1e-4 + (n - 1) * payload / 1e9, rel=1e-12)
+    assert times[2] < times[4] < times[8] < times[64] < times[1024]
+    # The bandwidth term saturates at 2x the payload; only latency keeps growing.
+    assert times[64] - 126 * 1e-4 < 2 * payload / 1e9
+    assert times[1024] - times[64] == pytest.approx(
+        (2046 - 126) * 1e-4 + (2 * 1023 / 1024 - 2 * 63 / 64) * payload / 1e9
+    )
+
+
+def test_pipeline_on_a_hand_made_timeline() -> None:
+    # Three buckets ready at 0, 1, 2 s; each needs 1.5 s on the link: the link is the
+    # bottleneck, so comm runs back to back: 0-1.5, 1.5-3, 3-4.5; backward ends at 2.
+    pipe = simulate_pipeline([0.0, 1.0, 2.0], [1.5, 1.5, 1.5])
+    assert pipe.backward_end_s == pytest.approx(2.0)
+    assert pipe.comm_end_s == pytest.approx(4.5)
+    assert pipe.exposed_s == pytest.approx(2.5)
+    assert pipe.added_s == pytest.approx(2.5)
+    assert pipe.overlap == pytest.approx(1 - 2.5 / 4.5)
+    # A fast link hides all but the last bucket's collective.
+    fast = simulate_pipeline([0.0, 1.0, 2.0], [0.1, 0.1, 0.1])
+    assert fast.exposed_s == pytest.approx(0.1)
+    # Compression work delays the backward (same thread), then the collectives and decode.
+    work = simulate_pipeline([0.0, 1.0], [0.5, 0.5], local=[0.2, 0.2], decode=[0.1, 0.1])
+    # bucket 0: available 0.2, link 0.2-0.8; bucket 1: ready 1.0 + 0.4 = 1.4, link 1.4-2.0
+    assert work.backward_end_s == pytest.approx(1.4)
+    assert work.comm_end_s == pytest.approx(2.0)
+    assert work.exposed_s == pytest.approx(0.6)
+    assert work.compress_s == pytest.approx(0.4)
+    assert work.added_s == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        simulate_pipeline([1.0, 0.0], [0.1, 0.1])
+
+
+def test_efficiency_is_compute_step_over_predicted_step(whatif: WhatIfModel) -> None:
+    evaluation = whatif.evaluate(scenario(1.0))
+    compute = whatif.model.timing.compute_step_s
+    none = evaluation.result("none")
+    for result in evaluation.results:
+        assert result.step_s == pytest.approx(compute + result.compress_s + result.exposed_s)
+        assert result.efficiency == pytest.approx(compute / result.step_s)
+        assert result.speedup == pytest.approx(none.step_s / result.step_s)
+    # 4.2 MB over a 1 Gbit/s ring of 8: ~59 ms of wire time, mostly exposed.
+    wire = 2 * 7 / 8 * 4_239_400 / GBIT
+    assert none.comm_s == pytest.approx(wire + 2 * 14 * 10e-6, rel=1e-3)
+    assert none.efficiency < 0.6
+    # At 400 Gbit/s with no latency, uncompressed scaling is nearly perfect.
+    ideal = whatif.evaluate(scenario(400.0, latency=0.0)).result("none")
+    assert ideal.efficiency > 0.99
+
+
+def test_uniform_options_leave_small_and_1d_layers_alone(whatif: WhatIfModel) -> None:
+    plan = whatif.uniform_plan("powersgd:rank=4")
+    assert plan["big.weight"].startswith("powersgd:rank=4")
+    assert plan["big.bias"] == plan["head.weight"] == plan["head.bias"] == "none"
+
+
+def test_verdict_flips_from_compress_to_not_as_bandwidth_rises(whatif: WhatIfModel) -> None:
+    slow = whatif.verdict(whatif.evaluate(scenario(0.01)))
+    assert slow.kind == "compress"
+    assert slow.headline.startswith("compress with")
+    assert slow.option is not None and slow.option != "none"
+    fast = whatif.verdict(whatif.evaluate(scenario(400.0)))
+    assert fast.kind == "do_not_compress"
+    assert "does not pay" in fast.headline and "FSDP/ZeRO" in fast.headline
+    assert fast.top_layers[0][0] == "big.weight" and fast.top_layers[0][2] > 0.95
+    kinds = [whatif.verdict(whatif.evaluate(scenario(10 ** (k / 4)))).kind for k in range(-8, 11)]
+    first_off = kinds.index("do_not_compress")
+    assert "compress" not in kinds[first_off:], kinds  # one flip, no flapping back
+    assert kinds[0] == "compress"
+
+
+def test_adaptive_plan_comes_from_the_policy_engine(whatif: WhatIfModel) -> None:
+    slow = whatif.evaluate(scenario(0.1))
+    assert slow.decision is not None
+    assert slow.decision.policy == "default"
+    plan = slow.result("adaptive").plan
+    assert plan["big.weight"] != "none"  # compressed on a slow link
+    assert plan["big.bias"] == "none"  # 1-D: a rule, not the optimizer
+    fast = whatif.evaluate(scenario(100.0))
+    assert all(spec == "none" for spec in fast.result("adaptive").plan.values())
+
+
+def test_units_parse_and_reject() -> None:
+    assert parse_bandwidth("10Gbit") == pytest.approx(1.25e9)
+    assert parse_bandwidth("10 Gbit/s") == parse_bandwidth("10Gbps") == parse_bandwidth("10Gb/s")
+    assert parse_bandwidth("1.25GB/s") == pytest.approx(1.25e9)
+    assert parse_bandwidth("50Mbit") == pytest.approx(6.25e6)
+    assert parse_latency("2ms") == pytest.approx(2e-3)
+    assert parse_latency("50us") == pytest.approx(5e-5)
+    for bad in ("0Gbit", "-1Gbit", "10 parsecs", "10", "1e9Tbit", "fast"):
+        with pytest.raises(ValueError):
+            parse_bandwidth(bad)
+    for bad in ("-1ms", "3", "2 fortnights"):
+        with pytest.raises(ValueError):
+            parse_latency(bad)
+
+
+# ---- tier 1: files and the CLI ---------------------------------------------------------------
+
+
+def recommend(path: Path, *extra: str) -> int:
+    return cli.main(["recommend", str(path), "--bandwidth", "1Gbit", "--world-size", "8", *extra])
+
+
+def test_profile_round_trips(tmp_path: Path) -> None:
+    profile = make_profile()
+    path = tmp_path / "profile.json"
+    profile.save(path)
+    data = json.loads(path.read_text())
+    assert next(iter(data)) == "autocomp_profile_version"
+    assert data["autocomp_profile_version"] == PROFILE_VERSION
+    assert Profile.load(path) == profile
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        ("{this is not json", "not valid JSON"),
+        ("", "empty file"),
+        ("[1, 2, 3]", "not a profile"),
+        ('{"hello": 1}', "not an autocomp profile"),
+    ],
+)
+def test_bad_profiles_exit_2_naming_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, reason: str
+) -> None:
+    path = tmp_path / "bad-profile.json"
+    path.write_text(content)
+    assert recommend(path) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert str(path) in err and reason in err
+
+
+def test_truncated_and_other_version_profiles_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = tmp_path / "good.json"
+    make_profile().save(good)
+    text = good.read_text()
+    truncated = tmp_path / "truncated.json"
+    truncated.write_text(text[: len(text) // 2])
+    assert recommend(truncated) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "truncated.json" in err and "truncated" in err
+
+    newer = tmp_path / "newer.json"
+    data = json.loads(text)
+    data["autocomp_profile_version"] = 2
+    newer.write_text(json.dumps(data))
+    assert recommend(newer) == 2
+    err = capsys.readouterr().err.strip()
+    assert "newer.json" in err and "version 2 is not supported" in err
+
+    broken = tmp_path / "broken.json"
+    del data["models"][0]["timing"]["step_s"]
+    data["autocomp_profile_version"] = 1
+    broken.write_text(json.dumps(data))
+    assert recommend(broken) == 2
+    err = capsys.readouterr().err.strip()
+    assert "broken.json" in err and "step_s" in err
+
+    assert recommend(tmp_path / "missing.json") == 2
+    assert "no such file" in capsys.readouterr().err
+    with pytest.raises(ProfileError, match="no such file"):
+        Profile.load(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--bandwidth", "0Gbit", "must be > 0"),
+        ("--bandwidth", "-10Gbit", "must be > 0"),
+        ("--bandwidth", "10 parsecs", "unknown unit 'parsecs'"),
+        ("--bandwidth", "10", "needs a unit"),
+        ("--world-size", "-64", "world size must be >= 2"),
+        ("--world-size", "eight", "must be an integer"),
+        ("--latency", "-2ms", "latency must be >= 0"),
+        ("--target-overlap", "1.5", "target overlap must be in (0, 1]"),
+    ],
+)
+def test_absurd_what_if_values_are_usage_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str, message: str
+) -> None:
+    path = tmp_path / "profile.json"
+    make_profile().save(path)
+    args = {"--bandwidth": "10Gbit", "--world-size": "8"}
+    args[flag] = value
+    argv = ["recommend", str(path)]
+    for key, item in args.items():
+        argv += [f"{key}={item}"] if item.startswith("-") else [key, item]
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage:" in err and message in err
+
+
+def test_recommend_writes_json_html_and_a_loadable_plan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profile_path = tmp_path / "profile.json"
+    make_profile().save(profile_path)
+    out, page, plan_path = tmp_path / "a.json", tmp_path / "a.html", tmp_path / "plan.json"
+    code = cli.main(
+        [
+            "recommend",
+            str(profile_path),
+            "--bandwidth",
+            "50Mbit",
+            "--world-size",
+            "8",
+            "--json",
+            str(out),
+            "--html",
+            str(page),
+            "--plan-out",
+            str(plan_path),
+            "--sweep-points",
+            "9",
+        ]
+    )
+    assert code == 0
+    terminal = capsys.readouterr().out
+    assert "What if: 50 Mbit/s" in terminal and "compress with" in terminal
+    advice = json.loads(out.read_text())
+    assert advice["verdict"]["kind"] == "compress"
+    assert [o["key"] for o in advice["options"]][:2] == ["none", "fp16"]
+    assert len(advice["sweep"]["bandwidth_bytes_per_s"]) == 9
+    assert advice["sweep"]["bandwidth_bytes_per_s"][0] * 8 == pytest.approx(10e6)
+    assert advice["sweep"]["bandwidth_bytes_per_s"][-1] * 8 == pytest.approx(400e9)
+    html = page.read_text()
+    assert html.count("<svg") == 2 and "<script" not in html and "<link" not in html
+    assert "compress with" in html
+
+    plan = load_plan(plan_path)
+    names = ["big.weight", "big.bias", "head.weight", "head.bias"]
+    resolved = plan.resolve(names)
+    chosen = advice["verdict"]["option"]
+    option = next(o for o in advice["options"] if o["key"] == chosen)
+    assert resolved["big.weight"].name != "none" and option["compressed_layers"] >= 1
+    assert resolved["big.bias"].name == "none"
+    assert plan.unmatched_patterns(names) == []
+    costs = CostModel.load(tmp_path / "plan.cost.json")
+    assert costs.config.world_size == 8
+    assert costs.bandwidth_bytes_per_s is None  # no link: the job measures its own
+    spec = build_compressor("powersgd:rank=4")
+    # Direct evidence: the profile's measurement (all-reduce: one decode) is what it predicts.
+    assert costs.compress_seconds(spec, (1024, 1024)) == pytest.approx(1.2e-3 + 2e-4)
+
+
+def test_recommend_without_a_measured_link_uses_the_default_latency(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "profile.json"
+    make_profile(link=False).save(path)
+    assert recommend(path) == 0
+    assert "50 us default" in capsys.readouterr().out
+
+
+def test_report_summarizes_a_run_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from autocomp.runlog import RunLog
+
+    meta = {
+        "world_size": 2,
+        "policy": "default",
+        "target_overlap": 0.9,
+        "window": 10,
+        "layers": [{"name": "fc.weight", "shape": [4, 4], "numel": 16, "dtype": "float32"}],
+    }
+    log = RunLog.open(tmp_path / "run", run_id="test-run", meta=meta)
+    for step in range(0, 100, 10):
+        rate = 1.25e8 if step < 50 else 6.25e6
+        log.append_window(
+            {
+                "step": step,
+                "bandwidth_bytes_per_s": rate,
+                "latency_s": 5e-5,
+                "step_seconds": 0.1,
+                "exposed_seconds": 0.01,
+                "measured_overlap": 0.9,
+                "predicted_overlap": 0.95,
+                "bytes_per_step": 1000.0,
+                "uncompressed_bytes_per_step": 4000.0,
+                "loss": 2.0 - step / 100,
+                "changes": {"fc.weight": ["none", "fp16"]} if step == 50 else {},
+                "guard_events": [],
+                "decision": {
+                    "layers": [
+                        {"name": "fc.weight", "spec": "fp16", "reason": "knapsack", "rule": "k"}
+                    ]
+                },
+            }
+        )
+    log.close()
+    summary_path = tmp_path / "summary.json"
+    assert cli.main(["report", str(tmp_path / "run"), "--json", str(summary_path)]) == 0
+    out = capsys.readouterr().out
+    assert "run test-run" in out and "10 windows" in out and "1 Gbit/s -> 50 Mbit/s" in out
+    summary = json.loads(summary_path.read_text())
+    assert summary["plan_changes"] == 1
+    assert summary["compression_ratio"]["median"] == pytest.approx(4.0)
+    assert summary["current_plan"][0]["spec"] == "fp16"
+    assert cli.main(["report", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "nowhere" in err
+
+
+# ---- tier 2: real scripts ------------------------------------------------------------------
+
+
+def run_advisor(*args: str, cwd: Path = REPO, timeout: float = 90) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "autocomp.advisor", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_profile_missing_script_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["profile", str(tmp_path / "nope.py")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [f"autocomp-advisor: error: script not found: {tmp_path}/nope.py"]
+
+
+@pytest.mark.multirank
+def test_profile_and_recommend_the_digits_example_end_to_end(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from autocomp.workloads import DigitsCNN
+
+    out = tmp_path / "profile.json"
+    done = run_advisor(
+        "profile",
+        "examples/digits_cnn.py",
+        "--steps",
+        "5",
+        "--out",
+        str(out),
+        "--compressor-budget",
+        "3",
+        "--link-budget",
+        "2",
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"wrote {out}" in done.stderr
+    profile = Profile.load(out)
+    assert profile.complete and profile.world_size == 2
+    assert profile.script.steps_captured == 5
+    model = profile.model()
+    expected = [(n, tuple(p.shape)) for n, p in DigitsCNN().named_parameters()]
+    assert [(layer.name, layer.shape) for layer in model.layers] == expected
+    assert all(layer.bucket is not None for layer in model.layers)
+    assert sorted(n for b in model.buckets for n in b.params) == sorted(n for n, _ in expected)
+    ready = [b.ready_s for b in model.buckets]
+    assert ready == sorted(ready) and model.timing.backward_s == pytest.approx(ready[-1])
+    assert 0 <= model.timing.hideable_s <= model.timing.backward_s
+    assert 0 < model.timing.compute_step_s <= model.timing.step_s
+    assert len(model.timing.rank_step_s) == 2
+    assert profile.link is not None and profile.link.bandwidth_bytes_per_s > 0
+    assert len(profile.link.samples) >= 10
+    assert profile.measurement(build_compressor("powersgd:rank=4").spec, (256, 1024))
+
+    page, advice = tmp_path / "advice.html", tmp_path / "advice.json"
+    code = cli.main(
+        [
+            "recommend",
+            str(out),
+            "--bandwidth",
+            "50Mbit",
+            "--world-size",
+            "64",
+            "--json",
+            str(advice),
+            "--html",
+            str(page),
+            "--sweep-points",
+            "5",
+        ]
+    )
+    assert code == 0
+    terminal = capsys.readouterr().out
+    assert "DigitsCNN" in terminal and "What if: 50 Mbit/s" in terminal
+    data = json.loads(advice.read_text())
+    assert data["verdict"]["kind"] in {"compress", "in_between", "do_not_compress"}
+    assert data["verdict"]["top_layers"][0]["name"] == "fc.weight"
+    assert all(math.isfinite(o["step_s"]) and o["step_s"] > 0 for o in data["options"])
+    assert "<svg" in page.read_text()
+
+
+@pytest.mark.multirank
+def test_profile_of_a_script_that_raises_shows_its_traceback(tmp_path: Path) -> None:
+    script = tmp_path / "broken_train.py"
+    script.write_text(
+        "def load_data():\n    raise ValueError('no such dataset: imagenet')\n\nload_data()\n"
+    )
+    done = run_advisor("profile", str(script), "--nproc", "1", "--out", str(tmp_path / "p.json"))
+    assert done.returncode == 1
+    assert "Traceback (most recent call last)" in done.stderr
+    assert 'broken_train.py", line 2, in load_data' in done.stderr
+    assert "ValueError: no such dataset: imagenet" in done.stderr
+    assert "runpy" not in done.stderr  # the runner's own frames are hidden
+    assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.multirank
+def test_profile_keeps_a_partial_profile_when_the_script_fails_late(tmp_path: Path) -> None:
+    script = tmp_path / "diverges.py"
+    script.write_text(
+        "import torch, torch.distributed as dist\n"
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "dist.init_process_group('gloo')\n"
+        "model = DDP(torch.nn.Linear(64, 64))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for step in range(10):\n"
+        "    model(torch.randn(4, 64)).square().mean().backward()\n"
+        "    opt.step(); opt.zero_grad()\n"
+        "    if step == 2:\n"
+        "        raise FloatingPointError('loss is nan')\n"
+    )
+    out = tmp_path / "partial.json"
+    done = run_advisor(
+        "profile", str(script), "--nproc", "1", "--steps", "8", "--out", str(out),
+        "--compressor-budget", "0",
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "FloatingPointError: loss is nan" in done.stderr
+    assert "kept the partial profile of the 3 step(s)" in done.stderr
+    profile = Profile.load(out)
+    assert not profile.complete and profile.script.steps_captured == 3
+    assert "loss is nan" in profile.status
+
+
+@pytest.mark.multirank
+def test_profile_of_a_script_without_ddp_shows_how_to_wrap(tmp_path: Path) -> None:
+    script = tmp_path / "single.py"
+    script.write_text("import torch\nprint('loss', torch.nn.Linear(2, 1)(torch.ones(2)).item())\n")
+    done = run_advisor("profile", str(script), "--nproc", "1", "--out", str(tmp_path / "p.json"))
+    assert done.returncode == 1
+    assert "loss" in done.stdout  # the script itself ran
+    assert "built no torch.nn.parallel.DistributedDataParallel model" in done.stderr
+    assert "model = torch.nn.parallel.DistributedDataParallel(model)" in done.stderr
+    assert "dist.init_process_group" in done.stderr
+    assert not (tmp_path / "p.json").exists()

@@ -216,10 +216,9 @@ def _prepare(slot: LayerSlot, grad: torch.Tensor, state: HookState) -> tuple[tor
     sampling = state.profiler is not None and state.profiler.sample_this_step
     profiler = state.profiler if sampling else None
     grad_norm = float(torch.linalg.vector_norm(grad, dtype=torch.float32)) if sampling else 0.0
-    if slot.residual is not None:
-        x = torch.add(grad, slot.residual)  # one pass: upcast, copy and add together
-    else:
-        x = grad.to(torch.float32, copy=True)
+    # With a residual, work in its own buffer: no allocation, one pass.
+    residual = slot.residual
+    x = residual.add_(grad) if residual is not None else grad.to(torch.float32, copy=True)
     if _is_identity(compressor) or state.step < slot.uncompressed_until:
         # A pending residual is flushed into an uncompressed layer in its own dtype.
         slot.residual = None
@@ -235,7 +234,7 @@ def _prepare(slot: LayerSlot, grad: torch.Tensor, state: HookState) -> tuple[tor
             )
     x_norm = float(torch.linalg.vector_norm(x)) if profiler is not None else 0.0
     if compressor.error_feedback:
-        slot.residual = x.sub_(compressor.decompress(payload, slot.shape, slot.state))
+        slot.residual = compressor.subtract_estimate_(x, payload, slot.state)
         error = float(torch.linalg.vector_norm(slot.residual)) if profiler is not None else 0.0
     else:
         slot.residual = None
@@ -345,7 +344,7 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
                 size = part.payload.numel()
                 summed = flat[start : start + size]
                 start += size
-                _write_back(buffer, part, part.slot.compressor.decompress, summed, step, checks)
+                _write_back(buffer, part, summed, step, checks)
         if gathered is not None:
             rows = gathered.view(world, -1)
             start = 0
@@ -353,8 +352,7 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
                 size = part.payload.numel()
                 payloads = [rows[r, start : start + size] for r in range(world)]
                 start += size
-                decode = part.slot.compressor.decompress_sum
-                _write_back(buffer, part, decode, payloads, step, checks)
+                _write_back(buffer, part, payloads, step, checks)
         state._pending_checks.extend(checks)
         if profiler is not None:
             profiler.bucket_finished(time.perf_counter() - started)
@@ -366,7 +364,6 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
 def _write_back(
     buffer: torch.Tensor,
     part: _Part,
-    decode: Any,
     received: Any,
     step: int,
     checks: list[tuple[int, LayerSlot, torch.Tensor]],
@@ -376,7 +373,9 @@ def _write_back(
     if part.plain:
         target.copy_(received)
         return
-    estimate = decode(received, slot.shape, slot.state)
-    checks.append((step, slot, torch.isfinite(estimate).all()))
-    target.copy_(estimate.reshape(-1))
+    slot.compressor.decompress_into(received, target, slot.shape, slot.state)
+    # NaN/Inf anywhere in a rank's input reaches the summed payload (all-reduce), which is
+    # cheaper to check than the decoded gradient; gathered bytes are checked once decoded.
+    checked = received if isinstance(received, torch.Tensor) else target
+    checks.append((step, slot, torch.isfinite(checked).all()))
     slot.compressor.commit(received, slot.state)

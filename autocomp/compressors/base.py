@@ -210,6 +210,30 @@ class Compressor(ABC):
             total.add_(self.decompress(payload, shape, state))
         return total
 
+    def subtract_estimate_(
+        self, x: torch.Tensor, payload: torch.Tensor, state: dict[str, Any]
+    ) -> torch.Tensor:
+        """``x -= decompress(payload)`` in place (error feedback); subclasses may fuse it."""
+        return x.sub_(self.decompress(payload, x.shape, state))
+
+    def decompress_into(
+        self,
+        received: torch.Tensor | list[torch.Tensor],
+        out: torch.Tensor,
+        shape: torch.Size,
+        state: dict[str, Any],
+    ) -> None:
+        """Write the decoded average into ``out`` (a flat slice of the bucket buffer).
+
+        ``received`` is the summed payload (all-reduce) or every rank's payload (all-gather).
+        Subclasses may decode straight into ``out`` instead of through a temporary.
+        """
+        if isinstance(received, list):
+            estimate = self.decompress_sum(received, shape, state)
+        else:
+            estimate = self.decompress(received, shape, state)
+        out.copy_(estimate.reshape(-1))
+
     def commit(self, payload: torch.Tensor | list[torch.Tensor], state: dict[str, Any]) -> None:
         """Advance per-layer state once per step after the collective (warm start, counters)."""
 

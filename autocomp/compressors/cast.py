@@ -62,14 +62,30 @@ class _CastCompressor(Compressor):
 
     def compress(self, x: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
         limit = torch.finfo(self.wire_dtype).max
-        # Saturate each rank's values instead of turning them into inf. (The 16-bit sum over
-        # ranks can still overflow; the hook then sees a non-finite average and resets.)
-        return x.reshape(-1).clamp(-limit, limit).to(self.wire_dtype)
+        # Cast, then saturate in the half-size result: each rank's values never become inf.
+        # (The 16-bit sum over ranks can still overflow; the hook then sees a non-finite
+        # average and resets.) NaN stays NaN, so the non-finite check still sees it.
+        payload = x.reshape(-1).to(self.wire_dtype)
+        return payload.clamp_(-limit, limit)
 
     def decompress(
         self, payload: torch.Tensor, shape: torch.Size, state: dict[str, Any]
     ) -> torch.Tensor:
         return payload.to(torch.float32).reshape(shape)
+
+    def subtract_estimate_(
+        self, x: torch.Tensor, payload: torch.Tensor, state: dict[str, Any]
+    ) -> torch.Tensor:
+        return x.sub_(payload.view(x.shape))  # upcasts on the fly: no float32 temporary
+
+    def decompress_into(
+        self,
+        received: torch.Tensor | list[torch.Tensor],
+        out: torch.Tensor,
+        shape: torch.Size,
+        state: dict[str, Any],
+    ) -> None:
+        out.copy_(received)  # type: ignore[arg-type]  # all-reduce: one summed payload
 
 
 @register_compressor

@@ -103,6 +103,42 @@ class PowerSGD(Compressor):
             estimate = basis @ payload.reshape(cols, rank).T
         return estimate.reshape(shape)
 
+    def subtract_estimate_(
+        self, x: torch.Tensor, payload: torch.Tensor, state: dict[str, Any]
+    ) -> torch.Tensor:
+        if not self.compresses(x.shape):
+            return x.sub_(payload.reshape(x.shape))
+        # One fused pass instead of building the full-size estimate and subtracting it.
+        rows, cols = matrix_shape(x.shape)
+        rank = int(self.config["rank"])
+        matrix = x.view(rows, cols)
+        basis = state["_basis"]
+        if state["phase"] == _P_STEP:
+            matrix.addmm_(payload.view(rows, rank), basis.T, alpha=-1.0)
+        else:
+            matrix.addmm_(basis, payload.view(cols, rank).T, alpha=-1.0)
+        return x
+
+    def decompress_into(
+        self,
+        received: torch.Tensor | list[torch.Tensor],
+        out: torch.Tensor,
+        shape: torch.Size,
+        state: dict[str, Any],
+    ) -> None:
+        assert isinstance(received, torch.Tensor)
+        if not self.compresses(shape) or out.dtype != torch.float32:
+            out.copy_(self.decompress(received, shape, state).reshape(-1))
+            return
+        rows, cols = matrix_shape(shape)
+        rank = int(self.config["rank"])
+        basis = state["_basis"]
+        target = out.view(rows, cols)
+        if state["phase"] == _P_STEP:
+            torch.mm(received.view(rows, rank), basis.T, out=target)
+        else:
+            torch.mm(basis, received.view(cols, rank).T, out=target)
+
     def commit(self, payload: torch.Tensor | list[torch.Tensor], state: dict[str, Any]) -> None:
         if not state:
             return

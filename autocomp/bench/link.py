@@ -709,10 +709,7 @@ def run_rates(
 
 
 def _other_text(result: dict[str, Any]) -> str:
-    share = result.get("other_cpu_share")
-    if share is None:
-        return "other CPU use n/a"
-    return f"other CPU use {share:.0%}"
+    return f"other CPU use {_other_share(result)}"
 
 
 def _by(results: list[dict[str, Any]], rate: str, method: str) -> dict[str, Any] | None:
@@ -734,6 +731,7 @@ TABLE_COLUMNS = (
     "final loss",
     "valid loss",
     "steps (measured/total)",
+    "other CPU",
 )
 
 
@@ -744,7 +742,7 @@ def rate_rows(results: list[dict[str, Any]], rate: str) -> list[list[str]]:
         if r["rate"] != rate:
             continue
         if not _ok(r):
-            rows.append([r["method"], "FAILED", "-", "-", "-", "-", r.get("error", "")])
+            rows.append([r["method"], "FAILED", "-", "-", "-", "-", r.get("error", ""), "-"])
             continue
         speed = "-"
         if _ok(base):
@@ -760,9 +758,16 @@ def rate_rows(results: list[dict[str, Any]], rate: str) -> list[list[str]]:
                 f"{r['final_loss']:.3f}",
                 f"{r['valid_loss']:.3f}",
                 f"{measured}/{r['total_steps']}",
+                _other_share(r),
             ]
         )
     return rows
+
+
+def _other_share(result: dict[str, Any]) -> str:
+    """Share of the machine's CPUs busy with anything but this run (other jobs, softirq)."""
+    share = result.get("other_cpu_share")
+    return "n/a" if share is None else f"{share:.0%}"
 
 
 def _plain(columns: Sequence[str], rows: list[list[str]]) -> list[str]:
@@ -1282,6 +1287,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", type=Path, default=None, help="write all results as JSON")
     parser.add_argument("--markdown", type=Path, default=None, help="write a markdown report")
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG plot (rates)")
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="run nothing: re-render the report (text, --markdown, --plot) of a saved --json",
+    )
     parser.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     return parser
 
@@ -1315,6 +1327,10 @@ def main(argv: list[str] | None = None) -> int:
         parse_rate(args.drop_to)
     except ValueError as err:
         parser.error(str(err))
+    if args.from_json is not None:
+        document = json.loads(args.from_json.read_text(encoding="utf-8"))
+        print_report(document)
+        return _write_outputs(document, args)
     signal.signal(signal.SIGTERM, _terminate)
 
     command = shlex.join(["python", "-m", "autocomp.bench.link", *argv])
@@ -1369,11 +1385,45 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(document, indent=1, default=str) + "\n", encoding="utf-8")
         print(f"wrote {args.json}")
+    return _write_outputs(document, args)
+
+
+def _document_rates(document: dict[str, Any]) -> list[Rate]:
+    section = document["rates"]
+    return [
+        Rate(label, mbit)
+        for label, mbit in zip(section["rates"], section["rate_mbit"], strict=True)
+    ]
+
+
+def print_report(document: dict[str, Any]) -> None:
+    """The text report of a saved document (what a live run prints as it goes)."""
+    print(f"report of: {document['command']} (autocomp code {document.get('code_digest')})")
+    if document.get("rates") is not None:
+        for rate in document["rates"]["rates"]:
+            print()
+            print("\n".join(rate_table_lines(document["rates"]["results"], rate)))
+        print("\nchecks:")
+        for check in document["rates"]["checks"]:
+            print(check["line"])
+    drop = document.get("drop")
+    if drop is not None:
+        print()
+        check = drop["check"]
+        lines = drop_lines(
+            {**drop, "check": Check(check["name"], check["passed"], check["detail"])}
+        )
+        print("\n".join(lines))
+    print(f"\ntotal runtime {document['runtime_s'] / 60:.1f} min")
+
+
+def _write_outputs(document: dict[str, Any], args: argparse.Namespace) -> int:
+    """Write --markdown and --plot; exit status 0 only if every check passed."""
     if args.markdown is not None:
         args.markdown.write_text(render_markdown(document), encoding="utf-8")
         print(f"wrote {args.markdown}")
     if args.plot is not None and document.get("rates") is not None:
-        plot_rates(document["rates"]["results"], rates, args.plot)
+        plot_rates(document["rates"]["results"], _document_rates(document), args.plot)
         print(f"wrote {args.plot}")
     checks = []
     if document.get("rates") is not None:

@@ -16,7 +16,10 @@ Contract used by the hook, per step and per layer::
     c.commit(summed_or_gathered, state)         # advance per-layer state, once per step
 
 The hook divides every gradient by the world size before compressing, so the sum over ranks of
-the decompressed payloads is already the average.
+the decompressed payloads is already the average. In the hot path it calls two methods whose
+defaults are built from the above and which a compressor may fuse to save passes over the
+gradient: ``subtract_estimate_(x, payload, state)`` (error feedback, in place) and
+``decompress_into(received, out, shape, state)`` (decode straight into the bucket buffer).
 """
 
 from __future__ import annotations

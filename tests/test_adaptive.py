@@ -142,18 +142,26 @@ def _fast_link(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:
     return {"plan": ctl.plan, "history": [r.to_dict() for r in ctl.history]}
 
 
-def test_fast_loopback_link_keeps_everything_uncompressed(tmp_path: Path) -> None:
+def test_measured_fast_link_keeps_everything_uncompressed(tmp_path: Path) -> None:
+    """The real loopback link, measured live, is above this policy's fast-link threshold.
+
+    (Loopback measures 1-15 Gbit/s here, below the presets' 25 Gbit/s; for this small model
+    none vs PowerSGD is then a genuine near-tie in predicted time, so the test sets the
+    threshold to 0.5 Gbit/s to check the rule deterministically on a real measurement.)
+    """
     policy = tmp_path / "policy.toml"
-    policy.write_text(POLICY)
+    policy.write_text(POLICY.replace("fast_link_gbit = 25.0", "fast_link_gbit = 0.5"))
     results = run_ranks(_fast_link, 2, tmp_path / "ranks", str(policy))
     assert set(results[0]["plan"].values()) == {"none"}
     decided = [h for h in results[0]["history"] if h["decision"] is not None]
     assert decided
-    last = decided[-1]
-    assert last["bandwidth_bytes_per_s"] is not None and last["bandwidth_bytes_per_s"] > 1e8
-    assert all(layer["spec"] == "none" for layer in last["decision"]["layers"]), last["decision"][
-        "layers"
-    ]
+    for record in decided:
+        measured = record["bandwidth_bytes_per_s"]
+        assert measured is not None and measured * 8 > 0.5e9, measured
+        for layer in record["decision"]["layers"]:
+            assert layer["spec"] == "none", layer
+    reasons = {layer["reason"] for layer in decided[-1]["decision"]["layers"]}
+    assert any(reason.startswith("fast link") for reason in reasons), reasons
 
 
 def _guard_counts(ctl: autocomp.Controller) -> dict[str, int]:

@@ -576,11 +576,12 @@ def _calibrate(cost_model: CostModel, specs: Sequence[str], world_size: int) -> 
     import types
 
     from autocomp.compressors import Collective
-    from autocomp.hook import LayerSlot, _prepare
+    from autocomp.hook import LayerSlot, _prepare, decode_into
 
     hook_state = types.SimpleNamespace(check_wire_bytes=False, profiler=None, step=0)
     generator = torch.Generator().manual_seed(0)
     grad = torch.randn(CALIBRATION_SHAPE.numel(), generator=generator) * 1e-3
+    target = torch.empty_like(grad)
     for spec in specs:
         compressor = build_compressor(spec)
         if compressor.name == "none":
@@ -591,14 +592,9 @@ def _calibrate(cost_model: CostModel, specs: Sequence[str], world_size: int) -> 
         for _ in range(3):  # the first call pays one-off costs; keep the fastest
             started = time.perf_counter()
             payload, _ = _prepare(slot, grad, hook_state)  # type: ignore[arg-type]
-            if compressor.collective is Collective.ALL_GATHER:
-                received: Any = [payload] * world_size
-                estimate = compressor.decompress_sum(received, CALIBRATION_SHAPE, slot.state)
-            else:
-                received = payload
-                estimate = compressor.decompress(payload, CALIBRATION_SHAPE, slot.state)
-            bool(torch.isfinite(estimate).all())
-            compressor.commit(received, slot.state)
+            gathered = compressor.collective is Collective.ALL_GATHER
+            received: Any = [payload] * world_size if gathered else payload
+            bool(decode_into(slot, received, target))  # the hook's own decode path
             best = min(best, time.perf_counter() - started)
         factor = cost_model.calibrate(compressor, CALIBRATION_SHAPE, best)
         logger.debug(

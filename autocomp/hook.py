@@ -361,6 +361,20 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
     return torch.futures.collect_all(futures).then(finish)
 
 
+def decode_into(slot: LayerSlot, received: Any, target: torch.Tensor) -> torch.Tensor:
+    """Decode what arrived for a compressed layer into ``target``; advance its state.
+
+    Returns a 0-d bool tensor: whether the result is finite (read later, without a sync here).
+    NaN/Inf anywhere in a rank's input reaches the summed payload (all-reduce), which is
+    cheaper to check than the decoded gradient; gathered bytes are checked once decoded.
+    """
+    slot.compressor.decompress_into(received, target, slot.shape, slot.state)
+    checked = received if isinstance(received, torch.Tensor) else target
+    finite = torch.isfinite(checked).all()
+    slot.compressor.commit(received, slot.state)
+    return finite
+
+
 def _write_back(
     buffer: torch.Tensor,
     part: _Part,
@@ -373,9 +387,4 @@ def _write_back(
     if part.plain:
         target.copy_(received)
         return
-    slot.compressor.decompress_into(received, target, slot.shape, slot.state)
-    # NaN/Inf anywhere in a rank's input reaches the summed payload (all-reduce), which is
-    # cheaper to check than the decoded gradient; gathered bytes are checked once decoded.
-    checked = received if isinstance(received, torch.Tensor) else target
-    checks.append((step, slot, torch.isfinite(checked).all()))
-    slot.compressor.commit(received, slot.state)
+    checks.append((step, slot, decode_into(slot, received, target)))

@@ -275,6 +275,11 @@ def _worker_train(cfg: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
             run_dir=Path(cfg.get("autocomp_run_dir") or sync_dir / "autocomp-run"),
         )
         bytes_per_step = None
+    elif method == "static":
+        # A fixed per-layer plan (the advisor-accuracy benchmark runs the advisor's plans).
+        ddp = DDP(model, init_sync=False)
+        ctl = autocomp.wrap(ddp, plan=cfg["plan"])
+        bytes_per_step = None
     else:
         raise ValueError(f"unknown method {method!r}")
 
@@ -282,6 +287,7 @@ def _worker_train(cfg: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     split = text_split()
     context = MODEL_CONFIG["context"]
     times: list[float] = []
+    starts: list[float] = []
     backward_times: list[float] = []
     losses: list[float] = []
     bytes_cumulative: list[int] = []
@@ -298,6 +304,7 @@ def _worker_train(cfg: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
             bytes_cumulative.append(int(ctl.stats()["bytes_sent"]))
         x, y = text_batch(split.train, context, BATCH, rank, step, seed=cfg["seed"])
         t0 = time.perf_counter()
+        starts.append(t0)
         loss = F.cross_entropy(ddp(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -316,7 +323,13 @@ def _worker_train(cfg: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
             logger.info("%s step %d: %.3f s, loss %.3f", method, step, t2 - t0, value)
     train_seconds = time.perf_counter() - started
 
-    if ctl is not None:
+    if ctl is not None and method == "static":
+        bytes_cumulative.append(int(ctl.stats()["bytes_sent"]))
+        measure_from = cfg["warmup_steps"]
+        measured = total - measure_from
+        bytes_per_step = (bytes_cumulative[-1] - bytes_cumulative[measure_from]) / max(measured, 1)
+        info = {"plan": ctl.plan}
+    elif ctl is not None:
         bytes_cumulative.append(int(ctl.stats()["bytes_sent"]))
         if first_decision is None:
             raise RuntimeError(
@@ -367,6 +380,10 @@ def _worker_train(cfg: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     if rank == 0:
         measured_times = times[measure_from:]
         result["median_step_s"] = statistics.median(measured_times) if measured_times else None
+        # Forward start to the next forward start (includes making the batch): the step the
+        # advisor predicts.
+        intervals = [b - a for a, b in itertools.pairwise(starts[measure_from:])]
+        result["median_interval_s"] = statistics.median(intervals) if intervals else None
         result["median_backward_s"] = (
             statistics.median(backward_times[measure_from:]) if measured_times else None
         )

@@ -25,6 +25,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "autocomp.bench.link",
         "end-to-end training on 2 ranks over a shaped link: autocomp vs DDP, fp16, PowerSGD",
     ),
+    "advisor": (
+        "autocomp.bench.advisor_accuracy",
+        "advisor predictions vs measured step times on the shaped link (50, 200 Mbit/s)",
+    ),
     "overhead": (
         "autocomp.bench.overhead",
         "cost of the comm hook and the profiler when nothing is compressed (loopback)",

@@ -40,6 +40,7 @@ from autocomp.advisor.profile import (
 )
 from autocomp.advisor.units import parse_bandwidth, parse_latency
 from autocomp.advisor.whatif import (
+    TCP_ETHERNET_EFFICIENCY,
     Scenario,
     WhatIfModel,
     collective_seconds,
@@ -163,6 +164,24 @@ def test_ring_allreduce_time_grows_with_world_size_as_the_alpha_beta_model_says(
     assert times[1024] - times[64] == pytest.approx(
         (2046 - 126) * 1e-4 + (2 * 1023 / 1024 - 2 * 63 / 64) * payload / 1e9
     )
+
+
+def test_payload_efficiency_scales_the_wire_rate_not_the_latency() -> None:
+    # tbf and real NICs count whole frames: at 95.6% payload a 10 Gbit/s link moves
+    # collective bytes like a 9.56 Gbit/s one, with the same per-hop latency.
+    line = Scenario(
+        bandwidth_bytes_per_s=10 * GBIT,
+        latency_s=1e-4,
+        world_size=8,
+        payload_efficiency=TCP_ETHERNET_EFFICIENCY,
+    )
+    goodput = scenario(10 * TCP_ETHERNET_EFFICIENCY, latency=1e-4)
+    assert line.link.bandwidth_bytes_per_s == pytest.approx(goodput.link.bandwidth_bytes_per_s)
+    assert line.link.latency_s == goodput.link.latency_s
+    assert abs(TCP_ETHERNET_EFFICIENCY - 0.956) < 1e-3
+    for bad in (0.0, -0.5, 1.01, math.nan):
+        with pytest.raises(ValueError, match="payload efficiency"):
+            Scenario(bandwidth_bytes_per_s=GBIT, latency_s=0, world_size=2, payload_efficiency=bad)
 
 
 def test_pipeline_on_a_hand_made_timeline() -> None:
@@ -335,6 +354,8 @@ def test_truncated_and_other_version_profiles_exit_2(
         ("--world-size", "eight", "must be an integer"),
         ("--latency", "-2ms", "latency must be >= 0"),
         ("--target-overlap", "1.5", "target overlap must be in (0, 1]"),
+        ("--payload-efficiency", "0", "payload efficiency must be in (0, 1]"),
+        ("--payload-efficiency", "1.2", "payload efficiency must be in (0, 1]"),
     ],
 )
 def test_absurd_what_if_values_are_usage_errors(

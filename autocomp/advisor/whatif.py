@@ -63,6 +63,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "ADAPTIVE",
     "OPTIONS",
+    "TCP_ETHERNET_EFFICIENCY",
     "Evaluation",
     "Option",
     "OptionResult",
@@ -76,6 +77,9 @@ __all__ = [
 
 ADAPTIVE = "adaptive"
 """Key of the adaptive per-layer plan among the options."""
+TCP_ETHERNET_EFFICIENCY = 1448 / 1514
+"""Payload share of a 1500-byte Ethernet frame carrying TCP/IPv4 with timestamps (1448 of
+1514 bytes): a link of line rate R moves collective payload at most at this share of R."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +117,9 @@ class Scenario:
     """Per-hop latency (alpha)."""
     world_size: int
     """Ranks in the job."""
+    payload_efficiency: float = 1.0
+    """Share of the bandwidth that carries collective payload (protocol headers take the
+    rest); 1 when the bandwidth is a measured goodput."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.bandwidth_bytes_per_s) and self.bandwidth_bytes_per_s > 0):
@@ -121,12 +128,16 @@ class Scenario:
             raise ValueError(f"latency must be >= 0, got {self.latency_s!r}")
         if isinstance(self.world_size, bool) or self.world_size < 2:
             raise ValueError(f"world size must be >= 2, got {self.world_size!r}")
+        if not (math.isfinite(self.payload_efficiency) and 0 < self.payload_efficiency <= 1):
+            raise ValueError(
+                f"payload efficiency must be in (0, 1], got {self.payload_efficiency!r}"
+            )
 
     @property
     def link(self) -> LinkEstimate:
         return LinkEstimate(
             latency_s=self.latency_s,
-            bandwidth_bytes_per_s=self.bandwidth_bytes_per_s,
+            bandwidth_bytes_per_s=self.bandwidth_bytes_per_s * self.payload_efficiency,
             samples=1,
             rel_residual=0.0,
         )
@@ -135,6 +146,11 @@ class Scenario:
         return (
             f"{format_bandwidth(self.bandwidth_bytes_per_s)}, "
             f"{format_seconds(self.latency_s)}/hop, {self.world_size} ranks"
+            + (
+                f", {self.payload_efficiency:.1%} of it payload"
+                if self.payload_efficiency < 1
+                else ""
+            )
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -143,6 +159,7 @@ class Scenario:
             "bandwidth_gbit_s": self.bandwidth_bytes_per_s * 8 / 1e9,
             "latency_s": self.latency_s,
             "world_size": self.world_size,
+            "payload_efficiency": self.payload_efficiency,
         }
 
 
@@ -589,13 +606,21 @@ class WhatIfModel:
         return math.sqrt(num / den) if den > 0 else 0.0
 
     def sweep(
-        self, bandwidths: Iterable[float], *, world_size: int, latency_s: float
+        self,
+        bandwidths: Iterable[float],
+        *,
+        world_size: int,
+        latency_s: float,
+        payload_efficiency: float = 1.0,
     ) -> dict[str, list[float]]:
         """Step time of every option at each bandwidth (bytes/s), keyed by option."""
         out: dict[str, list[float]] = {option.key: [] for option in self.config.options}
         for bandwidth in bandwidths:
             scenario = Scenario(
-                bandwidth_bytes_per_s=bandwidth, latency_s=latency_s, world_size=world_size
+                bandwidth_bytes_per_s=bandwidth,
+                latency_s=latency_s,
+                world_size=world_size,
+                payload_efficiency=payload_efficiency,
             )
             for result in self.evaluate(scenario).results:
                 out[result.key].append(result.step_s)

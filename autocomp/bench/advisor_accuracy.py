@@ -14,7 +14,9 @@ Adam, batch 64, one torch thread per rank, 2 ranks; :mod:`autocomp.bench.lm_scri
 1. **Profile** the plain DDP script with ``autocomp-advisor profile --steps S``, one rank per
    namespace, on the *unshaped* veth (the user profiles on the machine they have).
 2. **Predict** with the advisor's what-if model (:class:`~autocomp.advisor.whatif.WhatIfModel`)
-   at each rate: bandwidth = the tbf rate, latency = the profile's measured latency, 2 ranks.
+   at each rate as ``recommend`` does by default: bandwidth = the tbf rate (tbf counts whole
+   Ethernet frames, so the default TCP payload efficiency applies), latency = the profile's
+   measured latency, 2 ranks.
 3. **Measure** on the shaped link with the link benchmark's worker: plain DDP for
    ``none``; for ``fp16``, ``powersgd-r4`` and ``adaptive`` autocomp runs the very per-layer
    plan the advisor evaluated, as a static plan. The live controller
@@ -243,7 +245,7 @@ def profile_workload(
 def predict(profile_path: Path, rate_mbit: float) -> tuple[dict[str, float], dict[str, dict]]:
     """Predicted step per option and each option's per-layer plan at this rate, 2 ranks."""
     from autocomp.advisor.profile import Profile
-    from autocomp.advisor.whatif import Scenario, WhatIfModel
+    from autocomp.advisor.whatif import TCP_ETHERNET_EFFICIENCY, Scenario, WhatIfModel
 
     profile = Profile.load(profile_path)
     if profile.link is None:
@@ -253,6 +255,7 @@ def predict(profile_path: Path, rate_mbit: float) -> tuple[dict[str, float], dic
         bandwidth_bytes_per_s=rate_mbit * 1e6 / 8,
         latency_s=profile.link.latency_s,
         world_size=bench_link.WORLD_SIZE,
+        payload_efficiency=TCP_ETHERNET_EFFICIENCY,  # recommend's default: tbf counts frames
     )
     evaluation = model.evaluate(scenario)
     steps = {r.key: r.step_s for r in evaluation.results}

@@ -177,7 +177,12 @@ def table_lines(rows: list[Comparison], *, markdown: bool = False) -> list[str]:
 
 
 def profile_workload(
-    network: bench_link.Network, root: Path, code_dir: Path, steps: int, threads: int
+    network: bench_link.Network,
+    root: Path,
+    code_dir: Path,
+    steps: int,
+    threads: int,
+    compressor_budget_s: float = COMPRESSOR_BUDGET_S,
 ) -> Path:
     """Run ``autocomp-advisor profile`` on the LM script, one rank per host; the profile path."""
     network.set_rate(None)
@@ -194,7 +199,7 @@ def profile_workload(
         "--out",
         str(out),
         "--compressor-budget",
-        str(COMPRESSOR_BUDGET_S),
+        str(compressor_budget_s),
         "--",
         "--threads",
         str(threads),
@@ -267,14 +272,17 @@ def measure(
     runner: bench_link.Runner,
     rate: bench_link.Rate,
     plans: dict[str, dict],
-    args: argparse.Namespace,
+    *,
+    steps: int | None = None,
+    threads: int = 1,
+    rows: tuple[str, ...] = ("none", *STATIC_OPTIONS, LIVE),
 ) -> dict[str, dict[str, Any]]:
     """Run plain DDP, the advisor's plans as static plans and the live controller at one rate."""
     from autocomp.advisor.planout import escape_glob
 
     warmup, measured = bench_link.default_schedule(rate.mbit, quick=False)
-    if args.steps is not None:
-        measured = args.steps
+    if steps is not None:
+        measured = steps
     # (row, worker config, untimed steps, share of a full gradient sent per step)
     runs: list[tuple[str, dict[str, Any], int, float]] = [
         ("none", {"method": "allreduce"}, warmup, 1.0)
@@ -286,6 +294,8 @@ def measure(
     runs.append((LIVE, {"method": "autocomp", "window": LIVE_WINDOW}, LIVE_WINDOW, 0.2))
     out: dict[str, dict[str, Any]] = {}
     for option, extra, warm, share in runs:
+        if option not in rows:
+            continue
         # One step more than measured: the median is over forward-to-forward intervals.
         total = warm + measured + 1
         first = warm if option == LIVE else 0  # the live run's first window is uncompressed
@@ -299,7 +309,7 @@ def measure(
             "warmup_steps": warm,
             "window": LIVE_WINDOW,
             "seed": bench_link.SEED,
-            "threads": args.threads,
+            "threads": threads,
             **extra,
         }
         print(f"   {option:<16} {total} steps (about {estimate:.0f} s) ...", end="", flush=True)
@@ -437,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 network.set_rate(rate.mbit)
                 print(f"3. {rate.label}: measuring", flush=True)
-                measured = measure(runner, rate, plans, args)
+                measured = measure(runner, rate, plans, steps=args.steps, threads=args.threads)
                 document.setdefault("measured", {})[rate.label] = measured
                 document.setdefault("predicted", {})[rate.label] = predicted
                 document.setdefault("plans", {})[rate.label] = {

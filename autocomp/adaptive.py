@@ -6,10 +6,16 @@ previous backward's collectives have all completed):
 1. each rank summarizes its window (:class:`~autocomp.profiler.StepProfiler`) into a fixed-size
    vector, and one all-reduce combines them (timings, per-layer norms, errors and costs, loss);
 2. rank 0 updates the link fit, the cost model and the convergence guards, runs the policy
-   engine, and broadcasts the plan (one spec per parameter, in a fixed order) and the list of
-   error-feedback resets;
+   engine, and broadcasts the plan (one spec per parameter, in a fixed order), the list of
+   error-feedback resets and the size of the link probe to run at the next boundary (0: none);
 3. every rank applies the same plan before the forward continues, so all ranks switch at the
    same step.
+
+When the plan's own transfers are too small to show the bandwidth (heavy compression), rank 0
+asks for an active probe: at the next boundary, right after the measurement all-reduce, every
+rank runs the same all-reduces of a zero buffer (:class:`~autocomp.link_model.LinkProbe`
+sizes it), and the timed pass rides in that boundary's MIN all-reduce to rank 0's meter. A
+link that got faster is then noticed although compressed steps cannot show it.
 
 The step counter is the hook's (one per synchronizing backward), so ranks that run the same
 training loop reach every boundary at the same step. Forwards without gradient sync (eval,
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,14 +36,16 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from autocomp.compressors import build_compressor
+from autocomp.compressors import Collective, build_compressor
 from autocomp.cost_model import CostModel
 from autocomp.distributed import collective_device
 from autocomp.guards import ConvergenceGuards
 from autocomp.hook import HookState
 from autocomp.link_model import (
+    PROBE_PASSES,
     BandwidthMeter,
     LinkEstimate,
+    LinkProbe,
     NicCounters,
     latency_hops,
     link_bytes,
@@ -95,6 +104,12 @@ class WindowRecord:
     decision: dict[str, Any] | None = None
     """The policy decision (per-layer reasons), rank 0 only."""
     guard_events: list[dict[str, Any]] = field(default_factory=list)
+    probe_bytes: int = 0
+    """Payload of the active link probe run at this boundary (0: none), per rank."""
+    probe_seconds: float | None = None
+    """Its timed pass, minimum over ranks."""
+    probe_bytes_per_s: float | None = None
+    """Link bytes per second the probe achieved (latency included: a lower bound)."""
 
     def summary(self) -> str:
         """One log line: bandwidth seen, bytes per step, what changed and why."""
@@ -109,6 +124,12 @@ class WindowRecord:
             f"({ratio:,.1f}x), step {self.step_seconds * 1e3:,.0f} ms, "
             f"overlap {self.measured_overlap:.2f}"
         )
+        if self.probe_bytes and self.probe_seconds is not None:
+            rate = self.probe_bytes_per_s or 0.0
+            head += (
+                f", probe {self.probe_bytes / 1e3:,.0f} kB in {self.probe_seconds * 1e3:,.1f} ms"
+                f" ({rate * 8 / 1e6:,.0f} Mbit/s)"
+            )
         if not self.changes:
             return head + "; plan unchanged"
         reasons = {}
@@ -142,6 +163,8 @@ class AdaptiveLoop:
         sampled_steps: int = 1
         """Steps at the end of each window whose gradient norms and errors are measured (each
         costs a few passes over the gradients, so profiling stays cheap with one)."""
+        probe: LinkProbe.Config = field(default_factory=LinkProbe.Config)
+        """Active link probe while compressed steps are too small to measure the link."""
 
     @staticmethod
     def validate(config: Config) -> None:
@@ -178,6 +201,10 @@ class AdaptiveLoop:
         window = config.window
         # One sample per step: a window of a few steps must be enough for a first fit.
         self.meter = BandwidthMeter(BandwidthMeter.Config(min_samples=min(8, max(2, window))))
+        self.probe = LinkProbe(config.probe)
+        """Decides (on rank 0) when the next boundary runs a link probe, and how big."""
+        self._probe_next = 0  # payload bytes rank 0 asked for at the next boundary
+        self._probe_buffer: torch.Tensor | None = None
         self.cost_model = CostModel(CostModel.Config(world_size=state.world_size, refit_every=64))
         if state.rank == 0:  # only rank 0 decides
             _calibrate(self.cost_model, rules.candidates, state.world_size)
@@ -293,17 +320,27 @@ class AdaptiveLoop:
         combined = self._local_vector(profile).to(device)
         dist.all_reduce(combined, group=group)
         combined = combined.cpu()
+        # Right after a collective the ranks are nearly level: the best moment for a probe.
+        # Every rank got the same size from rank 0's last broadcast, so all issue it.
+        probe_bytes, self._probe_next = self._probe_next, 0
+        probe_local = self._run_probe(probe_bytes, device) if probe_bytes > 0 else _MISSING
         # A collective's time on one rank includes waiting for the slowest peer; the rank that
         # arrived last did not wait, so the minimum over ranks of each step's link busy time is
-        # the skew-free one. Steps are aligned across ranks (same step indices).
-        busy = torch.full((self.config.window,), _MISSING, dtype=torch.float64)
+        # the skew-free one. Steps are aligned across ranks (same step indices). The last slot
+        # carries the probe's time.
+        window = self.config.window
+        busy = torch.full((window + 1,), _MISSING, dtype=torch.float64)
         if profile is not None:
             periods = [sum(s for _, _, s in step) for step in profile.collectives]
-            for i, seconds in enumerate(periods[-self.config.window :]):
+            for i, seconds in enumerate(periods[-window:]):
                 busy[i] = seconds
+        busy[window] = probe_local
         busy = busy.to(device)
         dist.all_reduce(busy, op=dist.ReduceOp.MIN, group=group)
-        busy_min = [float(v) for v in busy.cpu() if float(v) < _MISSING]
+        reduced = busy.cpu().tolist()
+        busy_min = [v for v in reduced[:window] if v < _MISSING]
+        probe_seconds = reduced[window] if reduced[window] < _MISSING else None
+        probe = (probe_bytes, probe_seconds) if probe_bytes > 0 and probe_seconds else None
         self._loss_sum, self._loss_count = 0.0, 0
 
         sent, raw = self._bytes_totals()
@@ -315,8 +352,11 @@ class AdaptiveLoop:
         payload: list[Any] = [None]
         record: WindowRecord | None = None
         if self.state.rank == 0:
+            probe_next = 0
             try:
-                record, plan, resets = self._decide(step, profile, combined, busy_min, world)
+                record, plan, resets, probe_next = self._decide(
+                    step, profile, combined, busy_min, world, probe
+                )
             except Exception:
                 # A policy failure must not strand the other ranks in the broadcast, nor stop
                 # training: keep the current plan, say so loudly, and try again next window.
@@ -327,12 +367,13 @@ class AdaptiveLoop:
                 self.decision_failures += 1
             record.bytes_per_step = bytes_per_step
             record.uncompressed_bytes_per_step = raw_per_step
-            payload = [{"plan": plan, "reset": resets}]
+            payload = [{"plan": plan, "reset": resets, "probe_bytes": probe_next}]
         src = dist.get_global_rank(group, 0) if group is not None else 0
         dist.broadcast_object_list(payload, src=src, group=group)
         message = payload[0]
         if not isinstance(message, dict) or len(message["plan"]) != len(self.names):
             raise RuntimeError("autocomp: malformed plan broadcast from rank 0")
+        self._probe_next = int(message.get("probe_bytes", 0))
 
         for name in message["reset"]:
             slot = self.state.slots[name]
@@ -351,12 +392,35 @@ class AdaptiveLoop:
         }
         if record is None:
             record = self._peer_record(step, combined, bytes_per_step, raw_per_step)
+        if probe is not None:
+            record.probe_bytes, record.probe_seconds = probe
+            record.probe_bytes_per_s = link_bytes(Collective.ALL_REDUCE, probe[0], world) / probe[1]
         record.changes = changes
         self.history.append(record)
         if self.runlog is not None:
             self.runlog.append_window(record.to_dict())  # queued: never waits on disk
         if self.state.rank == 0:
             logger.info("autocomp %s", record.summary())
+
+    def _run_probe(self, payload_bytes: int, device: torch.device) -> float:
+        """Run the probe's all-reduces on a reused zero buffer; seconds of the timed pass."""
+        numel = max(1, payload_bytes // 4)
+        buffer = self._probe_buffer
+        if buffer is None or buffer.numel() < numel or buffer.device != device:
+            buffer = torch.zeros(numel, dtype=torch.float32, device=device)  # sums stay zero
+            self._probe_buffer = buffer
+        view = buffer[:numel]
+        group = self.state.process_group
+        seconds = math.inf
+        for _ in range(PROBE_PASSES):  # the first primes the path; the last one is timed
+            if view.is_cuda:
+                torch.cuda.synchronize(view.device)
+            started = time.perf_counter()
+            dist.all_reduce(view, group=group)
+            if view.is_cuda:
+                torch.cuda.synchronize(view.device)
+            seconds = time.perf_counter() - started
+        return seconds
 
     def _last_window_step(self) -> int:
         return self.history[-1].step if self.history else 0
@@ -392,7 +456,9 @@ class AdaptiveLoop:
         combined: torch.Tensor,
         busy_min: list[float],
         world: int,
-    ) -> tuple[WindowRecord, list[str], list[str]]:
+        probe: tuple[int, float] | None = None,
+    ) -> tuple[WindowRecord, list[str], list[str], int]:
+        """Rank 0: the record, the plan, the layers to reset, the next boundary's probe bytes."""
         timings, loss = self._means(combined)
         # Link: rank 0's own steps (every rank sees the same ring), one busy period per step.
         if profile is not None:
@@ -406,7 +472,22 @@ class AdaptiveLoop:
             for step_collectives in profile.collectives:
                 for kind, nbytes, seconds in step_collectives:
                     self.cost_model.add_comm_sample(kind, nbytes, world, seconds)
+        if probe is not None:  # after the steps: the meter's window is in time order
+            payload_bytes, seconds = probe
+            self.meter.add_probe(
+                latency_hops(Collective.ALL_REDUCE, world),
+                link_bytes(Collective.ALL_REDUCE, payload_bytes, world),
+                seconds,
+            )
         estimate: LinkEstimate | None = self.meter.end_window()
+        # Warm-up windows are uncompressed: if even they cannot show the link, probing starts
+        # with the first compressed window, whose boundary is the end of warm-up.
+        probe_next = self.probe.next_window(
+            blind=self.meter.blind and step >= self.config.warmup_steps,
+            estimate=estimate,
+            world_size=world,
+            window_seconds=timings["step_seconds"] * self.config.window,
+        )
         if estimate is not None:
             self.cost_model.update_link(estimate)
         nic_now = self.nic.sample()
@@ -497,7 +578,7 @@ class AdaptiveLoop:
             decision=decision.to_dict(),
             guard_events=new_events,
         )
-        return record, plan, resets
+        return record, plan, resets, probe_next
 
     def _apply_overrides(self, step: int) -> None:
         """Operator requests from the run log, applied by rank 0 at this boundary."""
@@ -539,6 +620,7 @@ class AdaptiveLoop:
     def state_dict(self) -> dict[str, Any]:
         return {
             "meter": self.meter.state_dict(),
+            "probe": {**self.probe.state_dict(), "next_bytes": self._probe_next},
             "cost_model": self.cost_model.state_dict(),
             "guards": self.guards.state_dict(),
             "rel_errors": {k: dict(v) for k, v in self._rel_errors.items()},
@@ -551,6 +633,9 @@ class AdaptiveLoop:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.meter.load_state_dict(state["meter"])
+        probe = state.get("probe", {})
+        self.probe.load_state_dict(probe)
+        self._probe_next = int(probe.get("next_bytes", 0))
         self.cost_model.load_state_dict(state["cost_model"])
         self.cost_model.update_link(self.meter.estimate)
         self.guards.load_state_dict(state["guards"])

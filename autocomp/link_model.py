@@ -9,6 +9,8 @@ given size costs on the wire. This module provides:
 - :class:`LinkEstimate`: latency (alpha) and bandwidth (1/beta) with ``seconds()``;
 - :class:`BandwidthMeter`: fits alpha and beta per window of measured collectives with a robust
   regression, smooths across windows, and adopts abrupt rate changes at once;
+- :class:`LinkProbe`: sizes and schedules an active probe (one all-reduce of a dummy buffer at
+  a window boundary) for when the plan's own transfers are too small to show the bandwidth;
 - :class:`NicCounters`: an independent cross-check from the kernel's byte counters of the
   network interface torch.distributed uses. It only reads counters and never sends traffic.
 """
@@ -34,8 +36,10 @@ from autocomp.compressors.base import Collective
 __all__ = [
     "BandwidthMeter",
     "LinkEstimate",
+    "LinkProbe",
     "NicCounters",
     "NicSample",
+    "ProbePlan",
     "latency_hops",
     "link_bytes",
     "local_address_for",
@@ -233,6 +237,8 @@ class _Sample:
     hops: int
     sent: float
     seconds: float
+    probe: bool = False
+    """An active probe: sized to reveal the bandwidth, so identifiable whatever its size."""
 
 
 class BandwidthMeter:
@@ -286,6 +292,7 @@ class BandwidthMeter:
         self._estimate: LinkEstimate | None = None
         self._last_window: LinkEstimate | None = None
         self._rate_changed = False
+        self._blind = False
         self._latency_memory: float | None = None
         self._ignored = 0
 
@@ -318,6 +325,18 @@ class BandwidthMeter:
             return
         self._window.append(_Sample(hops, float(sent_bytes), float(seconds)))
 
+    def add_probe(self, hops: int, sent_bytes: float, seconds: float) -> None:
+        """Record an active probe: one collective moving ``sent_bytes`` per rank, alone on the link.
+
+        Unlike a step's busy period it counts as identifiable whatever its size (the prober
+        sized it to stand clear of the latency), and when the window's own periods are too
+        small to show the bandwidth, the probes alone are fitted.
+        """
+        if hops <= 0 or sent_bytes <= 0 or not (math.isfinite(seconds) and seconds > 0):
+            self._ignored += 1
+            return
+        self._window.append(_Sample(hops, float(sent_bytes), float(seconds), probe=True))
+
     @property
     def pending(self) -> int:
         """Samples in the open window."""
@@ -345,24 +364,41 @@ class BandwidthMeter:
         """True when the last fitted window was adopted as a rate change (not blended)."""
         return self._rate_changed
 
+    @property
+    def blind(self) -> bool:
+        """True when the last closed window's own periods were too small to show the bandwidth.
+
+        Probes do not count: this says whether the traffic itself measures the link, i.e.
+        whether an active probe is needed to notice a rate change.
+        """
+        return self._blind
+
     def end_window(self) -> LinkEstimate | None:
         """Fit the open window, fold it into the estimate and return the estimate.
 
-        With fewer than ``min_samples`` samples nothing is fitted: the samples stay for the
-        next window and the current estimate (possibly None) is returned unchanged.
+        With fewer than ``min_samples`` samples (and no probe) nothing is fitted: the samples
+        stay for the next window and the current estimate (possibly None) is returned unchanged.
         """
-        if len(self._window) < self.config.min_samples:
+        has_probe = any(s.probe for s in self._window)
+        if len(self._window) < self.config.min_samples and not has_probe:
             return self._estimate
         samples = list(self._window)
         self._window.clear()
-        if sum(1 for s in samples if self._identifiable(s)) < max(2, self.config.min_samples // 2):
+        own = sum(1 for s in samples if not s.probe and self._identifiable(s))
+        self._blind = own < max(2, self.config.min_samples // 2)
+        if self._blind:
             # Only small transfers: their time is latency and per-call overhead, so fitting
             # them would read a fast link as slow, compress more, shrink transfers further and
             # lock in. Keep the estimate until large transfers are seen again. (With enough
-            # large ones, the small ones stay in the fit: they pin down the latency.)
-            logger.debug("link window: too few identifiable periods; estimate kept")
-            return self._estimate
-        samples = self._latest_regime(samples)
+            # large ones, the small ones stay in the fit: they pin down the latency.) Probes
+            # are exactly such large transfers: when there are some, they alone are fitted.
+            if not has_probe:
+                logger.debug("link window: too few identifiable periods; estimate kept")
+                return self._estimate
+            samples = [s for s in samples if s.probe]
+            logger.debug("link window: own periods too small; fitting %d probe(s)", len(samples))
+        else:
+            samples = self._latest_regime(samples)
         fit = self._fit(samples)
         count = len(samples)
         if fit is None:
@@ -399,8 +435,10 @@ class BandwidthMeter:
 
     def _identifiable(self, sample: _Sample) -> bool:
         cfg = self.config
-        return sample.sent >= cfg.identifiable_bytes or (
-            sample.sent >= 64e3 and sample.seconds >= cfg.identifiable_seconds
+        return (
+            sample.probe
+            or sample.sent >= cfg.identifiable_bytes
+            or (sample.sent >= 64e3 and sample.seconds >= cfg.identifiable_seconds)
         )
 
     def _lower_envelope(self, samples: list[_Sample]) -> list[_Sample]:
@@ -494,6 +532,7 @@ class BandwidthMeter:
         self._estimate = None
         self._last_window = None
         self._rate_changed = False
+        self._blind = False
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: estimate, last window and open window (JSON-safe)."""
@@ -503,7 +542,8 @@ class BandwidthMeter:
             "last_window": None if self._last_window is None else self._last_window.to_dict(),
             "latency_memory": self._latency_memory,
             "rate_changed": self._rate_changed,
-            "window": [[s.hops, s.sent, s.seconds] for s in self._window],
+            "blind": self._blind,
+            "window": [[s.hops, s.sent, s.seconds, s.probe] for s in self._window],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -517,7 +557,7 @@ class BandwidthMeter:
             estimate = state["estimate"]
             last = state["last_window"]
             memory = state["latency_memory"]
-            window = [_Sample(int(h), float(b), float(s)) for h, b, s in state["window"]]
+            window = [_sample_from_list(entry) for entry in state["window"]]
             rate_changed = bool(state["rate_changed"])
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"bad bandwidth meter state: {err!r}") from None
@@ -525,8 +565,132 @@ class BandwidthMeter:
         self._last_window = None if last is None else LinkEstimate.from_dict(last)
         self._latency_memory = None if memory is None else float(memory)
         self._rate_changed = rate_changed
+        self._blind = bool(state.get("blind", False))
         self._window.clear()
         self._window.extend(window)
+
+
+def _sample_from_list(entry: Any) -> _Sample:
+    """[hops, bytes, seconds] or, since probes were added, [hops, bytes, seconds, probe]."""
+    if not isinstance(entry, (list, tuple)) or len(entry) not in (3, 4):
+        raise ValueError(f"window entry {entry!r}")
+    probe = bool(entry[3]) if len(entry) == 4 else False
+    return _Sample(int(entry[0]), float(entry[1]), float(entry[2]), probe)
+
+
+# ---- the active probe --------------------------------------------------------------------------
+
+PROBE_PASSES = 2
+"""All-reduces per probe: a priming pass, then the timed one. The first drains whatever a
+token-bucket shaper lets through at line rate after an idle spell (tbf's bucket holds ~4 ms of
+traffic) and reopens TCP's window, so the timed pass sees the sustained rate."""
+_PROBE_LATENCY_MULTIPLE = 4.0
+"""At the fastest rate it must resolve, a probe's transfer takes this many latency terms."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProbePlan:
+    """Size and frequency of the active probe at the current estimate."""
+
+    payload_bytes: int
+    """Per-rank all-reduce payload (float32 elements x 4)."""
+    every_windows: int
+    """Probe once per this many blind windows, so the average cost stays in the budget."""
+    seconds: float
+    """Expected cost of one probe (all passes) at the current estimate."""
+
+
+class LinkProbe:
+    """When and how big an active link probe should be; pure bookkeeping, no communication.
+
+    When the plan compresses hard, every step's transfers are too small for the meter (latency
+    and per-call overhead dominate), so the estimate freezes at the rate that made the policy
+    compress; if the link then gets faster, nothing would notice. A probe is one timed
+    all-reduce of a dummy buffer at a window boundary, sized so that at the current estimate
+    it costs ``budget`` of the window's wall time, yet large enough that on a link
+    ``headroom`` times faster its transfer still stands clear of the latency. When the budget
+    cannot buy that, the probe keeps its informative size and runs every few windows instead.
+    Only blind windows (:attr:`BandwidthMeter.blind`) lead to probes.
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        """Tuning of :class:`LinkProbe`."""
+
+        budget: float = 0.01
+        """Share of a window's wall time probes may cost on average at the estimate (0: off)."""
+        headroom: float = 20.0
+        """The probe must still measure a link this many times faster than the estimate."""
+        min_seconds: float = 4e-3
+        """Shortest transfer (at ``headroom`` x the estimate) a probe may take: timer and
+        scheduling noise, and tbf's ~4 ms bucket, make shorter ones unreliable."""
+        max_bytes: int = 64 << 20
+        """Largest probe payload per rank (its buffer is kept for reuse)."""
+
+        def __post_init__(self) -> None:
+            if not (math.isfinite(self.budget) and self.budget >= 0):
+                raise ValueError(f"probe budget must be finite and >= 0, got {self.budget}")
+            if not self.headroom >= 1:
+                raise ValueError(f"probe headroom must be >= 1, got {self.headroom}")
+            if not self.min_seconds > 0 or self.max_bytes < 4:
+                raise ValueError("probe min_seconds must be > 0 and max_bytes >= 4")
+
+    def __init__(self, config: Config | None = None) -> None:
+        self.config = config or LinkProbe.Config()
+        self._blind_windows = 0
+
+    def size(
+        self, estimate: LinkEstimate, world_size: int, window_seconds: float
+    ) -> ProbePlan | None:
+        """The probe for a window of ``window_seconds`` at ``estimate``; None if none can run."""
+        cfg = self.config
+        allowed = cfg.budget * window_seconds
+        hops = latency_hops(Collective.ALL_REDUCE, world_size)
+        if hops == 0 or not (math.isfinite(allowed) and allowed > 0):
+            return None
+        per_payload_byte = link_bytes(Collective.ALL_REDUCE, 1, world_size)
+        rate = estimate.bandwidth_bytes_per_s
+        latency = hops * estimate.latency_s
+        floor_seconds = max(cfg.min_seconds, _PROBE_LATENCY_MULTIPLE * latency)
+        informative = floor_seconds * cfg.headroom * rate / per_payload_byte
+        affordable = max(0.0, allowed / PROBE_PASSES - latency) * rate / per_payload_byte
+        if affordable >= informative:  # round down: stay within the budget
+            payload = 4 * math.floor(min(affordable, cfg.max_bytes) / 4)
+        else:  # round up: stay informative (the cap wins over both)
+            payload = min(4 * math.ceil(informative / 4), 4 * (cfg.max_bytes // 4))
+        seconds = PROBE_PASSES * (latency + per_payload_byte * payload / rate)
+        every = max(1, math.ceil(seconds / allowed - 1e-9))
+        return ProbePlan(payload_bytes=payload, every_windows=every, seconds=seconds)
+
+    def next_window(
+        self,
+        *,
+        blind: bool,
+        estimate: LinkEstimate | None,
+        world_size: int,
+        window_seconds: float,
+    ) -> int:
+        """Payload bytes to probe at the next boundary, 0 for none; call once per window.
+
+        ``blind`` is whether the window just closed measured nothing by itself (and is not a
+        warm-up window): informative traffic resets the count, so probes never run while the
+        link is being measured anyway.
+        """
+        if not blind or estimate is None or self.config.budget <= 0:
+            self._blind_windows = 0
+            return 0
+        self._blind_windows += 1
+        plan = self.size(estimate, world_size, window_seconds)
+        if plan is None or self._blind_windows < plan.every_windows:
+            return 0
+        self._blind_windows = 0
+        return plan.payload_bytes
+
+    def state_dict(self) -> dict[str, int]:
+        return {"blind_windows": self._blind_windows}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._blind_windows = int(state.get("blind_windows", 0))
 
 
 # ---- NIC byte counters -------------------------------------------------------------------------

@@ -5,7 +5,9 @@ recovering alpha and beta from noisy synthetic service times with 10% outliers, 
 abrupt rate drop (125 MB/s -> 6.25 MB/s) within one window while smoothing small changes,
 falling back to a ratio estimate when sizes are all alike, and round-tripping its state; the
 NIC counters resolving ``lo`` and measuring a real loopback transfer made by the test itself
-(a TCP connection on 127.0.0.1 inside this process: nothing leaves the host).
+(a TCP connection on 127.0.0.1 inside this process: nothing leaves the host). The active
+probe: its size and frequency against the budget and headroom, and the meter fitting probe
+samples when its own periods are blind, so a link that got faster is adopted in one window.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ import pytest
 
 from autocomp.compressors import Collective
 from autocomp.link_model import (
+    PROBE_PASSES,
     BandwidthMeter,
     LinkEstimate,
+    LinkProbe,
     NicCounters,
     NicSample,
     latency_hops,
@@ -302,3 +306,150 @@ def test_small_transfers_do_not_move_the_bandwidth_estimate() -> None:
     for _ in range(5):
         meter.add_period(2, 20e3, 0.004)  # 20 kB in 4 ms: overhead, not bandwidth
     assert meter.end_window() == fast
+
+
+# ---- the active probe --------------------------------------------------------------------------
+
+SLOW_50MBIT = LinkEstimate(
+    latency_s=100e-6, bandwidth_bytes_per_s=50e6 / 8, samples=8, rel_residual=0
+)
+
+
+def test_probe_fills_the_budget_when_that_is_informative() -> None:
+    probe = LinkProbe(LinkProbe.Config(budget=0.01, headroom=20.0, min_seconds=4e-3))
+    plan = probe.size(SLOW_50MBIT, world_size=2, window_seconds=30.0)
+    assert plan is not None and plan.every_windows == 1
+    assert plan.seconds == pytest.approx(0.01 * 30.0, rel=1e-4)  # all of the budget, no more
+    assert plan.payload_bytes % 4 == 0
+    # At 20x the estimate the timed pass is still >= min_seconds of transfer.
+    assert plan.payload_bytes / (20 * SLOW_50MBIT.bandwidth_bytes_per_s) >= 4e-3
+    # Bigger groups: an all-reduce sends 2(N-1)/N per payload byte, so the payload shrinks.
+    wide = probe.size(SLOW_50MBIT, world_size=8, window_seconds=30.0)
+    assert wide is not None and wide.payload_bytes < plan.payload_bytes
+    assert wide.seconds == pytest.approx(0.3, rel=1e-3)
+
+
+def test_probe_runs_less_often_rather_than_smaller_when_the_budget_is_short() -> None:
+    probe = LinkProbe(LinkProbe.Config(budget=0.01, headroom=20.0, min_seconds=4e-3))
+    plan = probe.size(SLOW_50MBIT, world_size=2, window_seconds=1.0)
+    assert plan is not None
+    informative = 4e-3 * 20 * SLOW_50MBIT.bandwidth_bytes_per_s  # N=2: 1 link byte per byte
+    assert plan.payload_bytes == pytest.approx(informative, abs=4)
+    expected = PROBE_PASSES * (2 * 100e-6 + plan.payload_bytes / SLOW_50MBIT.bandwidth_bytes_per_s)
+    assert plan.seconds == pytest.approx(expected)
+    # Average cost within the budget, and not rarer than needed.
+    allowed = 0.01 * 1.0
+    assert plan.seconds / plan.every_windows <= allowed
+    assert plan.seconds / (plan.every_windows - 1) > allowed
+    # A long latency raises the floor: the transfer must stand 4 latency terms clear.
+    laggy = LinkEstimate(latency_s=5e-3, bandwidth_bytes_per_s=50e6 / 8, samples=8, rel_residual=0)
+    far = probe.size(laggy, world_size=2, window_seconds=1.0)
+    assert far is not None
+    assert far.payload_bytes / (20 * laggy.bandwidth_bytes_per_s) >= 4 * 2 * 5e-3 * 0.999
+    # The payload cap wins over informativeness; no group, no window time: no probe.
+    capped = LinkProbe(LinkProbe.Config(max_bytes=1 << 16)).size(SLOW_50MBIT, 2, 1.0)
+    assert capped is not None and capped.payload_bytes == 1 << 16
+    assert probe.size(SLOW_50MBIT, world_size=1, window_seconds=1.0) is None
+    assert probe.size(SLOW_50MBIT, world_size=2, window_seconds=0.0) is None
+
+
+def test_probe_schedule_follows_blindness() -> None:
+    probe = LinkProbe(LinkProbe.Config(budget=0.01))
+    every = probe.size(SLOW_50MBIT, 2, 1.0)
+    assert every is not None and every.every_windows > 2
+
+    def step(blind: bool, estimate: LinkEstimate | None = SLOW_50MBIT, seconds: float = 1.0) -> int:
+        return probe.next_window(
+            blind=blind, estimate=estimate, world_size=2, window_seconds=seconds
+        )
+
+    assert step(blind=False) == 0  # informative traffic: never a probe
+    fired = [step(blind=True) for _ in range(3 * every.every_windows)]
+    assert [i for i, b in enumerate(fired) if b] == [
+        every.every_windows - 1,
+        2 * every.every_windows - 1,
+        3 * every.every_windows - 1,
+    ]
+    assert set(fired) == {0, every.payload_bytes}
+    # An informative window resets the count; a budget that buys it runs one every window.
+    step(blind=True)
+    assert step(blind=False) == 0 and step(blind=True) == 0
+    assert all(step(blind=True, seconds=100.0) > 0 for _ in range(3))
+    assert step(blind=True, estimate=None) == 0  # nothing to size it by
+    off = LinkProbe(LinkProbe.Config(budget=0.0))
+    assert off.next_window(blind=True, estimate=SLOW_50MBIT, world_size=2, window_seconds=1e3) == 0
+    state = probe.state_dict()
+    clone = LinkProbe(probe.config)
+    clone.load_state_dict(state)
+    assert clone.state_dict() == state
+    with pytest.raises(ValueError, match="budget"):
+        LinkProbe.Config(budget=-1.0)
+    with pytest.raises(ValueError, match="headroom"):
+        LinkProbe.Config(headroom=0.5)
+
+
+def _compressed_window(meter: BandwidthMeter, steps: int = 6) -> None:
+    for _ in range(steps):
+        meter.add_period(2, 20e3, 0.004)  # 20 kB in 4 ms: latency and overhead, not bandwidth
+
+
+def test_probe_reveals_a_faster_link_while_steps_are_blind() -> None:
+    meter = BandwidthMeter(BandwidthMeter.Config(min_samples=4))
+    for _ in range(5):
+        meter.add_period(2, 4e6, 4e6 / 6.25e6)  # uncompressed warm-up at 50 Mbit/s
+    slow = meter.end_window()
+    assert slow is not None and slow.bandwidth_bytes_per_s == pytest.approx(6.25e6, rel=0.05)
+    assert not meter.blind
+    _compressed_window(meter)
+    assert meter.end_window() == slow and meter.blind  # compressed: the estimate is stuck
+    # The link rises to 1000 Mbit/s; the probe's timed pass (500 kB) sees it.
+    _compressed_window(meter)
+    meter.add_probe(2, 500e3, 2 * 50e-6 + 500e3 / 125e6)
+    fast = meter.end_window()
+    assert fast is not None and fast.bandwidth_bytes_per_s == pytest.approx(125e6, rel=0.05)
+    assert meter.rate_changed and meter.blind  # adopted at once, and still blind by itself
+    assert fast.samples == 1
+    # A probe agreeing with the estimate is blended like any window.
+    _compressed_window(meter)
+    meter.add_probe(2, 500e3, 2 * 50e-6 + 500e3 / 110e6)
+    blended = meter.end_window()
+    assert blended is not None and not meter.rate_changed
+    assert 110e6 < blended.bandwidth_bytes_per_s < fast.bandwidth_bytes_per_s
+    # Back to a slow link: the probe says so too (no one-sided trust in fast readings).
+    _compressed_window(meter)
+    meter.add_probe(2, 500e3, 2 * 50e-6 + 500e3 / 6.25e6)
+    assert meter.end_window().bandwidth_bytes_per_s == pytest.approx(6.25e6, rel=0.05)
+    assert meter.rate_changed
+
+
+def test_probe_alone_closes_a_short_window_and_joins_an_informative_one() -> None:
+    meter = BandwidthMeter(BandwidthMeter.Config(min_samples=8))
+    meter.add_period(2, 20e3, 0.004)
+    meter.add_probe(2, 1e6, 2 * 50e-6 + 1e6 / 100e6)  # fewer than min_samples, but a probe
+    estimate = meter.end_window()
+    assert estimate is not None and estimate.bandwidth_bytes_per_s == pytest.approx(100e6, rel=0.05)
+    assert meter.pending == 0
+    # In an informative window the probe is one more sample, not a replacement.
+    for _ in range(8):
+        meter.add_period(2, 8e6, 8e6 / 100e6 + 1e-4)
+    meter.add_probe(2, 1e6, 0.5)  # a probe that queued behind something: an outlier
+    after = meter.end_window()
+    assert after is not None and not meter.blind
+    assert after.bandwidth_bytes_per_s == pytest.approx(100e6, rel=0.05)
+    meter.add_probe(2, 1e6, 0.0)  # no time: ignored like any sample
+    assert meter.pending == 0 and meter.ignored == 1
+
+
+def test_probe_samples_survive_a_state_dict_round_trip() -> None:
+    meter = BandwidthMeter(BandwidthMeter.Config(min_samples=4))
+    _compressed_window(meter, steps=2)
+    meter.add_probe(2, 1e6, 0.01)
+    state = json.loads(json.dumps(meter.state_dict()))
+    clone = BandwidthMeter(BandwidthMeter.Config(min_samples=4))
+    clone.load_state_dict(state)
+    assert clone.end_window() == meter.end_window()
+    assert clone.blind == meter.blind
+    old = {**state, "window": [[2, 20e3, 0.004]] * 4}  # saved before probes existed
+    old.pop("blind")
+    clone.load_state_dict(old)
+    assert clone.pending == 4 and not clone.blind

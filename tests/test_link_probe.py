@@ -1,0 +1,251 @@
+"""The active link probe on real ranks.
+
+Tier 2 (local gloo, loopback): a heavily compressed plan on a small model never moves enough
+bytes to show the link, and rank 0's estimate starts stuck at 10 Mbit/s. Once the first
+compressed window comes back blind, every boundary runs the same probe on every rank (the
+histories agree on step and size, the plans and parameters stay identical), the probe sees
+the real loopback speed, the estimate rises by orders of magnitude and the policy's fast-link
+rule lifts the compression on its own.
+
+Tier 3 (root + iproute2, skipped otherwise; ~20 s): two ranks on a tbf-shaped veth start at
+50 Mbit/s, where the policy compresses with PowerSGD and the steps fall below what the meter
+can identify; the test raises the link to 1000 Mbit/s mid-window, and the next probe makes
+the estimate jump and the plan go uncompressed within the following boundary or two.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import autocomp
+from autocomp.adaptive import WindowRecord
+from autocomp.link_model import LinkEstimate, LinkProbe
+from autocomp.shaped_link import ShapedLink, shaped_link_unavailable_reason
+from tests.models import MultiBucketNet, classification_batch
+from tests.multirank import run_ranks
+
+ROOT = Path(__file__).resolve().parent.parent
+WINDOW = 4
+WARMUP = 4
+POLICY = """
+version = 1
+[policy]
+description = "test: heavy compression below the fast-link threshold"
+warmup_steps = 4
+min_numel = 64
+compress_1d = false
+fast_link_gbit = 0.5
+candidates = ["none", "powersgd:rank=2"]
+[guards]
+loss_spike_ratio = 1.5
+loss_window = 8
+accordion_threshold = 1000.0
+residual_factor = 1000.0
+backoff_recovery_steps = 400
+max_backoff_levels = 3
+"""
+STUCK = LinkEstimate(latency_s=1e-3, bandwidth_bytes_per_s=10e6 / 8, samples=16, rel_residual=0)
+PROBE_BYTES = 1 << 20
+# The steps here take milliseconds, so 1% of a window buys no informative probe; a large
+# budget with a payload cap makes every blind window probe, always with PROBE_BYTES.
+GENEROUS = LinkProbe.Config(budget=1000.0, max_bytes=PROBE_BYTES)
+
+
+def _stuck_slow(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = MultiBucketNet()
+    ddp = DDP(model, bucket_cap_mb=0.02)
+    ctl = autocomp.wrap(ddp, target_overlap=0.9, policy=policy_path, window=WINDOW)
+    loop = ctl.adaptive
+    assert loop is not None
+    loop.probe = LinkProbe(GENEROUS)
+    # Rank 0's meter believes in a slow link it measured earlier; this model's transfers are
+    # too small to ever correct that by themselves.
+    state = loop.meter.state_dict()
+    state["estimate"] = STUCK.to_dict()
+    loop.meter.load_state_dict(state)
+    loop.cost_model.update_link(STUCK)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    plans = {}
+    for step in range(8 * WINDOW):
+        x, y = classification_batch(rank, step)
+        loss = torch.nn.functional.cross_entropy(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        plans[ctl.step] = dict(ctl.plan)
+    return {
+        "plans": plans,
+        "records": [r.to_dict() for r in ctl.history],
+        "params": torch.cat([p.detach().reshape(-1) for p in model.parameters()]),
+        "blind": loop.meter.blind,
+    }
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+def test_probe_lifts_a_stuck_slow_estimate_on_every_rank_alike(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    ranks = run_ranks(_stuck_slow, 2, tmp_path / "ranks", str(policy))
+    zero, one = ranks
+    probes = [[(r["step"], r["probe_bytes"]) for r in rank["records"]] for rank in ranks]
+    assert probes[0] == probes[1]  # same collectives in the same order, or it would hang
+    assert zero["plans"] == one["plans"] and torch.equal(zero["params"], one["params"])
+    for a, b in zip(zero["records"], one["records"], strict=True):
+        assert a["probe_seconds"] == b["probe_seconds"]  # the MIN over ranks, on both
+    by_step = {r["step"]: r for r in zero["records"]}
+    # No probe in warm-up; the first compressed window (steps 4-7) comes back blind, so the
+    # boundary at step 8 probes, and then every boundary while the meter stays blind.
+    assert [s for s, b in probes[0] if b] == list(range(WARMUP + WINDOW, 8 * WINDOW, WINDOW))
+    assert all(b == PROBE_BYTES for _, b in probes[0] if b)
+    assert zero["blind"]
+    assert by_step[WARMUP]["bandwidth_bytes_per_s"] == STUCK.bandwidth_bytes_per_s
+    first = by_step[WARMUP + WINDOW]
+    assert first["probe_bytes_per_s"] > 20 * STUCK.bandwidth_bytes_per_s, first
+    assert first["bandwidth_bytes_per_s"] > 20 * STUCK.bandwidth_bytes_per_s, first
+    assert "probe 1,049 kB" in _summary(first)
+    # Compressed while the estimate was stuck, uncompressed once the probe showed the link.
+    plans = zero["plans"]
+    assert any(spec != "none" for spec in plans[WARMUP + 1].values()), plans[WARMUP + 1]
+    assert set(plans[WARMUP + WINDOW + 1].values()) == {"none"}
+    assert set(plans[max(plans)].values()) == {"none"}
+
+
+def _summary(record: dict[str, Any]) -> str:
+    return WindowRecord(**record).summary()
+
+
+# ---- tier 3: a real link that gets faster --------------------------------------------------
+
+_UNAVAILABLE = shaped_link_unavailable_reason()
+SHAPED_POLICY = POLICY.replace('"test:', '"test shaped:')
+SLOW_MBIT, FAST_MBIT = 50.0, 1000.0
+RAISE_STEP = 13  # inside the window of steps 12-15
+SHAPED_STEPS = 6 * WINDOW
+SHAPED_PROBE_BYTES = 1 << 20
+
+
+def shaped_worker(policy_path: str, out_dir: str) -> None:
+    """One rank on its namespace: train, pause at RAISE_STEP while the link is raised."""
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    rank = torch.distributed.get_rank()
+    out = Path(out_dir)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(  # 1.1M parameters: 4.4 MB per uncompressed step
+        torch.nn.Linear(64, 1024),
+        torch.nn.ReLU(),
+        torch.nn.Linear(1024, 1024),
+        torch.nn.ReLU(),
+        torch.nn.Linear(1024, 10),
+    )
+    ddp = DDP(model, bucket_cap_mb=1)
+    ctl = autocomp.wrap(ddp, policy=policy_path, window=WINDOW, run_dir=False)
+    assert ctl.adaptive is not None
+    # Compressed steps take tens of ms here, so 1% of a window buys no informative probe: a
+    # large budget (capped payload) probes every blind window, as a long window would.
+    ctl.adaptive.probe = LinkProbe(LinkProbe.Config(budget=5.0, max_bytes=SHAPED_PROBE_BYTES))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    generator = torch.Generator().manual_seed(rank)
+    plans = {}
+    for step in range(SHAPED_STEPS):
+        if step == RAISE_STEP and rank == 0:
+            (out / "reached").write_text(str(step))
+            deadline = time.monotonic() + 30
+            while not (out / "raised").exists():
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the link was not raised")
+                time.sleep(0.02)
+        x = torch.randn(64, 64, generator=generator)
+        loss = ddp(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        plans[ctl.step] = dict(ctl.plan)
+    result = {
+        "plans": plans,
+        "records": [{k: v for k, v in r.to_dict().items() if k != "decision"} for r in ctl.history],
+        "summaries": [r.summary() for r in ctl.history],
+    }
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.shaped
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"ShapedLink unavailable: {_UNAVAILABLE}")
+def test_shaped_link_getting_faster_lightens_the_plan(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(SHAPED_POLICY)
+    code = (
+        f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
+        "from tests.test_link_probe import shaped_worker; shaped_worker(sys.argv[1], sys.argv[2])"
+    )
+    logs = [tmp_path / f"rank{r}.log" for r in range(2)]
+    with ShapedLink(ShapedLink.Config(hosts=2, rate_mbit=SLOW_MBIT)) as link:
+        procs = []
+        for host in range(2):
+            with logs[host].open("w") as log:
+                procs.append(
+                    link.popen(
+                        host,
+                        [sys.executable, "-c", code, str(policy), str(tmp_path)],
+                        env={**link.rank_env(host, world_size=2, master_port=29500)},
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        cwd=ROOT,
+                    )
+                )
+        deadline = time.monotonic() + 90
+        while not (tmp_path / "reached").exists():
+            failed = [p.returncode for p in procs if p.poll() not in (None, 0)]
+            assert not failed and time.monotonic() < deadline, _logs(logs)
+            time.sleep(0.02)
+        link.set_rate(FAST_MBIT)
+        (tmp_path / "raised").write_text("raised")
+        for proc in procs:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    assert [p.returncode for p in procs] == [0, 0], _logs(logs)
+    zero, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    print("\n".join(zero["summaries"]))
+    assert zero["plans"] == one["plans"]
+    assert [(r["step"], r["probe_bytes"]) for r in zero["records"]] == [
+        (r["step"], r["probe_bytes"]) for r in one["records"]
+    ]
+    by_step = {r["step"]: r for r in zero["records"]}
+    plans = {int(step): plan for step, plan in zero["plans"].items()}
+    # At 50 Mbit/s the warm-up measures the link and the policy compresses.
+    slow = by_step[WARMUP]["bandwidth_bytes_per_s"] * 8 / 1e6
+    assert 0.5 * SLOW_MBIT < slow < 1.5 * SLOW_MBIT, slow
+    assert any(spec != "none" for spec in plans[RAISE_STEP].values()), plans[RAISE_STEP]
+    # A probe ran before the raise (the meter was blind) and read the slow link.
+    before = [r for s, r in by_step.items() if s <= RAISE_STEP and r["probe_bytes"]]
+    assert before and before[-1]["probe_bytes_per_s"] * 8 / 1e6 < 2 * SLOW_MBIT, before
+    # By the second boundary after the raise the estimate is fast and the plan uncompressed.
+    boundary = (RAISE_STEP // WINDOW + 1) * WINDOW
+    fast = [
+        r
+        for s, r in sorted(by_step.items())
+        if s > RAISE_STEP
+        and r["bandwidth_bytes_per_s"]
+        and r["bandwidth_bytes_per_s"] * 8 / 1e6 > 0.5 * FAST_MBIT
+    ]
+    assert fast and fast[0]["step"] <= boundary + WINDOW, zero["summaries"]
+    assert set(plans[fast[0]["step"] + 1].values()) == {"none"}, plans[fast[0]["step"] + 1]
+    assert set(plans[max(plans)].values()) == {"none"}
+
+
+def _logs(paths: list[Path]) -> str:
+    return "\n".join(f"--- {p.name} ---\n{p.read_text()[-3000:]}" for p in paths if p.exists())

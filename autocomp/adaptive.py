@@ -40,7 +40,7 @@ from autocomp.compressors import Collective, build_compressor
 from autocomp.cost_model import CostModel
 from autocomp.distributed import collective_device
 from autocomp.guards import ConvergenceGuards
-from autocomp.hook import HookState
+from autocomp.hook import HookState, LayerReplay
 from autocomp.link_model import (
     PROBE_PASSES,
     BandwidthMeter,
@@ -657,30 +657,18 @@ def _calibrate(cost_model: CostModel, specs: Sequence[str], world_size: int) -> 
     this the first decisions try compressors that do not pay, one window each. About a second
     on a 2-core CPU, on rank 0 only.
     """
-    import time
-    import types
-
-    from autocomp.compressors import Collective
-    from autocomp.hook import LayerSlot, _prepare, decode_into
-
-    hook_state = types.SimpleNamespace(check_wire_bytes=False, profiler=None, step=0)
     generator = torch.Generator().manual_seed(0)
-    grad = torch.randn(CALIBRATION_SHAPE.numel(), generator=generator) * 1e-3
-    target = torch.empty_like(grad)
+    grad = torch.randn(CALIBRATION_SHAPE, generator=generator) * 1e-3
     for spec in specs:
         compressor = build_compressor(spec)
         if compressor.name == "none":
             continue
-        slot = LayerSlot("calibration", CALIBRATION_SHAPE, torch.float32, 0, compressor)
-        slot.state = compressor.init_state(CALIBRATION_SHAPE, 0, 0)
+        replay = LayerReplay(compressor, grad, gathered=world_size)
         best = math.inf
         for _ in range(3):  # the first call pays one-off costs; keep the fastest
-            started = time.perf_counter()
-            payload, _ = _prepare(slot, grad, hook_state)  # type: ignore[arg-type]
+            local, decode = replay.step()
             gathered = compressor.collective is Collective.ALL_GATHER
-            received: Any = [payload] * world_size if gathered else payload
-            bool(decode_into(slot, received, target))  # the hook's own decode path
-            best = min(best, time.perf_counter() - started)
+            best = min(best, local + decode * (world_size if gathered else 1))
         factor = cost_model.calibrate(compressor, CALIBRATION_SHAPE, best)
         logger.debug(
             "autocomp: %s costs %.2f ms per 1M elements here (x%.2f prior)",

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from autocomp.compressors import Collective, build_compressor
-from autocomp.hook import LayerSlot, _prepare
+from autocomp.hook import LayerSlot, _prepare, decode_into
 
 ALL_NAMES = ["none", "fp16", "bf16", "int8", "qsgd", "sign", "topk", "randomk", "powersgd"]
 
@@ -505,3 +505,21 @@ def test_qsgd_one_large_finite_entry_keeps_output_finite() -> None:
     x[2, 3] = 1e20
     y = _roundtrip("qsgd", x)
     assert torch.isfinite(y).all()
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("spec", ["fp16", "topk:ratio=0.1", "powersgd:rank=2", "int8", "sign"])
+def test_decode_into_flags_a_non_finite_average(spec: str, bad: float) -> None:
+    """The hook's finiteness flag (a float32 sum) sees NaN and +-Inf in a rank's gradient
+    through any compressor, and stays True for a finite gradient with one huge entry."""
+    c = build_compressor(spec)
+    size = torch.Size([12, 10])
+    for poison, expected in ((None, True), (bad, False), (1e30, True)):
+        slot = LayerSlot("w", size, torch.float32, 3, c, c.init_state(size, 3, 0))
+        grad = _randn(120, seed=60)
+        if poison is not None:
+            grad[7] = poison
+        payload, _ = _prepare(slot, grad, _hook_state())
+        received = [payload] if c.collective is Collective.ALL_GATHER else payload
+        target = torch.empty(120)
+        assert bool(decode_into(slot, received, target)) is expected, (spec, poison)

@@ -11,10 +11,16 @@ model (prior times the correction learned from what was measured).
 
 Two numbers per case, because they scale differently with the number of ranks:
 
-* ``local_s``: copy to float32 and residual add, compress, the error-feedback decompress and
-  subtraction, and ``commit`` -- paid once per step whatever the world size;
-* ``decode_s``: decoding one received payload and writing it back -- an all-reduce compressor
-  decodes one summed payload, an all-gather compressor one payload per rank.
+* ``local_s``: what the hook does before the collective (``autocomp.hook._prepare``: copy to
+  float32 or add into the residual, compress, subtract the error-feedback estimate) -- paid
+  once per step whatever the world size;
+* ``decode_s``: decoding one received payload into the bucket, its finiteness check and the
+  compressor's ``commit`` (``autocomp.hook.decode_into``) -- an all-reduce compressor decodes
+  one summed payload, an all-gather compressor one payload per rank.
+
+Both come from :class:`autocomp.hook.LayerReplay`, the hook's own code path, so fused hot
+paths (PowerSGD's error feedback inside its matrix product, decoding straight into the
+bucket) are costed as they run.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ from dataclasses import dataclass
 import torch
 
 from autocomp.advisor.profile import CompressorMeasurement
-from autocomp.compressors import Collective, Compressor, NoCompression, PowerSGD, build_compressor
+from autocomp.compressors import Compressor, NoCompression, PowerSGD, build_compressor
+from autocomp.hook import LayerReplay
 
 logger = logging.getLogger(__name__)
 
@@ -63,52 +70,14 @@ def eligible(shape: Sequence[int], min_numel: int) -> bool:
     return len(shape) >= 2 and math.prod(int(d) for d in shape) >= min_numel
 
 
-@dataclass(slots=True)
-class _Replay:
-    """The hook's per-layer work for one compressor on one gradient, step after step."""
-
-    compressor: Compressor
-    grad: torch.Tensor
-    state: dict
-    residual: torch.Tensor | None = None
-
-    def step(self) -> tuple[float, float]:
-        """One step; returns (local seconds, decode seconds per received payload)."""
-        c, shape, clock = self.compressor, self.grad.shape, time.perf_counter
-        t0 = clock()
-        x = self.grad.to(torch.float32, copy=True)
-        if self.residual is not None:
-            x.add_(self.residual)
-        payload = c.compress(x, self.state)
-        if c.error_feedback:
-            self.residual = x.sub_(c.decompress(payload, shape, self.state))
-        t1 = clock()
-        if c.collective is Collective.ALL_GATHER:
-            received: torch.Tensor | list[torch.Tensor] = [payload] + [
-                payload.clone() for _ in range(_GATHER_PAYLOADS - 1)
-            ]
-            decoded = c.decompress_sum(received, shape, self.state)
-            payloads = _GATHER_PAYLOADS
-        else:
-            received = payload
-            decoded = c.decompress(payload, shape, self.state)
-            payloads = 1
-        torch.empty_like(self.grad).copy_(decoded.reshape(shape))
-        t2 = clock()
-        c.commit(received, self.state)
-        t3 = clock()
-        return (t1 - t0) + (t3 - t2), (t2 - t1) / payloads
-
-    def rel_error(self) -> float | None:
-        """One-step relative error on the gradient, from the (warmed-up) state, no residual."""
-        x = self.grad.to(torch.float32, copy=True)
-        norm = float(torch.linalg.vector_norm(x.double()))
-        if norm == 0:
-            return None
-        estimate = self.compressor.decompress(
-            self.compressor.compress(x, self.state), x.shape, self.state
-        )
-        return float(torch.linalg.vector_norm(estimate.double() - x.double())) / norm
+def _rel_error(compressor: Compressor, grad: torch.Tensor, state: dict) -> float | None:
+    """One-step relative error on the gradient, from the (warmed-up) state, no residual."""
+    x = grad.to(torch.float32, copy=True)
+    norm = float(torch.linalg.vector_norm(x.double()))
+    if norm == 0:
+        return None
+    estimate = compressor.decompress(compressor.compress(x, state), x.shape, state)
+    return float(torch.linalg.vector_norm(estimate.double() - x.double())) / norm
 
 
 class CostMeter:
@@ -171,7 +140,7 @@ class CostMeter:
         self, compressor: Compressor, grad: torch.Tensor, deadline: float
     ) -> CompressorMeasurement:
         shape = torch.Size(grad.shape)
-        replay = _Replay(compressor, grad, compressor.init_state(shape, 0, 0))
+        replay = LayerReplay(compressor, grad, gathered=_GATHER_PAYLOADS)
         for _ in range(self.config.warmup):
             replay.step()
         local: list[float] = []
@@ -180,7 +149,7 @@ class CostMeter:
             seconds_local, seconds_decode = replay.step()
             local.append(seconds_local)
             decode.append(seconds_decode)
-        error = replay.rel_error()
+        error = _rel_error(compressor, grad, replay.slot.state)
         if isinstance(compressor, PowerSGD) and not compressor.compresses(shape):
             error = 0.0
         return CompressorMeasurement(

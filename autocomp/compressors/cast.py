@@ -62,11 +62,17 @@ class _CastCompressor(Compressor):
 
     def compress(self, x: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
         limit = torch.finfo(self.wire_dtype).max
-        # Cast, then saturate in the half-size result: each rank's values never become inf.
-        # (The 16-bit sum over ranks can still overflow; the hook then sees a non-finite
-        # average and resets.) NaN stays NaN, so the non-finite check still sees it.
-        payload = x.reshape(-1).to(self.wire_dtype)
-        return payload.clamp_(-limit, limit)
+        # Cast, then saturate in the half-size result: a finite gradient that overflows 16
+        # bits stays finite. (The 16-bit sum over ranks can still overflow; the hook then sees
+        # a non-finite average and resets.) NaN stays NaN.
+        payload = x.reshape(-1).to(self.wire_dtype).clamp_(-limit, limit)
+        if payload.numel():
+            # Saturation would also turn a real Inf into a finite number, which AMP's
+            # GradScaler must see to skip the step. A non-finite input makes the first element
+            # NaN instead, without a host sync: the hook's check then catches it.
+            total = x.sum(dtype=torch.float32)
+            payload[:1].add_((total - total).to(payload.dtype))
+        return payload
 
     def decompress(
         self, payload: torch.Tensor, shape: torch.Size, state: dict[str, Any]

@@ -85,7 +85,9 @@ class PowerSGD(Compressor):
             payload = matrix @ basis
         else:
             basis = _orthonormalize(state["p"].to(matrix.device))
-            payload = matrix.T @ basis
+            # (basis^T M)^T, not M^T basis: BLAS on a transposed operand with 2-8 columns
+            # falls off its fast path on CPU (46-110 ms instead of 3 ms for 3072x3072).
+            payload = (basis.T @ matrix).T.contiguous()
         state["_basis"] = basis
         return payload.reshape(-1)
 

@@ -352,6 +352,36 @@ def test_measured_error_overrides_prior() -> None:
     assert "rel. error 0.1;" in chosen.reason
 
 
+def test_measured_errors_calibrate_unmeasured_siblings() -> None:
+    """A layer that compresses worse than its priors say makes its unmeasured options of the
+    same family look worse by the same factor (capped at 1), so the plan does not hop to a
+    sibling that only looks better because it was never measured; other families keep their
+    priors."""
+    priors = ErrorPriors()
+    shape = torch.Size((1024, 1024))
+    timing = StepTiming(backward_seconds=0.1, hideable_seconds=0.05, step_seconds=0.2)
+    measured_rank4 = 0.9
+    ratio = measured_rank4 / priors.rel_error(build_compressor("powersgd:rank=4"), shape)
+    layer = LayerProfile(
+        name="w", shape=shape, grad_norm=1.0, rel_error={"powersgd:rank=4": measured_rank4}
+    )
+    expected = {
+        "powersgd:rank=16": priors.rel_error(build_compressor("powersgd:rank=16"), shape) * ratio,
+        "powersgd:rank=1": 1.0,  # 0.72 x 1.58 would exceed dropping the gradient
+        "topk:ratio=0.01": priors.rel_error(build_compressor("topk:ratio=0.01"), shape),
+    }
+    for spec, rel in expected.items():
+        eng = engine(200, PolicyRules(candidates=("none", spec)))
+        chosen = eng.decide([layer], timing, AFTER_WARMUP, WORLD).layers[0]
+        assert chosen.spec == build_compressor(spec).spec
+        assert chosen.predicted_error == pytest.approx(rel**2), spec
+    # In use and measured, rank 4 keeps its place against its calibrated sibling rank 1.
+    eng = engine(200, PolicyRules(candidates=("none", "powersgd:rank=4", "powersgd:rank=1")))
+    current = {"w": "powersgd:rank=4,ef=true"}
+    chosen = eng.decide([layer], timing, AFTER_WARMUP, WORLD, current=current).layers[0]
+    assert chosen.spec == "powersgd:rank=4,ef=true", chosen.reason
+
+
 def test_error_priors_are_sane() -> None:
     priors = ErrorPriors()
     shape = torch.Size((1024, 1024))

@@ -33,7 +33,9 @@ bytes) - comm_seconds(collective, 0)``, plus its compression time. Latency is ch
 
 Errors. A layer's option has the predicted squared error ``rel_error^2 * grad_norm^2``, so
 layers with large gradients weigh more. ``rel_error`` is the profiler's measured value for
-that spec when there is one, else the :class:`ErrorPriors` value.
+that spec when there is one, else the :class:`ErrorPriors` value, scaled by how the layer's
+measured specs of the same family compare with their priors (geometric mean of the ratios;
+capped at 1 for the biased families).
 
 Determinism: identical inputs (including the cost model's answers) give identical decisions;
 rank 0 decides and broadcasts, and tests rely on it.
@@ -271,8 +273,13 @@ class ErrorPriors:
 
 
 @lru_cache(maxsize=1024)
+def _built(spec: str) -> Compressor:
+    """Compressors are immutable configurations: one instance per spec serves every call."""
+    return build_compressor(spec)
+
+
 def _canonical(spec: str) -> str:
-    return build_compressor(spec).spec
+    return _built(spec).spec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -654,7 +661,24 @@ class PolicyEngine:
             raise ValueError(f"{layer.name}: bad spec in rel_error: {err}") from None
         if compressor.spec in measured:
             return float(measured[compressor.spec])
-        return self.config.priors.rel_error(compressor, layer.shape)
+        priors = self.config.priors
+        prior = priors.rel_error(compressor, layer.shape)
+        # The priors' order within a family (rank 16 beats rank 4) holds on real gradients,
+        # their level does not: under error feedback a layer may be much harder to compress
+        # than the synthetic tensors. Without this, an unmeasured sibling always looks better
+        # than the measured one in use, and the plan hops between them window after window.
+        ratios = [
+            value / reference
+            for spec, value in measured.items()
+            if _built(spec).name == compressor.name
+            and (reference := priors.rel_error(_built(spec), layer.shape)) > 0
+        ]
+        if not ratios or prior <= 0:
+            return prior
+        scale = math.exp(math.fsum(math.log(max(r, 1e-12)) for r in ratios) / len(ratios))
+        # Dropping the whole gradient is a relative error of 1: a biased compressor's
+        # calibrated prior never claims worse (unbiased ones may start above 1).
+        return min(prior * scale, max(1.0, prior))
 
     def _fixed(
         self, layer: LayerProfile, rule: str, spec: str, reason: str, latency: _LatencyCache

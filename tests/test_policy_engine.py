@@ -353,10 +353,10 @@ def test_measured_error_overrides_prior() -> None:
 
 
 def test_measured_errors_calibrate_unmeasured_siblings() -> None:
-    """A layer that compresses worse than its priors say makes its unmeasured options of the
-    same family look worse by the same factor (capped at 1), so the plan does not hop to a
-    sibling that only looks better because it was never measured; other families keep their
-    priors."""
+    """A layer that compresses worse than its priors say makes its unmeasured options look
+    worse by the same factor (capped at 1): the same family's measurements decide, else the
+    layer's other families' (only upwards, see test_measured_error_overrides_prior). So the
+    plan does not hop to an option that only looks better because it was never measured."""
     priors = ErrorPriors()
     shape = torch.Size((1024, 1024))
     timing = StepTiming(backward_seconds=0.1, hideable_seconds=0.05, step_seconds=0.2)
@@ -368,7 +368,10 @@ def test_measured_errors_calibrate_unmeasured_siblings() -> None:
     expected = {
         "powersgd:rank=16": priors.rel_error(build_compressor("powersgd:rank=16"), shape) * ratio,
         "powersgd:rank=1": 1.0,  # 0.72 x 1.58 would exceed dropping the gradient
-        "topk:ratio=0.01": priors.rel_error(build_compressor("topk:ratio=0.01"), shape),
+        "topk:ratio=0.001": min(
+            1.0, priors.rel_error(build_compressor("topk:ratio=0.001"), shape) * ratio
+        ),
+        "fp16": priors.rel_error(build_compressor("fp16"), shape) * ratio,
     }
     for spec, rel in expected.items():
         eng = engine(200, PolicyRules(candidates=("none", spec)))
@@ -380,6 +383,18 @@ def test_measured_errors_calibrate_unmeasured_siblings() -> None:
     current = {"w": "powersgd:rank=4,ef=true"}
     chosen = eng.decide([layer], timing, AFTER_WARMUP, WORLD, current=current).layers[0]
     assert chosen.spec == "powersgd:rank=4,ef=true", chosen.reason
+    # A measured top-k of its own: PowerSGD's measurements no longer speak for top-k.
+    both = LayerProfile(
+        name="w",
+        shape=shape,
+        grad_norm=1.0,
+        rel_error={"powersgd:rank=4": measured_rank4, "topk:ratio=0.01": 0.5},
+    )
+    topk_ratio = 0.5 / priors.rel_error(build_compressor("topk:ratio=0.01"), shape)
+    eng = engine(200, PolicyRules(candidates=("none", "topk:ratio=0.001")))
+    chosen = eng.decide([both], timing, AFTER_WARMUP, WORLD).layers[0]
+    expected_topk = priors.rel_error(build_compressor("topk:ratio=0.001"), shape) * topk_ratio
+    assert chosen.predicted_error == pytest.approx(expected_topk**2)
 
 
 def test_error_priors_are_sane() -> None:

@@ -34,8 +34,10 @@ bytes) - comm_seconds(collective, 0)``, plus its compression time. Latency is ch
 Errors. A layer's option has the predicted squared error ``rel_error^2 * grad_norm^2``, so
 layers with large gradients weigh more. ``rel_error`` is the profiler's measured value for
 that spec when there is one, else the :class:`ErrorPriors` value, scaled by how the layer's
-measured specs of the same family compare with their priors (geometric mean of the ratios;
-capped at 1 for the biased families).
+measured specs of the same family compare with their priors (geometric mean of the ratios);
+failing those, by the layer's other measured specs, but only upwards (a layer hard for one
+family is likely hard for all; one that suits top-k says nothing good about PowerSGD). A
+biased compressor's scaled prior is capped at 1, the error of sending nothing.
 
 Determinism: identical inputs (including the cost model's answers) give identical decisions;
 rank 0 decides and broadcasts, and tests rely on it.
@@ -663,19 +665,28 @@ class PolicyEngine:
             return float(measured[compressor.spec])
         priors = self.config.priors
         prior = priors.rel_error(compressor, layer.shape)
+        if prior <= 0:
+            return prior
         # The priors' order within a family (rank 16 beats rank 4) holds on real gradients,
         # their level does not: under error feedback a layer may be much harder to compress
-        # than the synthetic tensors. Without this, an unmeasured sibling always looks better
-        # than the measured one in use, and the plan hops between them window after window.
-        ratios = [
-            value / reference
-            for spec, value in measured.items()
-            if _built(spec).name == compressor.name
-            and (reference := priors.rel_error(_built(spec), layer.shape)) > 0
-        ]
-        if not ratios or prior <= 0:
+        # than the synthetic tensors. Without this, an unmeasured option always looks better
+        # than the measured one in use, and the plan hops to it, window after window. The
+        # same family's measurements say most; failing those, the layer's others do.
+        ratios: dict[bool, list[float]] = {True: [], False: []}
+        for spec, value in measured.items():
+            other = _built(spec)
+            reference = priors.rel_error(other, layer.shape)
+            if reference > 0 and value > 0:
+                ratios[other.name == compressor.name].append(value / reference)
+        same_family = bool(ratios[True])
+        chosen = ratios[True] or ratios[False]
+        if not chosen:
             return prior
-        scale = math.exp(math.fsum(math.log(max(r, 1e-12)) for r in ratios) / len(ratios))
+        scale = math.exp(math.fsum(math.log(r) for r in chosen) / len(chosen))
+        if not same_family:
+            # Another family's success says little about this one; its failure says the
+            # layer is hard. Only the pessimistic direction crosses families.
+            scale = max(1.0, scale)
         # Dropping the whole gradient is a relative error of 1: a biased compressor's
         # calibrated prior never claims worse (unbiased ones may start above 1).
         return min(prior * scale, max(1.0, prior))

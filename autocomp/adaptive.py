@@ -237,6 +237,9 @@ class AdaptiveLoop:
         self.decision_failures = 0
         """Windows whose decision raised (the plan was kept); see the log for tracebacks."""
         self._last_boundary = 0
+        self.boundary_seconds = 0.0
+        """Wall time this rank spent at window boundaries (measurement all-reduce, decision,
+        plan broadcast, probe): the window loop's own cost, reported by the overhead bench."""
         self._loss_sum = 0.0
         self._loss_count = 0
         self._bytes_mark = self._bytes_totals()
@@ -272,7 +275,9 @@ class AdaptiveLoop:
         self.profiler.begin_step(sample=window - step % window <= self.config.sampled_steps)
         if step > 0 and step % window == 0 and step != self._last_boundary:
             self._last_boundary = step
+            started = time.perf_counter()
             self._boundary(step)
+            self.boundary_seconds += time.perf_counter() - started
 
     def _on_forward_done(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self._syncs(module):

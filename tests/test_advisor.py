@@ -5,17 +5,25 @@ world size grows; the bucket pipeline on a hand-made timeline; scaling efficienc
 flipping from "compress" to "does not pay" as the what-if bandwidth rises; corrupt, truncated
 and other-version profiles and absurd what-if values rejected with exit status 2 and a one-line
 message naming the problem; ``--plan-out`` files loadable by ``autocomp.plan.load_plan`` and
-``CostModel.load``; ``report`` on a run log.
+``CostModel.load``; ``report`` on a run log; output paths checked before any work (exit 2);
+the model choice named when a profile has several; the capture's bookkeeping driven by hand
+(fake DDP models and buckets): per-step compute time of a short run, steps of a GAN counted
+once per iteration, gradients of parameters unused in the first step; ``profile`` in process
+(``RANK=0``) on scripts that never reach DDP: ``sys.exit`` reasons, syntax errors.
 
 Tier 2 (``multirank``: spawns processes, small): ``profile examples/digits_cnn.py --steps 5``
 on 2 local gloo ranks writes a valid profile (layer names and shapes of the model, a measured
 link, the bucket timeline) and ``recommend`` renders it as terminal, JSON and HTML output; a
 script that raises shows its traceback (exit 1, partial profile kept once a step was
-captured); a script without DDP gets the wrapping snippet (exit 1).
+captured); a script without DDP gets the wrapping snippet (exit 1); a failing rank 1's
+traceback is shown as the likely root cause; a late ``sys.exit`` keeps a partial profile and
+says why; a bare ``except:`` around the loop still gives a complete profile; a built-in comm
+hook is reported as untimeable.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -26,6 +34,14 @@ import pytest
 import torch
 
 from autocomp.advisor import cli
+from autocomp.advisor.capture import (
+    CaptureSession,
+    ModelCapture,
+    _HookCall,
+    _Layout,
+    _StepRecord,
+    _StopScript,
+)
 from autocomp.advisor.profile import (
     PROFILE_VERSION,
     BucketInfo,
@@ -485,6 +501,255 @@ def test_report_summarizes_a_run_log(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert len(err.splitlines()) == 1 and "nowhere" in err
 
 
+@pytest.mark.parametrize(
+    ("option", "target", "message"),
+    [
+        ("--json", "existing_dir", "--json: existing_dir is a directory"),
+        ("--html", "nodir/x.html", "--html: directory"),
+        ("--plan-out", "nodir/plan.json", "--plan-out: directory"),
+    ],
+)
+def test_recommend_checks_its_output_paths_first(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    option: str,
+    target: str,
+    message: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "existing_dir").mkdir()
+    make_profile().save(tmp_path / "profile.json")
+    assert recommend(tmp_path / "profile.json", option, target) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing computed or rendered before the error
+    assert len(captured.err.strip().splitlines()) == 1 and message in captured.err
+
+
+def test_profile_checks_out_and_script_before_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('the script must not run')\n")
+    outdir = tmp_path / "outdir"
+    outdir.mkdir()
+    assert cli.main(["profile", str(script), "--out", str(outdir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"autocomp-advisor: error: --out: {outdir} is a directory; give a file name"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outdir", "train.py"]  # no .tmp
+    assert cli.main(["profile", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is a directory" in err
+
+
+def test_recommend_names_the_chosen_model_of_several(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = make_profile()
+    small = dataclasses.replace(
+        base.models[0],
+        index=1,
+        module_class="Critic",
+        layers=base.models[0].layers[2:],
+        buckets=base.models[0].buckets[:1],
+    )
+    path = tmp_path / "two.json"
+    dataclasses.replace(base, models=(base.models[0], small)).save(path)
+    assert recommend(path) == 0
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+    assert "model 0 of 2 (Net, 1.06M params)" in out
+    assert "others: 1 (Critic, 10.2k params); --model I to choose" in out
+    assert recommend(path, "--model", "1") == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "model 1 of 2 (Critic, 10.2k params), as asked" in out
+
+
+# ---- tier 1: the capture's bookkeeping, driven by hand -------------------------------------
+
+
+class FakeDDP(torch.nn.Module):
+    """What ModelCapture reads of a DistributedDataParallel: ``module`` and forward hooks."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+
+class FakeBucket:
+    """One bucket holding all of a model's parameters, as DDP hands it to a comm hook."""
+
+    def __init__(self, params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
+        self._params, self._flat = params, flat
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return self._params
+
+    def buffer(self) -> torch.Tensor:
+        return self._flat
+
+    def index(self) -> int:
+        return 0
+
+    def is_last(self) -> bool:
+        return True
+
+
+def fake_capture(session: CaptureSession, module: torch.nn.Module) -> ModelCapture:
+    capture = ModelCapture(FakeDDP(module), len(session.models), session)  # type: ignore[arg-type]
+    capture.hook_installed = True  # no real process group to register a hook with
+    session.models.append(capture)
+    return capture
+
+
+def run_backward(capture: ModelCapture, flat: torch.Tensor | None = None) -> None:
+    """One backward through ``capture``'s timed hook (an all-reduce of one rank: identity)."""
+
+    def identity(state: object, bucket: FakeBucket) -> torch.futures.Future[torch.Tensor]:
+        future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        future.set_result(bucket.buffer())
+        return future
+
+    params = [p for _, p in capture.params]
+    if flat is None:
+        flat = torch.randn(sum(p.numel() for p in params))
+    capture.timed(identity)(None, FakeBucket(params, flat))
+
+
+def run_forward(capture: ModelCapture) -> None:
+    capture._pre_forward(capture.ddp, ())
+    capture._post_forward(capture.ddp, (), None)
+
+
+def test_compute_step_of_a_short_run_is_a_per_step_median() -> None:
+    # s10_short: the script ends before --steps; its last step has no following forward and
+    # a long exposed tail (waiting for a slower peer). Medians of step, E and hook taken
+    # separately used to subtract to nothing (compute_step_s = 1e-9, efficiency 0%).
+    session = CaptureSession(steps=6, rank=1, min_numel=16, progress=False)
+    capture = fake_capture(session, torch.nn.Linear(4, 4))
+    layout = _Layout(key=(), names=("weight", "bias"), shapes=(), nbytes=80)
+
+    def step(start: float, next_start: float | None, exposed: float) -> _StepRecord:
+        end = start + 0.001  # forward 1 ms, backward 2 ms, hook 0.1 ms
+        call = _HookCall(0, end + 0.002, end + 0.0021, layout)
+        return _StepRecord(
+            started=start, forward_s=0.001, forward_end=end, calls=[call],
+            done=[call.exited + exposed], complete=True, next_start=next_start,
+        )  # fmt: skip
+
+    capture.steps = [step(0.0, 0.05, 0.001), step(0.05, 0.06, 0.0002), step(0.06, None, 0.03)]
+    model, notes = capture.profile()
+    assert model is not None
+    timing = model.timing
+    assert timing.step_s == pytest.approx(0.010)
+    assert timing.compute_step_s == pytest.approx(0.010 - 0.0002 - 0.0001)
+    assert timing.exposed_comm_s == pytest.approx(0.0002)  # from the same step as step_s
+    assert capture.local_step_seconds() == pytest.approx(0.010)
+    assert any(n.startswith("model 0: UNRELIABLE step time") for n in notes), notes
+    # A step whose exposed time swallows it is floored at forward + backward.
+    capture.steps = [step(0.0, 0.05, 0.001), step(0.05, 0.06, 0.0095), step(0.06, 0.07, 0.0095)]
+    model, notes = capture.profile()
+    assert model is not None
+    assert model.timing.compute_step_s == pytest.approx(0.003)
+    assert not any("UNRELIABLE" in n for n in notes)
+
+
+def test_a_gan_is_counted_once_per_iteration_each_model_timed_on_its_own() -> None:
+    # s5_gan: D syncs in lossD.backward() and again in lossG.backward(); G only in the
+    # latter. Steps are iterations: the model with the fewest backwards (G).
+    session = CaptureSession(steps=3, rank=1, min_numel=16, progress=False)
+    g = fake_capture(session, torch.nn.Linear(8, 16))
+    d = fake_capture(session, torch.nn.Linear(16, 1))
+    iterations = 0
+    with pytest.raises(_StopScript):
+        while iterations < 10:
+            run_forward(g)  # fake = G(z)
+            run_forward(d)  # D(real) + D(fake.detach())
+            run_forward(d)
+            run_backward(d)  # lossD.backward()
+            run_forward(d)  # D(fake)
+            run_backward(d)  # lossG.backward(): D's buckets, then G's
+            run_backward(g)
+            iterations += 1
+    assert iterations == 3 and session.steps_done == 3
+    assert (g.backwards, d.backwards) == (3, 6)
+    g_model, _ = g.profile()
+    d_model, _ = d.profile()
+    assert g_model is not None and d_model is not None
+    assert (g_model.timing.steps_used, d_model.timing.steps_used) == (2, 5)
+
+
+def test_gradients_of_a_parameter_unused_in_the_first_step_are_sampled_later() -> None:
+    # s4_unused (find_unused_parameters=True): a branch unused in step 1 has a zero gradient
+    # there; its norm and its compressor sample must come from the steps that used it.
+    session = CaptureSession(steps=10, rank=0, min_numel=16, progress=False)
+    capture = fake_capture(session, torch.nn.Sequential(torch.nn.Linear(8, 4, bias=False)))
+    norms = []
+    for step in range(3):
+        grad = torch.zeros(32) if step == 0 else torch.randn(32)
+        norms.append(float(grad.norm()))
+        run_forward(capture)
+        run_backward(capture, grad)
+    sample = capture.samples[(4, 8)]
+    assert float(sample.norm()) > 0
+    expected = norms[1]  # the first step that used it
+    assert capture.grad_norms["0.weight"] == pytest.approx(expected, rel=1e-6)
+    model, _ = capture.profile()
+    assert model is not None
+    assert model.layer("0.weight").grad_norm == pytest.approx(expected, rel=1e-6)
+
+
+# ---- tier 1: ``profile`` in process, scripts that never reach DDP ---------------------------
+
+
+def profile_in_process(
+    script: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str]:
+    """``profile`` as one launched rank (``RANK=0``), in this process: no spawn."""
+    monkeypatch.setenv("RANK", "0")
+    code = cli.main(["profile", str(script), "--out", str(script.with_suffix(".json"))])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("call", "lines"),
+    [
+        ("sys.exit(3)", ["the script exited with status 3 before it built a DDP model"]),
+        (
+            "sys.exit('error: dataset not found at /data; pass --data')",
+            [
+                "error: dataset not found at /data; pass --data",  # as Python prints it
+                "the script exited with status 1 before it built a DDP model",
+            ],
+        ),
+    ],
+)
+def test_profile_shows_why_the_script_exited(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    call: str,
+    lines: list[str],
+) -> None:
+    script = tmp_path / "exits.py"
+    script.write_text(f"import sys\n{call}\n")
+    code, err = profile_in_process(script, monkeypatch, capsys)
+    assert code == 1
+    for line in lines:
+        assert line in err, err
+    assert "failed before" not in err
+
+
+def test_profile_of_a_syntax_error_shows_no_runner_frames(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "typo.py"
+    script.write_text("import torch\ndef main(:\n    pass\n")
+    code, err = profile_in_process(script, monkeypatch, capsys)
+    assert code == 1
+    assert f'File "{script}", line 2' in err and "SyntaxError: invalid syntax" in err
+    assert "Traceback" not in err and "runpy" not in err and "capture.py" not in err
+
+
 # ---- tier 2: real scripts ------------------------------------------------------------------
 
 
@@ -625,3 +890,101 @@ def test_profile_of_a_script_without_ddp_shows_how_to_wrap(tmp_path: Path) -> No
     assert "model = torch.nn.parallel.DistributedDataParallel(model)" in done.stderr
     assert "dist.init_process_group" in done.stderr
     assert not (tmp_path / "p.json").exists()
+
+
+TINY_DDP = (
+    "import sys, torch, torch.distributed as dist\n"
+    "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+    "torch.set_num_threads(1)\n"
+    "dist.init_process_group('gloo')\n"
+    "model = DDP(torch.nn.Linear(32, 32))\n"
+    "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+)
+
+
+def profile_script(tmp_path: Path, body: str, *extra: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "train.py"
+    script.write_text(TINY_DDP + body)
+    return run_advisor(
+        "profile", str(script), "--steps", "3", "--out", str(tmp_path / "p.json"),
+        "--compressor-budget", "0", "--link-budget", "0.5", *extra,
+    )  # fmt: skip
+
+
+@pytest.mark.multirank
+def test_profile_shows_the_failing_rank_as_the_likely_root_cause(tmp_path: Path) -> None:
+    # b_rank1_fail: rank 0 only sees "Connection closed by peer"; the cause is on rank 1.
+    done = profile_script(
+        tmp_path,
+        "for step in range(20):\n"
+        "    if step == 1 and dist.get_rank() == 1:\n"
+        "        raise ValueError('corrupt shard on rank 1')\n"
+        "    model(torch.randn(4, 32)).square().mean().backward()\n"
+        "    opt.step(); opt.zero_grad()\n",
+        "--nproc",
+        "2",
+    )
+    assert done.returncode == 1
+    assert "--- rank 1 (likely root cause" in done.stderr, done.stderr
+    assert done.stderr.count("ValueError: corrupt shard on rank 1") == 1
+    assert 'train.py", line 9, in <module>' in done.stderr
+
+
+@pytest.mark.multirank
+def test_profile_of_a_late_sys_exit_says_why_and_keeps_the_partial_profile(
+    tmp_path: Path,
+) -> None:
+    done = profile_script(
+        tmp_path,
+        "for step in range(20):\n"
+        "    model(torch.randn(4, 32)).square().mean().backward()\n"
+        "    opt.step(); opt.zero_grad()\n"
+        "    if step == 1:\n"
+        "        sys.exit('early stopping: validation loss diverged')\n",
+        "--nproc",
+        "1",
+    )
+    assert done.returncode == 1
+    assert "early stopping: validation loss diverged\n" in done.stderr
+    assert "the script exited with status 1; kept the partial profile of the 2 step(s)" in (
+        done.stderr
+    )
+    profile = Profile.load(tmp_path / "p.json")
+    assert not profile.complete and "early stopping" in profile.status
+
+
+@pytest.mark.multirank
+def test_profile_survives_a_bare_except_around_the_loop(tmp_path: Path) -> None:
+    # b_bare_except: 'except:' catches the advisor's stop, then the script exits 1.
+    done = profile_script(
+        tmp_path,
+        "try:\n"
+        "    for step in range(50):\n"
+        "        model(torch.randn(4, 32)).square().mean().backward()\n"
+        "        opt.step(); opt.zero_grad()\n"
+        "except:  # noqa: E722\n"
+        "    sys.exit(1)\n",
+        "--nproc",
+        "1",
+    )
+    assert done.returncode == 0, done.stderr
+    profile = Profile.load(tmp_path / "p.json")
+    assert profile.complete and profile.script.steps_captured == 3
+    assert any("caught the advisor's stop" in note for note in profile.notes)
+
+
+@pytest.mark.multirank
+def test_profile_reports_a_builtin_comm_hook_as_untimeable(tmp_path: Path) -> None:
+    done = profile_script(
+        tmp_path,
+        "model._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)\n"
+        "for step in range(5):\n"
+        "    model(torch.randn(4, 32)).square().mean().backward()\n"
+        "    opt.step(); opt.zero_grad()\n",
+        "--nproc",
+        "1",
+    )
+    assert done.returncode == 1
+    assert "comm hook cannot be timed" in done.stderr and "FP16_COMPRESS" in done.stderr
+    assert "does it train" not in done.stderr
+    assert "terminate called" not in done.stderr

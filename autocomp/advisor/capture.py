@@ -14,12 +14,16 @@ in the script changes. Instead, while the script runs (via :mod:`runpy`, in this
 * ``torch.distributed.destroy_process_group()`` is deferred until the profiler is done, since
   the link is measured with the script's process group after its steps.
 
-Steps are counted at the last bucket of each backward of the first model that completes one.
-After ``--steps`` of them, the next training forward raises :class:`_StopScript` (a
-``BaseException``, so a script's ``except Exception`` does not swallow it); the runner catches
-it, measures the link between the ranks (:mod:`autocomp.advisor.linkprobe`) and, on rank 0,
-the compressors on the captured gradients (:mod:`autocomp.advisor.costs`), and writes the
-profile (:mod:`autocomp.advisor.profile`).
+Each model counts its completed backwards (the last bucket handed to the hook). A script's
+optimizer iterations are the backwards of the model that completed the fewest: a GAN's
+discriminator syncs twice per iteration (its own loss and the generator's), the generator once.
+Once every model that completed a backward reached ``--steps``, the next training forward raises
+:class:`_StopScript` (a ``BaseException``, so a script's ``except Exception`` does not swallow
+it); the runner catches it, measures the link between the ranks
+(:mod:`autocomp.advisor.linkprobe`) and, on rank 0, the compressors on the captured gradients
+(:mod:`autocomp.advisor.costs`), and writes the profile (:mod:`autocomp.advisor.profile`). A
+script that catches the stop anyway (a bare ``except:``) and then exits or raises still counts
+as stopped: its steps were all captured.
 
 Launching: under ``torchrun ... -m autocomp.advisor profile`` (``RANK`` in the environment)
 each process profiles itself. Otherwise the advisor plays torchrun: it starts ``--nproc``
@@ -32,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import gc
 import json
 import logging
 import os
@@ -87,7 +92,10 @@ now = time.perf_counter
 
 
 class _StopScript(BaseException):
-    """Raised at a training forward once enough steps were captured; caught by the runner."""
+    """Raised at a training forward once enough steps were captured; caught by the runner.
+
+    Its message explains itself, since a script with a bare ``except:`` may print it.
+    """
 
 
 # ---- one model's timeline --------------------------------------------------------------------
@@ -185,19 +193,27 @@ class ModelCapture:
     """Timeline, bucket layout and first-step gradients of one DDP model."""
 
     def __init__(self, ddp: DistributedDataParallel, index: int, session: CaptureSession) -> None:
-        self.ddp = ddp
+        self.ddp: DistributedDataParallel | None = ddp
         self.index = index
         self.session = session
         self.module_class = type(ddp.module).__name__
         self.params = [(n, p) for n, p in ddp.module.named_parameters() if p.requires_grad]
         self.names = {id(p): n for n, p in self.params}
         self.hook_installed = False
+        self.hook_timed = False
+        """A timed comm hook is registered, so this model's backwards are seen and counted."""
         self.hook_note: str | None = None
         self.steps: list[_StepRecord] = []
         self.current: _StepRecord | None = None
+        self.backwards = 0
+        """Completed backwards (last bucket handed to the hook): this model's steps."""
         self.grad_norms: dict[str, float] = {}
+        """Norm of each parameter's averaged gradient in the first step where it is not zero."""
+        self._unseen: set[str] = set()
         self.samples: dict[tuple[int, ...], torch.Tensor] = {}
-        """One real averaged gradient per eligible shape (rank 0), for the compressor costs."""
+        """One real averaged gradient per eligible shape (rank 0), for the compressor costs;
+        a zero one (a parameter unused in that step) is replaced by the next non-zero one."""
+        self._zero_samples: set[tuple[int, ...]] = set()
         self._forward_started = 0.0
         ddp.register_forward_pre_hook(self._pre_forward)
         ddp.register_forward_hook(self._post_forward)
@@ -246,10 +262,10 @@ class ModelCapture:
             exited = now()
             step.calls.append(_HookCall(bucket.index(), entered, exited, layout))
             future.add_done_callback(functools.partial(_mark_done, step))
-            if len(self.steps) == 1:
-                future.add_done_callback(functools.partial(self._sample, layout))
+            future.add_done_callback(functools.partial(self._sample, layout))
             if bucket.is_last():
                 step.complete = True
+                self.backwards += 1
                 self.session.step_completed(self)
             return future
 
@@ -276,28 +292,63 @@ class ModelCapture:
         return layout
 
     def _sample(self, layout: _Layout, future: torch.futures.Future) -> None:
-        """First step: averaged gradient norms, and one gradient per shape for cost timing."""
+        """Averaged gradient norms and one gradient per shape, from the first step.
+
+        A parameter unused in the first step (``find_unused_parameters``, a branch) has a zero
+        gradient there that says nothing about its norm or error, so later steps fill in such
+        parameters from their first non-zero gradient. Only those: the norms run on the
+        completion thread while the backward goes on, and timed steps must not pay for them.
+        """
+        first = len(self.steps) == 1
+        if not first and not self._unseen:
+            return
         try:
             value = future.value()
+        except Exception:  # the collective failed; the script sees that error itself
+            return
+        try:
             flat = value[0] if isinstance(value, (list, tuple)) else value
             offset = 0
             for name, shape in zip(layout.names, layout.shapes, strict=True):
                 numel = shape.numel()
-                piece = flat[offset : offset + numel].detach()
-                offset += numel
-                self.grad_norms[name] = float(torch.linalg.vector_norm(piece.double()))
+                start, offset = offset, offset + numel
+                if not first and name not in self._unseen:
+                    continue
+                piece = flat[start : start + numel].detach()
+                norm = float(torch.linalg.vector_norm(piece, dtype=torch.float64))
+                if norm > 0 or name not in self.grad_norms:
+                    self.grad_norms[name] = norm
+                if norm > 0:
+                    self._unseen.discard(name)
+                else:
+                    self._unseen.add(name)
                 key = tuple(shape)
-                wanted = self.session.keep_gradients and eligible(key, self.session.min_numel)
-                if wanted and key not in self.samples:
+                if not self.session.keep_gradients or not eligible(key, self.session.min_numel):
+                    continue
+                if key not in self.samples or (key in self._zero_samples and norm > 0):
                     self.samples[key] = piece.reshape(shape).to(torch.float32, copy=True)
+                    if norm > 0:
+                        self._zero_samples.discard(key)
+                    else:
+                        self._zero_samples.add(key)
         except Exception:  # never break the user's training because of the profiler
-            logger.exception("autocomp-advisor: could not sample the first step's gradients")
+            logger.exception("autocomp-advisor: could not sample the step's gradients")
 
     # ---- summary -----------------------------------------------------------------------------
 
     def completed_steps(self) -> list[_StepMetrics]:
         out = [_metrics(s) for s in self.steps]
         return [m for m in out if m is not None]
+
+    def release(self) -> None:
+        """Drop the reference to the DDP model (and so its reducer); the records stay."""
+        self.ddp = None
+        self.current = None
+
+    def used_steps(self) -> list[_StepMetrics]:
+        """Completed steps the timings use: all but the first (DDP's bucket rebuild) if more."""
+        metrics = self.completed_steps()
+        return metrics[1:] if len(metrics) >= 2 else metrics
 
     def profile(self, rank_step_s: tuple[float, ...] = ()) -> tuple[ModelProfile | None, list[str]]:
         """This model's part of the profile (None without a completed step), plus notes."""
@@ -312,28 +363,37 @@ class ModelCapture:
                 "DDP's first-iteration work (bucket rebuild) and are pessimistic"
             )
         metrics = [m for _, m in used]
-        with_next = [m.step_s for m in metrics if m.has_next] or [m.step_s for m in metrics]
-        if not any(m.has_next for m in metrics):
-            notes.append(
-                f"model {self.index}: no forward followed the last step, so step time excludes "
-                "the optimizer step"
+        timed = _timed(metrics)
+        with_next = sum(m.has_next for m in metrics)
+        if with_next < 2:
+            which = (
+                "no profiled step had a following forward, so they exclude the optimizer step"
+                if with_next == 0
+                else "only 1 profiled step had a following forward, so they rest on that step"
             )
-        step_s = statistics.median(with_next)
-        exposed = statistics.median(m.exposed_s for m in metrics)
-        hook = statistics.median(m.hook_s for m in metrics)
+            notes.append(
+                f"model {self.index}: UNRELIABLE step time: step_s and compute_step_s are "
+                f"not medians: {which}; profile at least 3 steps"
+            )
+        forward = statistics.median(m.forward_s for m in metrics)
         backward = statistics.median(m.backward_s for m in metrics)
         first = statistics.median(m.first_ready_s for m in metrics)
+        step_s = statistics.median(m.step_s for m in timed)
+        # Per step, then the median: medians of step, E and hook taken separately can come
+        # from different steps (one slow, skewed last step) and subtract to nothing.
+        compute = statistics.median(m.step_s - m.exposed_s - m.hook_s for m in timed)
+        compute = max(forward + backward, min(compute, step_s))
         timing = Timing(
             steps_used=len(metrics),
-            forward_s=statistics.median(m.forward_s for m in metrics),
+            forward_s=forward,
             backward_s=backward,
             first_bucket_ready_s=first,
             last_bucket_ready_s=backward,
             hideable_s=max(0.0, backward - first),
             step_s=step_s,
-            exposed_comm_s=exposed,
-            hook_s=hook,
-            compute_step_s=max(step_s - exposed - hook, 1e-9),
+            exposed_comm_s=statistics.median(m.exposed_s for m in timed),
+            hook_s=statistics.median(m.hook_s for m in timed),
+            compute_step_s=compute,
             rank_step_s=rank_step_s,
         )
         last_step = used[-1][0]
@@ -355,13 +415,14 @@ class ModelCapture:
             key=lambda b: (b.ready_s, b.index),
         )
         bucket_of = {name: b.index for b in buckets for name in b.params}
+        grad_norms = self.grad_norms
         layers = tuple(
             LayerInfo(
                 name=name,
                 shape=tuple(p.shape),
                 dtype=str(p.dtype).removeprefix("torch."),
                 bucket=bucket_of.get(name),
-                grad_norm=self.grad_norms.get(name, 0.0),
+                grad_norm=grad_norms.get(name, 0.0),
             )
             for name, p in self.params
         )
@@ -380,9 +441,18 @@ class ModelCapture:
         return model, notes
 
     def local_step_seconds(self) -> float:
-        metrics = self.completed_steps()
-        used = metrics[1:] if len(metrics) >= 2 else metrics
-        return statistics.median(m.step_s for m in used) if used else 0.0
+        """This rank's ``step_s``, over the same steps as :meth:`profile` uses."""
+        timed = _timed(self.used_steps())
+        return statistics.median(m.step_s for m in timed) if timed else 0.0
+
+
+def _timed(metrics: list[_StepMetrics]) -> list[_StepMetrics]:
+    """The steps that time a whole iteration: those a forward followed (else all of them).
+
+    A step without a following forward ends at its last collective, without the optimizer
+    step; mixing both kinds would compare different intervals.
+    """
+    return [m for m in metrics if m.has_next] or metrics
 
 
 def _mark_done(step: _StepRecord, _: torch.futures.Future) -> None:
@@ -437,8 +507,8 @@ class CaptureSession:
         self.min_numel = min_numel
         self.keep_gradients = rank == 0
         self.models: list[ModelCapture] = []
-        self.primary: ModelCapture | None = None
-        self.steps_done = 0
+        self.stop_raised = False
+        """:class:`_StopScript` was raised: whatever the script does afterwards, it was stopped."""
         self.destroy_requested = False
         self.backend: str | None = None
         """torch.distributed backend the script used (read before the group is destroyed)."""
@@ -452,6 +522,7 @@ class CaptureSession:
         cls = DistributedDataParallel
         original_init = cls.__init__
         original_register = cls.register_comm_hook
+        original_builtin = cls._register_builtin_comm_hook
         original_destroy = dist.destroy_process_group
         self._register, self._destroy = original_register, original_destroy
         session = self
@@ -471,7 +542,24 @@ class CaptureSession:
                 return original_register(ddp, state, hook)
             capture.hook_installed = True
             capture.hook_note = f"timed the script's own comm hook {getattr(hook, '__name__', '')}"
-            return original_register(ddp, state, capture.timed(hook))
+            result = original_register(ddp, state, capture.timed(hook))
+            capture.hook_timed = True
+            return result
+
+        @functools.wraps(original_builtin)
+        def register_builtin(ddp: DistributedDataParallel, comm_hook_type: Any) -> None:
+            capture = session.capture_of(ddp)
+            if capture is not None and not capture.hook_installed:
+                # A C++ hook: nothing of it can be wrapped, so its buckets cannot be timed.
+                capture.hook_installed = True
+                name = getattr(comm_hook_type, "name", str(comm_hook_type))
+                capture.hook_note = (
+                    f"its comm hook cannot be timed: the script registered DDP's built-in "
+                    f"(C++) comm hook {name}; register the Python equivalent from "
+                    "torch.distributed.algorithms.ddp_comm_hooks with register_comm_hook "
+                    "instead, or profile without it"
+                )
+            return original_builtin(ddp, comm_hook_type)
 
         @functools.wraps(original_destroy)
         def destroy(group: dist.ProcessGroup | None = None) -> None:
@@ -482,12 +570,14 @@ class CaptureSession:
 
         cls.__init__ = init  # type: ignore[method-assign]
         cls.register_comm_hook = register  # type: ignore[method-assign]
+        cls._register_builtin_comm_hook = register_builtin  # type: ignore[method-assign]
         dist.destroy_process_group = destroy
         try:
             yield
         finally:
             cls.__init__ = original_init  # type: ignore[method-assign]
             cls.register_comm_hook = original_register  # type: ignore[method-assign]
+            cls._register_builtin_comm_hook = original_builtin  # type: ignore[method-assign]
             dist.destroy_process_group = original_destroy
 
     def capture_of(self, ddp: DistributedDataParallel) -> ModelCapture | None:
@@ -497,29 +587,51 @@ class CaptureSession:
         capture.hook_installed = True
         assert self._register is not None
         try:
-            self._register(capture.ddp, capture.ddp.process_group, capture.timed(_allreduce_hook))
-        except Exception as err:  # e.g. a built-in hook registered by the script
-            capture.hook_note = f"could not time its buckets: {err}"
-            logger.warning("autocomp-advisor: model %d: %s", capture.index, capture.hook_note)
+            ddp = capture.ddp
+            assert ddp is not None  # released only after the script
+            self._register(ddp, ddp.process_group, capture.timed(_allreduce_hook))
+            capture.hook_timed = True
+        except Exception as err:  # e.g. a hook registered behind the advisor's back
+            capture.hook_note = f"its comm hook cannot be timed: {err}"
+            logger.debug("autocomp-advisor: model %d: %s", capture.index, capture.hook_note)
+
+    @property
+    def steps_done(self) -> int:
+        """Optimizer iterations captured: backwards of the model that completed the fewest.
+
+        Models that never completed a backward (evaluation only, frozen, untimed) do not
+        count; a model that syncs several times per iteration (a GAN's discriminator, which
+        also gets gradients from the generator's loss) does not inflate the count.
+        """
+        counts = [m.backwards for m in self.models if m.backwards]
+        return min(counts) if counts else 0
 
     def step_completed(self, capture: ModelCapture) -> None:
-        if self.primary is None:
-            self.primary = capture
-        if capture is self.primary:
-            self.steps_done += 1
-            self.progress.update(self.steps_done)
+        self.progress.update(self.steps_done)
 
     def maybe_stop(self, t: float) -> None:
-        if self.primary is not None and self.steps_done >= self.target:
+        if self.stop_raised or self.steps_done >= self.target:
             for capture in self.models:
                 capture.close_step(t)
-            raise _StopScript
+            self.stop_raised = True
+            raise _StopScript(
+                f"autocomp-advisor: {self.steps_done} steps captured, stopping the script "
+                "(this is not an error)"
+            )
 
     def destroy_process_group(self) -> None:
-        """The real destroy, if a process group is still up."""
+        """The real destroy, if a process group is still up; then the DDP models are let go.
+
+        Their reducers hold the process group and the comm hooks (Python callables). Left
+        for interpreter shutdown, gloo's threads may touch Python objects while it is torn
+        down and abort the process ("terminate called without an active exception").
+        """
         destroy = self._destroy or dist.destroy_process_group
         if dist.is_available() and dist.is_initialized():
             destroy()
+        for capture in self.models:
+            capture.release()
+        gc.collect()
 
 
 # ---- running one rank ------------------------------------------------------------------------
@@ -530,6 +642,11 @@ class _Outcome:
     kind: str
     """'stopped' (enough steps), 'finished' (the script ended), 'error' (it raised)."""
     detail: str = ""
+    """What went wrong, in full (the partial profile's status)."""
+    reason: str = ""
+    """What went wrong, short, for one line on the terminal."""
+    note: str = ""
+    """Something the profile's reader should know about how the script ended."""
 
 
 def _script_traceback(err: BaseException, script: Path) -> str:
@@ -539,7 +656,63 @@ def _script_traceback(err: BaseException, script: Path) -> str:
     cursor = tb
     while cursor is not None and os.path.realpath(cursor.tb_frame.f_code.co_filename) != target:
         cursor = cursor.tb_next
+    if cursor is None and isinstance(err, SyntaxError):
+        # The script did not compile: no frame of it ran, and the runner's frames (runpy)
+        # are noise. The exception itself names the file, line and caret, as Python shows it.
+        return "".join(traceback.format_exception_only(type(err), err))
     return "".join(traceback.format_exception(type(err), err, cursor or tb))
+
+
+def _exit_outcome(code: object) -> tuple[str, str, str]:
+    """(detail, reason, text to print) for ``sys.exit(code)`` with a failing code.
+
+    As Python does: an integer is the exit status, anything else is printed to stderr and
+    the status is 1.
+    """
+    if isinstance(code, int):
+        reason = f"the script exited with status {code}"
+        return reason, reason, ""
+    reason = "the script exited with status 1"
+    return f"{reason}: {code}", reason, f"{code}\n"
+
+
+_PEER_LOST_MARKERS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "remote worker crash",
+    "socket closed",
+    "connection refused",
+    "timed out",
+)
+"""Error texts of a collective whose peer died or stopped answering (gloo, NCCL, store)."""
+
+
+def _peer_lost(err: BaseException) -> bool:
+    """Whether ``err`` is a collective or connection error: likely a consequence elsewhere."""
+    kinds = tuple(
+        getattr(dist, name)
+        for name in ("DistBackendError", "DistNetworkError")
+        if hasattr(dist, name)
+    )
+    seen: BaseException | None = err
+    for _ in range(5):  # the error and what it was raised from
+        if seen is None:
+            break
+        if isinstance(seen, kinds) or any(m in str(seen).lower() for m in _PEER_LOST_MARKERS):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _after_stop(what: str) -> _Outcome:
+    """The script caught the advisor's stop (a bare ``except:``) and then ``what``."""
+    note = (
+        f"the script caught the advisor's stop (a bare 'except:'?) and then {what}; "
+        "all steps were captured, so this counts as stopped"
+    )
+    logger.debug("autocomp-advisor: %s", note)
+    return _Outcome("stopped", note=note)
 
 
 def _cpu_model() -> str:
@@ -622,12 +795,9 @@ class ProfileRunner:
             codes = _wait_all(procs, cfg.timeout_s)
             if codes is None:
                 _say(f"profiling timed out after {cfg.timeout_s:g} s; the ranks were stopped")
+                _show_failures(Path(rundir), [1] * cfg.nproc)
                 return 1
-            if codes[0] == 0 and any(codes):
-                for rank, code in enumerate(codes):
-                    err = Path(rundir) / f"rank{rank}.err"
-                    if code and err.exists():
-                        print(f"--- rank {rank} ---\n{err.read_text()}", file=sys.stderr)
+            _show_failures(Path(rundir), codes)
             failing = [c for c in codes if c]
             return codes[0] or (failing[0] if failing else 0)
 
@@ -665,20 +835,33 @@ class ProfileRunner:
         finally:
             session.progress.stop()
         if not session.models:
+            if outcome.kind != "error":
+                session.destroy_process_group()
             if rank == 0 and outcome.kind == "error":
-                _say("the script failed before it built a DDP model; no profile was written")
+                _say(f"{outcome.reason} before it built a DDP model; no profile was written")
             elif rank == 0:
                 _say(NO_DDP_MESSAGE)
             return 1
         steps = session.steps_done
         if steps == 0:
-            if rank == 0 and outcome.kind != "error":
+            if outcome.kind != "error":
+                # Before returning: a gloo group left up at exit aborts the process
+                # ("terminate called without an active exception").
+                session.destroy_process_group()
+            untimed = [m for m in session.models if not m.hook_timed and m.hook_note]
+            if rank == 0 and untimed:
+                for capture in untimed:
+                    _say(
+                        f"no step was captured: model {capture.index} ({capture.module_class}): "
+                        f"{capture.hook_note}"
+                    )
+            elif rank == 0 and outcome.kind != "error":
                 _say(
                     "the script built a DDP model but no backward went through it, so no step "
                     "was captured; does it train (loss.backward()) with gradients enabled?"
                 )
             elif rank == 0:
-                _say("no step was captured, so no profile was written")
+                _say(f"{outcome.reason} before a step was captured; no profile was written")
             return 1
 
         link: LinkMeasurement | None = None
@@ -717,31 +900,50 @@ class ProfileRunner:
         try:
             with session.patched():
                 runpy.run_path(script, run_name="__main__")
-            return _Outcome("finished")
+            outcome = _Outcome("finished")
         except _StopScript:
             return _Outcome("stopped")
         except SystemExit as exit_:
             code = exit_.code
-            if code in (None, 0):
-                return _Outcome("finished")
-            return self._failed(f"the script exited with status {code}", rank, "")
+            if session.stop_raised:
+                outcome = _after_stop("exited" if code in (None, 0) else f"exited with {code!r}")
+            elif code in (None, 0):
+                outcome = _Outcome("finished")
+            else:
+                detail, reason, text = _exit_outcome(code)
+                outcome = self._failed(detail, reason, rank, text, peer_lost=False)
         except Exception as err:
-            text = _script_traceback(err, cfg.script)
-            return self._failed(f"the script raised {type(err).__name__}: {err}", rank, text)
+            if session.stop_raised:
+                outcome = _after_stop(f"raised {type(err).__name__}: {err}")
+            else:
+                text = _script_traceback(err, cfg.script)
+                reason = f"the script raised {type(err).__name__}"
+                outcome = self._failed(
+                    f"{reason}: {err}", reason, rank, text, peer_lost=_peer_lost(err)
+                )
         finally:
             sys.argv = saved_argv
             sys.path[:] = saved_path
+        if outcome.kind == "finished" and session.stop_raised:
+            return _after_stop("went on to its end")
+        return outcome
 
-    def _failed(self, detail: str, rank: int, text: str) -> _Outcome:
+    def _failed(
+        self, detail: str, reason: str, rank: int, text: str, *, peer_lost: bool
+    ) -> _Outcome:
+        """Show (rank 0) or hand to the spawning parent (other ranks) what went wrong."""
         rundir = os.environ.get(ENV_RUNDIR)
-        if rank != 0 and os.environ.get(ENV_SPAWNED) and rundir:
-            # The parent shows these only if rank 0 did not fail itself (no duplicates).
-            Path(rundir, f"rank{rank}.err").write_text(text or detail + "\n")
-        elif text:
+        spawned = bool(os.environ.get(ENV_SPAWNED) and rundir)
+        if spawned:
+            # The parent decides which of the other ranks' errors to show, and labels them;
+            # rank 0's is shown here, as it happens, and only its kind is needed there.
+            report = {"text": text or detail + "\n", "peer_lost": peer_lost}
+            Path(str(rundir), f"rank{rank}.failure.json").write_text(json.dumps(report))
+        if text and (rank == 0 or not spawned):
             if rank != 0:
                 print(f"--- rank {rank} ---", file=sys.stderr)
             print(text, file=sys.stderr, end="", flush=True)
-        return _Outcome("error", detail)
+        return _Outcome("error", detail, reason)
 
     def _write(
         self,
@@ -761,9 +963,12 @@ class ProfileRunner:
             if model is not None:
                 models.append(model)
             else:
+                why = f": {capture.hook_note}" if capture.hook_note else ""
                 notes.append(
-                    f"model {capture.index} ({capture.module_class}) never completed a step"
+                    f"model {capture.index} ({capture.module_class}) never completed a step{why}"
                 )
+        if outcome.note:
+            notes.append(outcome.note)
         grads: dict[tuple[int, ...], torch.Tensor] = {}
         for capture in session.models:
             for shape, grad in capture.samples.items():
@@ -810,8 +1015,8 @@ class ProfileRunner:
         profile.save(cfg.out)
         if not complete:
             _say(
-                f"kept the partial profile of the {session.steps_done} step(s) captured before "
-                f"the error in {cfg.out}"
+                f"{outcome.reason}; kept the partial profile of the {session.steps_done} step(s) "
+                f"captured before that in {cfg.out}"
             )
             return 1
         link_text = (
@@ -852,6 +1057,64 @@ def _environment(session: CaptureSession, world: int, seconds: float) -> dict[st
         "profile_seconds": round(seconds, 3),
         "argv": json.dumps(sys.argv),
     }
+
+
+def _read_failure(rundir: Path, rank: int) -> dict[str, Any] | None:
+    try:
+        report = json.loads((rundir / f"rank{rank}.failure.json").read_text())
+    except (OSError, ValueError):
+        return None  # killed (or stopped after the grace period) before it could report
+    return report if isinstance(report, dict) else None
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _show_failures(rundir: Path, codes: list[int]) -> None:
+    """Print the errors of the failing ranks other than 0 (rank 0 printed its own).
+
+    When a rank dies, its peers fail in their next collective ("Connection closed by peer"),
+    rank 0 included, so rank 0's own traceback is often only the consequence: then the other
+    ranks' errors are the likely root cause and are labelled so. Errors that are themselves
+    a lost peer are left out when another rank has a real one, and a message already shown
+    (rank 0's, or an earlier rank's) is not repeated.
+    """
+    failures = {
+        rank: report
+        for rank in range(1, len(codes))
+        if codes[rank] and (report := _read_failure(rundir, rank)) is not None
+    }
+    if not failures:
+        return
+    rank0 = _read_failure(rundir, 0) if codes[0] else None
+    real = {r: f for r, f in failures.items() if not f.get("peer_lost")}
+    label = ""
+    if codes[0] and (rank0 is None or rank0.get("peer_lost")):
+        # Rank 0 lost a peer, or was stopped while waiting for one.
+        if real:
+            label = " (likely root cause: rank 0 failed in a collective after losing this peer)"
+        shown = real or (failures if rank0 is None else {})
+    elif codes[0]:
+        shown = real  # lost peers follow from rank 0's own error, shown above
+    else:
+        shown = real or failures
+    rank0_line = _last_line(str(rank0.get("text", ""))) if rank0 else None
+    seen: set[str] = set()
+    same: dict[str, list[int]] = {}
+    for rank, report in sorted(shown.items()):
+        text = str(report.get("text", ""))
+        key = _last_line(text)
+        if key == rank0_line:
+            continue  # the same error as rank 0's, shown above
+        if key in seen:
+            same.setdefault(key, []).append(rank)
+            continue
+        seen.add(key)
+        print(f"--- rank {rank}{label} ---\n{text}", file=sys.stderr, end="", flush=True)
+    for key, ranks in same.items():
+        _say(f"rank(s) {', '.join(map(str, ranks))} failed the same way: {key}")
 
 
 def _free_port() -> int:

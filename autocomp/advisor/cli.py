@@ -221,6 +221,32 @@ def _error(message: str) -> int:
     return 2
 
 
+def _output_problem(option: str, path: Path) -> str | None:
+    """Why ``path`` cannot be written as ``option``'s output file, or None if it can.
+
+    Checked before any work: a profile run takes minutes, and a failed write at its end
+    would lose it (and leave a half-written temporary file).
+    """
+    target = path.expanduser()
+    if target.is_dir():
+        return f"{option}: {path} is a directory; give a file name"
+    parent = target.resolve().parent
+    if not parent.is_dir():
+        return f"{option}: directory {parent} does not exist"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{option}: directory {parent} is not writable"
+    if target.exists() and not os.access(target, os.W_OK):
+        return f"{option}: {path} is not writable"
+    return None
+
+
+def _first_output_problem(outputs: list[tuple[str, Path | None]]) -> str | None:
+    for option, path in outputs:
+        if path is not None and (problem := _output_problem(option, path)):
+            return problem
+    return None
+
+
 def _console() -> Console:
     """stdout console; not a terminal (pipes, tests): wide enough for the tables."""
     console = Console()
@@ -237,11 +263,13 @@ def _cmd_profile(args: argparse.Namespace, script_args: list[str]) -> int:
     from autocomp.advisor.capture import ProfileRunner
 
     script: Path = Path(args.script)
+    if script.is_dir():
+        return _error(f"script {script} is a directory; give the training script in it")
     if not script.is_file():
         return _error(f"script not found: {script}")
     out: Path = args.out
-    if not out.resolve().parent.is_dir():
-        return _error(f"--out: directory {out.resolve().parent} does not exist")
+    if problem := _output_problem("--out", out):
+        return _error(problem)
     if args.timeout <= 0:
         return _error("--timeout must be > 0")
     runner = ProfileRunner(
@@ -262,6 +290,7 @@ def _cmd_profile(args: argparse.Namespace, script_args: list[str]) -> int:
 
 
 def _cmd_recommend(args: argparse.Namespace, script_args: list[str]) -> int:
+    from autocomp.advisor.planout import cost_path_for
     from autocomp.advisor.report import (
         Advice,
         render_html,
@@ -271,6 +300,11 @@ def _cmd_recommend(args: argparse.Namespace, script_args: list[str]) -> int:
     )
     from autocomp.advisor.whatif import TCP_ETHERNET_EFFICIENCY, Scenario, WhatIfModel
 
+    outputs: list[tuple[str, Path | None]] = [("--json", args.json), ("--html", args.html)]
+    if args.plan_out is not None:
+        outputs += [("--plan-out", args.plan_out), ("--plan-out", cost_path_for(args.plan_out))]
+    if problem := _first_output_problem(outputs):
+        return _error(problem)
     try:
         profile = Profile.load(args.profile)
     except ProfileError as err:
@@ -307,6 +341,7 @@ def _cmd_recommend(args: argparse.Namespace, script_args: list[str]) -> int:
         evaluation=evaluation,
         verdict=verdict,
         latency_source=source,
+        model_requested=args.model is not None,
     )
     if args.html is not None or args.json is not None:
         bandwidths = sweep_bandwidths(max(2, args.sweep_points))
@@ -341,6 +376,8 @@ def _write_plan(
 
 
 def _cmd_report(args: argparse.Namespace, script_args: list[str]) -> int:
+    if args.json is not None and (problem := _output_problem("--json", args.json)):
+        return _error(problem)
     try:
         from autocomp.advisor.runreport import summarize
     except ImportError as err:

@@ -43,7 +43,9 @@ Schema, version 1 (``?`` marks a value that may be null)::
 Timeline fields (``docs/policy.md`` defines backward, hideable and exposed time):
 ``ready_s`` and ``*_bucket_ready_s`` count from the end of the forward, with the comm hook's
 own time removed, so they describe compute alone; ``compute_step_s`` is the measured step
-minus the exposed communication and the hook time: the step a single rank would take.
+minus the exposed communication and the hook time (per step, then the median; at least
+forward + backward): the step a single rank would take. ``grad_norm`` is the norm of the averaged
+gradient in the first captured step where it is not zero.
 ``local_s`` is the hook work on the sending side of one layer (copy, residual, compress,
 error-feedback decode, write-back, commit), ``decode_s`` the decode of *one* received payload:
 an all-gather compressor decodes one per rank, an all-reduce one decodes one summed payload.
@@ -156,7 +158,7 @@ class LayerInfo:
     bucket: int | None = None
     """DDP bucket index after DDP's first-iteration rebuild (None if never seen)."""
     grad_norm: float = 0.0
-    """L2 norm of the averaged gradient on the first step (weighs compression error)."""
+    """L2 norm of the averaged gradient, first non-zero step (weighs compression error)."""
 
     @property
     def numel(self) -> int:
@@ -266,7 +268,7 @@ class Timing:
     hook_s: float
     """Time spent inside the comm hook per step (launching collectives, any compression)."""
     compute_step_s: float
-    """step_s - exposed_comm_s - hook_s: the step of one rank without communication."""
+    """Median of step - exposed - hook per step (>= forward + backward): one rank's step."""
     rank_step_s: tuple[float, ...] = ()
     """Median step time of every rank (their spread shows skew between ranks)."""
 

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from autocomp.advisor.profile import Profile
+from autocomp.advisor.profile import ModelProfile, Profile
 from autocomp.advisor.units import format_bandwidth, format_bytes, format_seconds
 from autocomp.advisor.whatif import Evaluation, Verdict, WhatIfModel
 
@@ -77,6 +77,8 @@ class Advice:
     sweep: dict[str, list[float]] = field(default_factory=dict)
     plan_path: str | None = None
     cost_path: str | None = None
+    model_requested: bool = False
+    """The model was chosen with ``--model`` (else: the one with the most gradient bytes)."""
 
 
 # ---- JSON ------------------------------------------------------------------------------------
@@ -158,6 +160,28 @@ def _adaptive_plan(evaluation: Evaluation) -> dict[str, str]:
 # ---- terminal --------------------------------------------------------------------------------
 
 
+def _count(n: int) -> str:
+    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return str(n)
+
+
+def _model_choice(advice: Advice) -> str:
+    """Which of several DDP models the advice is about, so nobody reads it for another one."""
+    profile, model = advice.profile, advice.model.model
+
+    def describe(m: ModelProfile) -> str:
+        return f"{m.module_class}, {_count(sum(layer.numel for layer in m.layers))} params"
+
+    how = "as asked" if advice.model_requested else "the one with the most gradient bytes"
+    others = "; ".join(f"{m.index} ({describe(m)})" for m in profile.models if m is not model)
+    return (
+        f"model {model.index} of {len(profile.models)} ({describe(model)}), {how}; "
+        f"others: {others}; --model I to choose"
+    )
+
+
 def render_terminal(advice: Advice, console: Console) -> None:
     """Tables and the verdict on ``console`` (rich)."""
     evaluation, verdict, model = advice.evaluation, advice.verdict, advice.model.model
@@ -175,6 +199,8 @@ def render_terminal(advice: Advice, console: Console) -> None:
         f"buckets; step {format_seconds(model.timing.step_s)} "
         f"(compute only {format_seconds(evaluation.compute_step_s)}), {measured}"
     )
+    if len(profile.models) > 1:
+        console.print(_model_choice(advice))
     if not profile.complete:
         console.print(f"[yellow]partial profile: {profile.status}[/yellow]")
     scenario = evaluation.scenario

@@ -66,8 +66,8 @@ _TIMING_FIELDS = (
     "exposed_seconds",
 )
 # Per-layer slots in the combined vector: grad norm^2, residual norm^2, has sample,
-# rel error, hook seconds.
-_PER_LAYER = 5
+# rel error, hook seconds, hideable seconds after the layer's bucket is ready.
+_PER_LAYER = 6
 _HEADER = 1 + len(_TIMING_FIELDS) + 2  # has profile, timings, loss sum, loss count
 _MISSING = 1e30  # marks an absent step in the MIN all-reduce of busy periods
 
@@ -306,6 +306,8 @@ class AdaptiveLoop:
             values[0] = 1.0
             for i, field_name in enumerate(_TIMING_FIELDS):
                 values[1 + i] = getattr(profile.times, field_name)
+            bucket_of = self.state.bucket_of()
+            bucket_hideable = profile.times.bucket_hideable_seconds
             for i, name in enumerate(self.names):
                 base = _HEADER + _PER_LAYER * i
                 sample = profile.layer_samples.get(name)
@@ -315,6 +317,10 @@ class AdaptiveLoop:
                     values[base + 2] = 1.0
                     values[base + 3] = sample.rel_error or 0.0
                 values[base + 4] = profile.layer_seconds.get(name, 0.0)
+                bucket = bucket_of.get(name)  # a bucket unseen this window: the whole H
+                values[base + 5] = bucket_hideable.get(
+                    bucket if bucket is not None else -1, profile.times.hideable_seconds
+                )
         return torch.tensor(values, dtype=torch.float64)
 
     def _boundary(self, step: int) -> None:
@@ -546,10 +552,18 @@ class AdaptiveLoop:
             )
             for name in self.names
         ]
+        ranks = max(1.0, float(combined[0]))
+        bucket_hideable: dict[int, float] = {}
+        for i, name in enumerate(self.names):
+            bucket = layouts.get(name)
+            if bucket is not None:
+                value = float(combined[_HEADER + _PER_LAYER * i + 5]) / ranks
+                bucket_hideable[bucket] = max(0.0, value)
         timing = StepTiming(
             backward_seconds=timings["backward_seconds"],
             hideable_seconds=timings["hideable_seconds"],
             step_seconds=timings["step_seconds"],
+            bucket_hideable_seconds=bucket_hideable if float(combined[0]) > 0 else {},
         )
         self._apply_overrides(step)
         previous = self._last_decision

@@ -262,7 +262,7 @@ def _sample_plain(slot: LayerSlot, grad: torch.Tensor, profiler: StepProfiler) -
 def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook applying each parameter's compressor; see the module docstring."""
     profiler = state.profiler
-    entered = profiler.hook_entered() if profiler is not None else 0.0
+    entered = profiler.hook_entered(bucket.index()) if profiler is not None else 0.0
     state.resolve_nonfinite()
     buffer = bucket.buffer()
     group = state.process_group

@@ -66,6 +66,8 @@ class _Step:
     last_finished: float | None = None
     finish_seconds: float = 0.0
     collectives: list[CollectiveRecord] = field(default_factory=list)
+    ready_compute: dict[int, float] = field(default_factory=dict)
+    """Bucket index -> when it became ready, with the hook's earlier work taken out."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +86,9 @@ class StepTimes:
     """Hook work (compress + launch) plus decode in completion callbacks."""
     exposed_seconds: float
     """Communication and decode still running after backward compute ended."""
+    bucket_hideable_seconds: dict[int, float] = field(default_factory=dict)
+    """Per bucket index: backward compute left once that bucket is ready (the last one: 0).
+    What its communication can hide behind; the first bucket's is ``hideable_seconds``."""
 
     @property
     def overlap(self) -> float:
@@ -162,7 +167,7 @@ class StepProfiler:
 
     # ---- hook side ------------------------------------------------------------------------
 
-    def hook_entered(self) -> float:
+    def hook_entered(self, bucket_index: int | None = None) -> float:
         t = now()
         step = self._current
         if step is not None:
@@ -171,6 +176,8 @@ class StepProfiler:
             if step.last_hook_exit is not None:
                 step.hook_seconds_before_last += step.last_hook_seconds
             step.last_ready = t
+            if bucket_index is not None:
+                step.ready_compute[bucket_index] = t - step.hook_seconds_before_last
         return t
 
     def hook_exited(self, entered: float) -> None:
@@ -226,6 +233,7 @@ class StepProfiler:
             ends.append(step.last_finished)
         exposed = max(0.0, max(ends) - last_exit) if ends else 0.0
         hook_work = step.hook_seconds_before_last + step.last_hook_seconds
+        last_compute = step.last_ready - step.hook_seconds_before_last
         return StepTimes(
             step_seconds=next_start - step.started,
             backward_seconds=backward,
@@ -233,6 +241,9 @@ class StepProfiler:
             comm_busy_seconds=busy,
             compress_seconds=hook_work + step.finish_seconds,
             exposed_seconds=exposed,
+            bucket_hideable_seconds={
+                index: max(0.0, last_compute - ready) for index, ready in step.ready_compute.items()
+            },
         )
 
     def end_window(self) -> WindowProfile | None:
@@ -255,6 +266,7 @@ class StepProfiler:
         def median(attr: str) -> float:
             return statistics.median(getattr(s, attr) for s in summaries)
 
+        buckets = {index for s in summaries for index in s.bucket_hideable_seconds}
         times = StepTimes(
             step_seconds=median("step_seconds"),
             backward_seconds=median("backward_seconds"),
@@ -262,5 +274,13 @@ class StepProfiler:
             comm_busy_seconds=median("comm_busy_seconds"),
             compress_seconds=median("compress_seconds"),
             exposed_seconds=median("exposed_seconds"),
+            bucket_hideable_seconds={
+                index: statistics.median(
+                    s.bucket_hideable_seconds[index]
+                    for s in summaries
+                    if index in s.bucket_hideable_seconds
+                )
+                for index in sorted(buckets)
+            },
         )
         return WindowProfile(len(summaries), times, collectives, layer_seconds, samples)

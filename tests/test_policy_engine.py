@@ -234,11 +234,11 @@ def test_infeasible_target_is_flagged() -> None:
     timing = StepTiming(backward_seconds=1e-4, hideable_seconds=1e-5, step_seconds=1e-3)
     decision = engine(50).decide(mlp_profile(), timing, AFTER_WARMUP, WORLD)
     assert not decision.feasible
-    assert decision.solver == "min-time"
+    assert decision.solver.endswith("(relaxed)")
     for name in BIG:
         layer = decision.layer(name)
         assert layer.rule == "infeasible"
-        assert layer.reason.startswith("infeasible budget, fastest option: ")
+        assert layer.reason.startswith("target out of reach, least-error plan near the least")
         assert layer.spec != "none"
     assert decision.predicted_overlap < TARGET
 
@@ -511,3 +511,71 @@ def test_hysteresis_keeps_the_compressor_in_use_and_reports_true_numbers() -> No
         assert layer.spec == current[name]
         assert layer.predicted_seconds == pytest.approx(fresh.layer(name).runner_up_seconds)
         assert layer.predicted_error == pytest.approx(fresh.layer(name).runner_up_error)
+
+
+# ---- bucket timeline -------------------------------------------------------------------------
+
+
+def _two_buckets(hideable_last: float) -> tuple[list[LayerProfile], StepTiming]:
+    """Two equal 4M-element weights: 'early' in bucket 0 (ready first), 'late' in bucket 1."""
+    layers = [
+        LayerProfile(name="early.weight", shape=(2048, 2048), grad_norm=1.0, bucket=0),
+        LayerProfile(name="late.weight", shape=(2048, 2048), grad_norm=1.0, bucket=1),
+    ]
+    timing = StepTiming(
+        backward_seconds=0.30,
+        hideable_seconds=0.25,
+        step_seconds=0.50,
+        bucket_hideable_seconds={0: 0.25, 1: hideable_last},
+    )
+    return layers, timing
+
+
+def test_the_last_bucket_cannot_hide_behind_the_backward_before_it() -> None:
+    """At 10 Gbit/s both uncompressed weights (2 x 16 MB, ~20 ms each) fit in H = 250 ms,
+    but the last bucket is ready when the backward ends: its 20 ms are exposed whatever H is.
+    With the bucket timeline the engine sees that and compresses just that layer."""
+    rules = PolicyRules(candidates=("none", "fp16", "powersgd:rank=4"))
+    layers, timing = _two_buckets(hideable_last=0.0)
+    eng = engine(10_000, rules)
+    flat = StepTiming(backward_seconds=0.30, hideable_seconds=0.25, step_seconds=0.50)
+    blind = eng.decide(layers, flat, AFTER_WARMUP, WORLD)
+    assert set(blind.plan.values()) == {"none"} and blind.predicted_exposed_seconds == 0.0
+
+    seen = eng.decide(layers, timing, AFTER_WARMUP, WORLD)
+    assert seen.layer("early.weight").spec == "none"
+    assert seen.layer("late.weight").spec != "none"
+    assert seen.feasible
+    slack = 0.25 * (1 - TARGET) / TARGET
+    late = seen.layer("late.weight").predicted_seconds
+    latency = seen.latency_seconds / seen.buckets
+    # Exposure is the last bucket's time (its H is 0), within the target's slack.
+    assert seen.predicted_exposed_seconds == pytest.approx(late + latency)
+    assert seen.predicted_exposed_seconds <= slack
+    assert seen.predicted_overlap >= TARGET
+
+
+def test_a_bucket_ready_early_enough_needs_no_compression() -> None:
+    rules = PolicyRules(candidates=("none", "fp16", "powersgd:rank=4"))
+    layers, timing = _two_buckets(hideable_last=0.1)  # 100 ms of backward after it
+    decision = engine(10_000, rules).decide(layers, timing, AFTER_WARMUP, WORLD)
+    assert set(decision.plan.values()) == {"none"}
+    assert decision.feasible and decision.predicted_exposed_seconds == 0.0
+
+
+def test_hysteresis_never_keeps_a_plan_that_misses_the_target() -> None:
+    """The layer in use looks 15% cheaper to the optimizer; when that alone makes the plan
+    fit, the plan is solved again at true costs (it kept fp16 at 2 Gbit/s on the LM)."""
+    rules = PolicyRules(candidates=("none", "fp16", "powersgd:rank=4"))
+    layers = [LayerProfile(name="w", shape=(2048, 2048), grad_norm=1.0)]
+    eng = engine(2_000, rules)
+    roomy = eng.decide(layers, TIMING, AFTER_WARMUP, WORLD)
+    assert roomy.layer("w").spec == "none" and roomy.layer("w").runner_up == "fp16:ef=true"
+    fp16_seconds = roomy.layer("w").runner_up_seconds
+    assert fp16_seconds is not None
+    # H such that fp16 misses the budget H / t by 10% at true cost but fits with the discount.
+    hideable = (fp16_seconds + roomy.latency_seconds) * TARGET / 1.1
+    timing = StepTiming(backward_seconds=0.3, hideable_seconds=hideable, step_seconds=0.5)
+    kept = eng.decide(layers, timing, AFTER_WARMUP, WORLD, current={"w": "fp16:ef=true"})
+    assert kept.layer("w").spec == "powersgd:rank=4,ef=true"
+    assert kept.feasible

@@ -113,6 +113,48 @@ def test_matches_brute_force_when_times_are_whole_units(case: tuple[Instance, in
         assert alternatives[runner] == pytest.approx(best)
 
 
+def _brute_capped(layers: Instance, budget: float, caps: list[tuple[int, float]]) -> float:
+    """Least total error with every running total within its cap (inf if nothing fits)."""
+    best = math.inf
+    for combo in itertools.product(*(range(len(options)) for options in layers)):
+        times = [layers[layer][o].seconds for layer, o in enumerate(combo)]
+        if sum(times) > budget or any(sum(times[:count]) > cap for count, cap in caps):
+            continue
+        best = min(best, math.fsum(layers[layer][o].error for layer, o in enumerate(combo)))
+    return best
+
+
+@settings(max_examples=300, deadline=None)
+@given(integer_instances(), st.data())
+def test_caps_on_running_totals_match_brute_force(
+    case: tuple[Instance, int], data: st.DataObject
+) -> None:
+    """Running-total caps (the engine's per-bucket exposure bounds): exact with whole units."""
+    layers, budget = case
+    counts = data.draw(st.sets(st.integers(1, len(layers)), max_size=len(layers)))
+    caps = [(count, float(data.draw(st.integers(-1, budget)))) for count in sorted(counts)]
+    solver = BudgetOptimizer(BudgetOptimizer.Config(resolution=budget))
+    solution = solver.solve(layers, budget, caps)
+    optimum = _brute_capped(layers, budget, caps)
+    assert solution.feasible == math.isfinite(optimum)
+    if not solution.feasible:
+        return
+    times = [c.option.seconds for c in solution.choices]
+    assert sum(times) <= budget
+    assert all(sum(times[:count]) <= cap for count, cap in caps)
+    assert solution.total_error == pytest.approx(optimum)
+
+
+def test_caps_are_validated() -> None:
+    layers = [[_option("a", 1, 0)], [_option("b", 1, 0)]]
+    solver = BudgetOptimizer()
+    for caps in ([(0, 1.0)], [(3, 1.0)], [(2, 1.0), (1, 1.0)], [(1, 1.0), (1, 2.0)]):
+        with pytest.raises(ValueError, match="caps"):
+            solver.solve(layers, 5.0, caps)
+    with pytest.raises(ValueError, match="NaN"):
+        solver.solve(layers, 5.0, [(1, math.nan)])
+
+
 @settings(max_examples=300, deadline=None)
 @given(float_instances(), st.sampled_from([7, 50, 400]))
 def test_float_times_respect_budget_within_rounding_loss(

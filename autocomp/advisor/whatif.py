@@ -548,6 +548,10 @@ class WhatIfModel:
                 backward_seconds=timing.backward_s,
                 hideable_seconds=timing.hideable_s,
                 step_seconds=timing.step_s,
+                bucket_hideable_seconds={
+                    b.index: max(0.0, timing.last_bucket_ready_s - b.ready_s)
+                    for b in self.model.buckets
+                },
             ),
             step=0,
             world_size=scenario.world_size,

@@ -11,14 +11,21 @@ least total compression error that keeps the predicted communication hidden behi
 Overlap. Let C be the step's communication service time: the sum over the collectives of the
 step of their predicted time, plus the compression work on the critical path. Let H be the
 hideable backward time: the backward compute that remains once the first gradient bucket is
-ready, which is all communication can overlap with. Then
+ready, and H_b the part left once bucket b is ready (0 for the last one). The link serves
+buckets in the order DDP hands them over, so the communication of bucket b and of every
+bucket after it (S_b) has H_b to hide in, and
 
-    exposed = max(0, C - H)        overlap = 1 - exposed / C   (1.0 when C == 0)
+    exposed E = max(0, max_b (S_b - H_b))        overlap = 1 - E / C   (1.0 when C == 0)
 
-and meeting a target overlap t (0 < t <= 1) means exposed <= (1 - t) C, i.e. C <= H / t. That
-bound is additive over layers, so the optimizer's time budget is H / t minus everything the
-optimizer does not choose: the rule-decided layers' time and the per-step latency term below.
-A target of 0 puts no bound on C (every layer gets its least-error option, normally 'none').
+(with one bucket, or no per-bucket timeline, E = max(0, C - H)). Meeting a target overlap t
+(0 < t <= 1) means E <= (1 - t) C: for the first bucket, S = C, that is C <= H / t, the
+optimizer's budget; for each later bucket a cap on a running total, S_b <= H_b + (1 - t) C,
+which the optimizer takes in reverse ready order (see ``_solve`` for how C on the right is
+bounded). Without the later caps a plan can look hidden while the last bucket's
+communication, ready only when the backward ends, is all exposed (the LM of the benchmark
+holds a third of its bytes there). Budget and caps are net of everything the optimizer does
+not choose: the rule-decided layers' time and the per-bucket latency below. A target of 0
+puts no bound on C (every layer gets its least-error option, normally 'none').
 
 Latency. Each layer's time is its collective's bandwidth term, ``comm_seconds(collective,
 bytes) - comm_seconds(collective, 0)``, plus its compression time. Latency is charged as:
@@ -76,6 +83,7 @@ from autocomp.policy.optimizer import (
     BudgetOptimizer,
     BudgetSolution,
     LayerOption,
+    cap_excess,
 )
 from autocomp.policy.rules import Pin, PolicyRules
 
@@ -172,12 +180,21 @@ class StepTiming:
     """Backward time left once the first gradient bucket is ready: what comm can hide behind."""
     step_seconds: float
     """Whole step, wall clock."""
+    bucket_hideable_seconds: Mapping[int, float] = field(default_factory=dict)
+    """Per DDP bucket index: backward compute left once that bucket is ready (0 for the last
+    one). Empty: every layer is treated as ready when the first bucket is (one group)."""
 
     def __post_init__(self) -> None:
         for name in ("backward_seconds", "hideable_seconds", "step_seconds"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"StepTiming.{name} must be finite and >= 0, got {value!r}")
+        for index, value in self.bucket_hideable_seconds.items():
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(
+                    f"StepTiming.bucket_hideable_seconds[{index}] must be finite and >= 0, "
+                    f"got {value!r}"
+                )
 
 
 def _interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
@@ -356,7 +373,8 @@ class PolicyDecision:
     predicted_comm_seconds: float
     """C: latency term plus every layer's predicted seconds."""
     predicted_exposed_seconds: float
-    """max(0, C - H)."""
+    """E: the most, over buckets, by which the communication of that bucket and the ones
+    after it exceeds the backward left once it is ready (``max(0, C - H)`` for one group)."""
     predicted_overlap: float
     """1 - exposed / C (1.0 when C == 0)."""
     predicted_error: float
@@ -364,7 +382,8 @@ class PolicyDecision:
     predicted_wire_bytes: int
     """Bytes this rank sends per step, all layers."""
     feasible: bool
-    """Whether the prediction meets the target (C <= H / t)."""
+    """Whether the prediction meets the target (E <= (1 - t) / t x H, i.e. C <= H / t for one
+    group)."""
     solver: str
     """How the optimizer layers were solved ('' when every layer was rule-decided)."""
 
@@ -517,25 +536,37 @@ class PolicyEngine:
                 pending.append(self._pending(index, layer, levels, latency, in_use))
 
         buckets = self._bucket_count(layers)
-        latency_seconds = buckets * latency.of(Collective.ALL_REDUCE) if world_size > 1 else 0.0
+        per_bucket_latency = latency.of(Collective.ALL_REDUCE) if world_size > 1 else 0.0
+        latency_seconds = buckets * per_bucket_latency
         hideable = timing.hideable_seconds
         target = self.target_overlap
         budget = hideable / target if target > 0 else math.inf
-        fixed_seconds = latency_seconds + math.fsum(
-            d.predicted_seconds for d in decisions if d is not None
-        )
+        groups = _Groups.build(layers, timing, hideable)
+        fixed_by_group = [per_bucket_latency * g.buckets for g in groups.groups]
+        for index, d in enumerate(decisions):
+            if d is not None:
+                fixed_by_group[groups.group_of[index]] += d.predicted_seconds
         solver = ""
         if pending:
-            solution = self._optimizer.solve([p.options for p in pending], budget - fixed_seconds)
-            solver = solution.method
-            for item, explained in zip(pending, self._explain(pending, solution), strict=True):
+            pending.sort(key=lambda p: (groups.group_of[p.index], p.index))
+            counts = [0] * len(groups.groups)
+            for item in pending:
+                counts[groups.group_of[item.index]] += 1
+            solution, relaxed = self._solve(pending, groups, counts, fixed_by_group, budget)
+            solver = solution.method + (" (relaxed)" if relaxed else "")
+            for item, explained in zip(
+                pending, self._explain(pending, solution, relaxed), strict=True
+            ):
                 decisions[item.index] = explained
 
         final = tuple(d for d in decisions if d is not None)
         comm = latency_seconds + math.fsum(d.predicted_seconds for d in final)
-        exposed = max(0.0, comm - hideable)
+        by_group = list(fixed_by_group)
+        for item in pending:
+            by_group[groups.group_of[item.index]] += decisions[item.index].predicted_seconds  # type: ignore[union-attr]
+        exposed = max(0.0, groups.excess(by_group))
         overlap = 1.0 - exposed / comm if comm > 0 else 1.0
-        feasible = comm <= budget * (1 + 1e-12)
+        feasible = _meets(exposed, comm, budget, target)
         decision = PolicyDecision(
             step=step,
             policy=self.rules.name,
@@ -755,15 +786,132 @@ class PolicyEngine:
 
     # ---- reasons ---------------------------------------------------------------------------
 
+    def _solve(
+        self,
+        pending: Sequence[_Pending],
+        groups: _Groups,
+        counts: Sequence[int],
+        fixed_by_group: Sequence[float],
+        budget: float,
+    ) -> tuple[BudgetSolution, bool]:
+        """The optimizer's plan for the pending layers (grouped, last-ready group first), and
+        whether the target was out of reach.
+
+        The target ``E <= (1 - t) C`` with ``E = max_g (S_g - H_g)`` (``S_g``: the time of
+        group g and the groups ready after it) is a cap on each running total ``S_g <= H_g +
+        (1 - t) C``; for the first-ready group it is exactly ``C <= H / t``. The others'
+        right-hand side depends on the plan's own C, so they are solved for a lower bound of
+        it, the fastest plan's C (a plan meeting those caps meets the target), then once more
+        for the first plan's C, kept if it meets the target at its own C with less error.
+
+        When even the fastest options miss the target, the allowed exposure grows to the least
+        achievable plus ``time_tolerance`` of the fastest plan's time, and the least-error plan
+        within that is taken: as close to the target as the link allows, without giving up
+        accuracy for gains smaller than the predictions can resolve.
+        """
+        target = self.target_overlap
+        true_layers = [[item.true_options[o.key] for o in item.options] for item in pending]
+        fastest_by_group = list(fixed_by_group)
+        for item, options in zip(pending, true_layers, strict=True):
+            fastest_by_group[groups.group_of[item.index]] += min(o.seconds for o in options)
+        fastest_total = math.fsum(fastest_by_group)
+        fastest_exposed = max(0.0, groups.excess(fastest_by_group))
+        relaxed = not _meets(fastest_exposed, fastest_total, budget, target)
+        if relaxed:
+            allowed = fastest_exposed + self._optimizer.config.time_tolerance * fastest_total
+            caps, total = self._caps(groups, counts, fixed_by_group, allowed, math.inf, allowed)
+            return self._solve_true(pending, true_layers, total, caps), True
+        slack = (1.0 - target) * fastest_total
+        caps, total = self._caps(groups, counts, fixed_by_group, slack, budget, math.inf)
+        solution = self._solve_true(pending, true_layers, total, caps)
+        if len(groups.groups) > 1 and target < 1.0:
+            first = self._group_seconds(pending, groups, fixed_by_group, solution)
+            slack = (1.0 - target) * math.fsum(first)
+            caps, total = self._caps(groups, counts, fixed_by_group, slack, budget, math.inf)
+            again = self._solve_true(pending, true_layers, total, caps)
+            seconds = self._group_seconds(pending, groups, fixed_by_group, again)
+            exposed = max(0.0, groups.excess(seconds))
+            if again.total_error < solution.total_error and _meets(
+                exposed, math.fsum(seconds), budget, target
+            ):
+                solution = again
+        return solution, False
+
+    def _solve_true(
+        self,
+        pending: Sequence[_Pending],
+        true_layers: Sequence[Sequence[LayerOption]],
+        total: float,
+        caps: Sequence[tuple[int, float]],
+    ) -> BudgetSolution:
+        """Solve with the hysteresis discount; again without it if only the discount made
+        the plan fit (a layer keeps its compressor, never at the price of the target)."""
+        solution = self._optimizer.solve([p.options for p in pending], total, caps)
+        chosen = [
+            [o.key for o in item.options].index(c.option.key)
+            for item, c in zip(pending, solution.choices, strict=True)
+        ]
+        if (
+            solution.feasible
+            and cap_excess(true_layers, chosen, [*caps, (len(pending), total)]) > 0
+        ):
+            solution = self._optimizer.solve(true_layers, total, caps)
+        return solution
+
+    @staticmethod
+    def _caps(
+        groups: _Groups,
+        counts: Sequence[int],
+        fixed_by_group: Sequence[float],
+        slack: float,
+        budget: float,
+        first_slack: float,
+    ) -> tuple[list[tuple[int, float]], float]:
+        """Running-total caps of the pending layers, and the cap of their total."""
+        caps: dict[int, float] = {}
+        done = 0
+        fixed_prefix = 0.0
+        last = len(groups.groups) - 1
+        for g, group in enumerate(groups.groups):
+            done += counts[g]
+            fixed_prefix += fixed_by_group[g]
+            if g < last:
+                cap = group.hideable + slack - fixed_prefix
+            else:
+                cap = min(budget, group.hideable + first_slack) - fixed_prefix
+            if done > 0:
+                caps[done] = min(cap, caps.get(done, math.inf))
+        total = caps.pop(done)
+        return sorted(caps.items()), total
+
+    @staticmethod
+    def _group_seconds(
+        pending: Sequence[_Pending],
+        groups: _Groups,
+        fixed_by_group: Sequence[float],
+        solution: BudgetSolution,
+    ) -> list[float]:
+        """Per group: fixed time plus the chosen options' true seconds."""
+        seconds = list(fixed_by_group)
+        for item, choice in zip(pending, solution.choices, strict=True):
+            option = item.true_options.get(choice.option.key, choice.option)
+            seconds[groups.group_of[item.index]] += option.seconds
+        return seconds
+
     def _explain(
-        self, pending: Sequence[_Pending], solution: BudgetSolution
+        self, pending: Sequence[_Pending], solution: BudgetSolution, relaxed: bool = False
     ) -> list[LayerDecision]:
         infeasible = solution.method == METHOD_MIN_TIME
         out = []
         for item, choice in zip(pending, solution.choices, strict=True):
             # Report true predictions, not the hysteresis-discounted ones the optimizer saw.
             chosen = item.true_options.get(choice.option.key, choice.option)
-            head = "infeasible budget, fastest option" if infeasible else "knapsack"
+            if infeasible:
+                head = "infeasible budget, fastest option"
+            elif relaxed:
+                head = "target out of reach, least-error plan near the least exposure"
+            else:
+                head = "knapsack"
             reason = (
                 f"{item.note}{head}: {chosen.key} predicts {_seconds_text(chosen.seconds)}, "
                 f"{_bytes_text(chosen.wire_bytes)}, rel. error {item.rel_errors[chosen.key]:.3g}"
@@ -783,7 +931,7 @@ class PolicyEngine:
                     name=item.layer.name,
                     spec=chosen.key,
                     reason=reason,
-                    rule=RULE_INFEASIBLE if infeasible else RULE_KNAPSACK,
+                    rule=RULE_INFEASIBLE if infeasible or relaxed else RULE_KNAPSACK,
                     predicted_seconds=chosen.seconds,
                     predicted_wire_bytes=chosen.wire_bytes,
                     predicted_error=chosen.error,
@@ -826,3 +974,71 @@ class _LatencyCache:
         if collective not in self._latency:
             self._latency[collective] = max(0.0, self.comm(collective, 0))
         return self._latency[collective]
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """Layers whose communication can start at the same time (one or more DDP buckets)."""
+
+    hideable: float
+    """Backward compute left once these layers' bucket is ready."""
+    buckets: int
+    """DDP buckets in the group (each costs one all-reduce latency)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Groups:
+    """Layers grouped by bucket, in reverse ready order: the last bucket DDP hands over first.
+
+    The link serves buckets in ready order, so everything from bucket b on has to fit behind
+    the backward left once b is ready; the exposed time is the largest shortfall over b.
+    """
+
+    groups: tuple[_Group, ...]
+    group_of: tuple[int, ...]
+    """Group index of every layer, in the order given to ``decide``."""
+
+    @staticmethod
+    def build(layers: Sequence[LayerProfile], timing: StepTiming, hideable: float) -> _Groups:
+        by_bucket = timing.bucket_hideable_seconds
+        known = bool(layers) and all(
+            layer.bucket is not None and layer.bucket in by_bucket for layer in layers
+        )
+        if not known:
+            # No per-bucket timeline: one group, everything ready when the first bucket is.
+            count = len({layer.bucket for layer in layers}) if layers else 0
+            if any(layer.bucket is None for layer in layers):
+                count = 0  # the engine estimates bucket latency from sizes then
+            return _Groups((_Group(hideable, count),), (0,) * len(layers))
+        # The first bucket ready has the whole H by definition; buckets ready together (equal
+        # measured H, rounding aside) share one group.
+        used = sorted({layer.bucket for layer in layers}, key=lambda b: (by_bucket[b], b))
+        values = [min(by_bucket[b], hideable) for b in used]
+        values[-1] = hideable
+        groups: list[_Group] = []
+        index_of: dict[int, int] = {}
+        for bucket, value in zip(used, values, strict=True):
+            if groups and math.isclose(groups[-1].hideable, value, rel_tol=1e-9, abs_tol=1e-9):
+                groups[-1] = _Group(groups[-1].hideable, groups[-1].buckets + 1)
+            else:
+                groups.append(_Group(value, 1))
+            index_of[bucket] = len(groups) - 1
+        return _Groups(tuple(groups), tuple(index_of[layer.bucket] for layer in layers))  # type: ignore[index]
+
+    def excess(self, seconds_by_group: Sequence[float]) -> float:
+        """Largest shortfall over groups of (their time and the later-ready ones') against
+        the backward left once they are ready: the exposed time when positive."""
+        worst = -math.inf
+        running = 0.0
+        for group, seconds in zip(self.groups, seconds_by_group, strict=True):
+            running += seconds
+            worst = max(worst, running - group.hideable)
+        return worst
+
+
+def _meets(exposed: float, comm: float, budget: float, target: float) -> bool:
+    """Whether a plan's predicted exposure and communication meet the overlap target."""
+    tolerance = 1e-9
+    return exposed <= (1.0 - target) * comm * (1 + tolerance) + 1e-12 and comm <= budget * (
+        1 + tolerance
+    )

@@ -14,10 +14,17 @@ it fits (the common case on a fast link, where that plan is 'none' everywhere), 
 exact optimum and no rounding is involved. When even the fastest option of every layer
 exceeds the budget, the fastest options are returned with ``feasible=False``.
 
+Caps. Besides the budget on the total, ``caps`` may bound running totals: ``(count, seconds)``
+means the first ``count`` layers together take at most ``seconds``. The policy engine orders
+layers by bucket, the last one DDP hands over first, so these are the communication that
+must fit behind what is left of the backward once each bucket is ready. In the program a cap
+clips the table after its layer (a plan using more is dropped); costs are rounded up and caps
+down, so an accepted plan meets every cap as predicted.
+
 For each layer the solver also reports a runner-up, so a decision can say what it beat. From
-the program it is the option the solver would pick for that layer if the chosen one were
-unavailable, every other layer re-optimized around it (from forward and backward tables).
-Without the program (least-error plan fits, or infeasible) it is the next least-error option,
+the uncapped program it is the option the solver would pick for that layer if the chosen one
+were unavailable, every other layer re-optimized around it (from forward and backward tables).
+Otherwise (least-error plan fits, infeasible, or caps) it is the next least-error option,
 respectively the next fastest one, the other layers left as they are.
 """
 
@@ -108,6 +115,18 @@ def _total_seconds(layers: Sequence[Sequence[LayerOption]], chosen: Sequence[int
     return math.fsum(options[i].seconds for options, i in zip(layers, chosen, strict=True))
 
 
+def cap_excess(
+    layers: Sequence[Sequence[LayerOption]],
+    chosen: Sequence[int],
+    caps: Sequence[tuple[int, float]],
+) -> float:
+    """By how much the plan's running totals exceed their caps at most (<= 0: all met)."""
+    excess = -math.inf
+    for count, seconds in caps:
+        excess = max(excess, _total_seconds(layers[:count], chosen[:count]) - seconds)
+    return excess
+
+
 def _least(
     options: Sequence[LayerOption], allowed: Sequence[int], primary: str, secondary: str
 ) -> int:
@@ -138,19 +157,34 @@ class BudgetOptimizer:
             raise ValueError(f"time_tolerance must be >= 0, got {self.config.time_tolerance!r}")
 
     def solve(
-        self, layers: Sequence[Sequence[LayerOption]], budget_seconds: float
+        self,
+        layers: Sequence[Sequence[LayerOption]],
+        budget_seconds: float,
+        caps: Sequence[tuple[int, float]] = (),
     ) -> BudgetSolution:
-        """One option per layer minimizing the summed error with summed seconds <= budget."""
+        """One option per layer minimizing the summed error with summed seconds <= budget and
+        every running total within its cap (see the module docstring)."""
         if math.isnan(budget_seconds):
             raise ValueError("budget_seconds is NaN")
         for index, options in enumerate(layers):
             if not options:
                 raise ValueError(f"layer {index} has no options")
+        counts = [count for count, _ in caps]
+        if counts != sorted(set(counts)) or any(not 1 <= c <= len(layers) for c in counts):
+            raise ValueError("caps must have distinct counts in 1..len(layers), ascending")
+        if any(math.isnan(seconds) for _, seconds in caps):
+            raise ValueError("a cap is NaN")
+        # The total is one more cap; a running total's own cap never exceeds a later one's.
+        bounds = [*caps, (len(layers), budget_seconds)] if layers else []
+
+        def fits(chosen: Sequence[int]) -> bool:
+            return cap_excess(layers, chosen, bounds) <= 0 if bounds else budget_seconds >= 0
+
         least_error = [_least(o, range(len(o)), "error", "seconds") for o in layers]
-        if _total_seconds(layers, least_error) <= budget_seconds:
+        if fits(least_error):
             return self._finish(layers, least_error, budget_seconds, METHOD_LEAST_ERROR)
         fastest = [_least(o, range(len(o)), "seconds", "error") for o in layers]
-        if _total_seconds(layers, fastest) > budget_seconds:
+        if not fits(fastest):
             tolerance = 1.0 + self.config.time_tolerance
             near_fastest = [
                 _least(
@@ -169,6 +203,8 @@ class BudgetOptimizer:
                 for o in layers
             ]
             return self._finish(layers, free, budget_seconds, METHOD_KNAPSACK)
+        if caps:
+            return self._capped(layers, budget_seconds, caps, fastest)
         return self._knapsack(layers, budget_seconds, fastest)
 
     # ---- the dynamic program ---------------------------------------------------------------
@@ -221,6 +257,60 @@ class BudgetOptimizer:
                 best_arg[w:][better] = o
             table[k + 1] = best
         return table, arg
+
+    def _capped(
+        self,
+        layers: Sequence[Sequence[LayerOption]],
+        budget_seconds: float,
+        caps: Sequence[tuple[int, float]],
+        fastest: Sequence[int],
+    ) -> BudgetSolution:
+        """The program with running-total caps: tables clipped after each capped layer."""
+        resolution = self.config.resolution
+        unit = budget_seconds / resolution
+        units = self._units(layers, unit)
+        # Rounded down (costs are rounded up): a plan within a cap in units is within it.
+        limits = {
+            count: max(-1, min(resolution, math.floor(seconds / unit))) for count, seconds in caps
+        }
+        size = resolution + 1
+        table = np.zeros(size, dtype=np.float64)
+        args = []
+        for k, options in enumerate(layers):
+            best = np.full(size, np.inf)
+            best_arg = np.full(size, -1, dtype=np.int32)
+            for o in sorted(
+                range(len(options)), key=lambda i: (options[i].error, options[i].seconds, i)
+            ):
+                w = int(units[k][o])
+                if w >= size:
+                    continue
+                candidate = table[: size - w] + options[o].error
+                window = best[w:]
+                better = candidate < window
+                window[better] = candidate[better]
+                best_arg[w:][better] = o
+            limit = limits.get(k + 1)
+            if limit is not None:
+                # "At most c units" for c above the cap means "at most the cap".
+                if limit < 0:
+                    best[:] = np.inf
+                else:
+                    best[limit + 1 :] = best[limit]
+            table = best
+            args.append(best_arg)
+        if not math.isfinite(table[resolution]):
+            return self._finish(layers, fastest, budget_seconds, METHOD_FASTEST)
+        chosen = [0] * len(layers)
+        capacity = resolution
+        for k in reversed(range(len(layers))):
+            limit = limits.get(k + 1)
+            if limit is not None:
+                capacity = min(capacity, limit)
+            option = int(args[k][capacity])
+            chosen[k] = option
+            capacity -= int(units[k][option])
+        return self._finish(layers, chosen, budget_seconds, METHOD_KNAPSACK)
 
     def _knapsack(
         self,

@@ -1,0 +1,103 @@
+"""Tier 1: the step profiler's timeline arithmetic on a scripted clock (no processes).
+
+One step is played with known timestamps: forward, three buckets handed to the hook (with
+hook work between them), collectives that queue behind each other, a decode callback. The
+window summary must give the quantities docs/policy.md defines: backward and hideable time
+without the hook's own work, service times that do not charge queueing, exposed time after
+the last hook call, and per bucket the backward left once it was ready.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autocomp import profiler as profiler_module
+from autocomp.compressors import Collective
+from autocomp.profiler import StepProfiler
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _done(clock: Clock, future: torch.futures.Future, at: float) -> None:
+    clock.t = at
+    future.set_result(None)
+
+
+def test_one_step_timeline(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    monkeypatch.setattr(profiler_module, "now", clock)
+    prof = StepProfiler()
+    prof.begin_step()  # t = 0
+    clock.t = 0.10
+    prof.forward_done()
+    # Bucket 0 ready at 0.15; the hook works 0.01 s and launches a 20 ms collective.
+    clock.t = 0.15
+    entered = prof.hook_entered(0)
+    f0: torch.futures.Future = torch.futures.Future()
+    prof.collective(Collective.ALL_REDUCE, 1000, f0)
+    clock.t = 0.16
+    prof.hook_exited(entered)
+    # Bucket 2 ready at 0.20 (0.19 of compute after the forward's end + 0.01 of hook work).
+    clock.t = 0.20
+    entered = prof.hook_entered(2)
+    f2: torch.futures.Future = torch.futures.Future()
+    prof.collective(Collective.ALL_REDUCE, 2000, f2)
+    clock.t = 0.22
+    prof.hook_exited(entered)
+    # Bucket 1, the last, ready at 0.30; its collective queues behind bucket 2's.
+    clock.t = 0.30
+    entered = prof.hook_entered(1)
+    f1: torch.futures.Future = torch.futures.Future()
+    prof.collective(Collective.ALL_GATHER, 500, f1)
+    clock.t = 0.31
+    prof.hook_exited(entered)
+    _done(clock, f0, 0.17)
+    _done(clock, f2, 0.33)
+    _done(clock, f1, 0.36)
+    clock.t = 0.37
+    prof.bucket_finished(0.004)
+    clock.t = 0.40
+    prof.begin_step()  # closes the step
+    window = prof.end_window()
+    assert window is not None and window.steps == 1
+    times = window.times
+    hook_before_last = 0.01 + 0.02  # buckets 0 and 2
+    assert times.step_seconds == pytest.approx(0.40)
+    assert times.backward_seconds == pytest.approx(0.30 - 0.10 - hook_before_last)
+    assert times.hideable_seconds == pytest.approx(0.30 - 0.15 - hook_before_last)
+    # Service: 0.15-0.17, 0.20-0.33, then 0.33-0.36 (queued behind, not charged the wait).
+    assert times.comm_busy_seconds == pytest.approx(0.02 + 0.13 + 0.03)
+    assert [s for _, _, s in window.collectives[0]] == pytest.approx([0.02, 0.13, 0.03])
+    assert times.exposed_seconds == pytest.approx(0.37 - 0.31)
+    assert times.compress_seconds == pytest.approx(0.01 + 0.02 + 0.01 + 0.004)
+    # Per bucket, compute left after it was ready (hook work taken out): the last one has 0.
+    last = 0.30 - hook_before_last
+    assert times.bucket_hideable_seconds == pytest.approx(
+        {0: last - 0.15, 2: last - (0.20 - 0.01), 1: 0.0}
+    )
+    assert times.bucket_hideable_seconds[0] == pytest.approx(times.hideable_seconds)
+
+
+def test_window_medians_per_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    monkeypatch.setattr(profiler_module, "now", clock)
+    prof = StepProfiler()
+    for start, gap in ((0.0, 0.05), (1.0, 0.07), (2.0, 0.06)):
+        clock.t = start
+        prof.begin_step()
+        prof.forward_done()
+        for bucket, offset in ((0, 0.0), (1, gap)):
+            clock.t = start + 0.1 + offset
+            prof.hook_exited(prof.hook_entered(bucket))
+    clock.t = 3.0
+    prof.begin_step()
+    window = prof.end_window()
+    assert window is not None and window.steps == 3
+    assert window.times.bucket_hideable_seconds == pytest.approx({0: 0.06, 1: 0.0})

@@ -14,6 +14,7 @@ identical, JSON-serializable decisions.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -534,8 +535,9 @@ def _two_buckets(hideable_last: float) -> tuple[list[LayerProfile], StepTiming]:
 def test_the_last_bucket_cannot_hide_behind_the_backward_before_it() -> None:
     """At 10 Gbit/s both uncompressed weights (2 x 16 MB, ~20 ms each) fit in H = 250 ms,
     but the last bucket is ready when the backward ends: its 20 ms are exposed whatever H is.
-    With the bucket timeline the engine sees that and compresses just that layer."""
-    rules = PolicyRules(candidates=("none", "fp16", "powersgd:rank=4"))
+    With the bucket timeline the engine sees that and compresses just that layer (min_gain 0:
+    the gain, 4% of this step, is the next test's subject)."""
+    rules = PolicyRules(candidates=("none", "fp16", "powersgd:rank=4"), min_gain=0.0)
     layers, timing = _two_buckets(hideable_last=0.0)
     eng = engine(10_000, rules)
     flat = StepTiming(backward_seconds=0.30, hideable_seconds=0.25, step_seconds=0.50)
@@ -553,6 +555,37 @@ def test_the_last_bucket_cannot_hide_behind_the_backward_before_it() -> None:
     assert seen.predicted_exposed_seconds == pytest.approx(late + latency)
     assert seen.predicted_exposed_seconds <= slack
     assert seen.predicted_overlap >= TARGET
+
+
+def test_compression_must_cut_the_step_by_min_gain() -> None:
+    """The last bucket's 20 ms of exposure on a 500 ms step: compressing it gains 4% minus the
+    compression work, under the default min_gain of 5%, so everything stays uncompressed and
+    says why. On a 150 ms step the same plan gains over 10% and is taken; a plan in use keeps
+    its place down to 85% of the threshold."""
+    rules = PolicyRules(candidates=("none", "fp16", "powersgd:rank=4"))
+    assert rules.min_gain == 0.05
+    layers, timing = _two_buckets(hideable_last=0.0)
+    eng = engine(10_000, rules)
+    slow_step = eng.decide(layers, timing, AFTER_WARMUP, WORLD)
+    assert set(slow_step.plan.values()) == {"none"}
+    late = slow_step.layer("late.weight")
+    assert late.rule == "no_gain" and late.reason.startswith("compression does not pay: ")
+    assert "under min_gain 5%" in late.reason
+
+    short = dataclasses.replace(timing, step_seconds=0.15)
+    fast_step = eng.decide(layers, short, AFTER_WARMUP, WORLD)
+    assert fast_step.layer("late.weight").spec != "none"
+    assert fast_step.layer("late.weight").rule in ("knapsack", "infeasible")
+
+    # A step on which the plan gains 4.5%: above 85% of 5% (in use), under 5% (fresh).
+    chosen = fast_step.layer("late.weight").spec
+    work = FakeCostModel(10_000).compress_seconds(build_compressor(chosen), layers[1].shape)
+    saved = slow_step.predicted_exposed_seconds - fast_step.predicted_exposed_seconds - work
+    gain_step = dataclasses.replace(timing, step_seconds=saved / 0.045)
+    fresh = eng.decide(layers, gain_step, AFTER_WARMUP, WORLD)
+    kept = eng.decide(layers, gain_step, AFTER_WARMUP, WORLD, current={"late.weight": chosen})
+    assert fresh.layer("late.weight").spec == "none"
+    assert kept.layer("late.weight").spec == chosen
 
 
 def test_a_bucket_ready_early_enough_needs_no_compression() -> None:

@@ -7,6 +7,8 @@ layers no rule claims go to the budgeted optimizer (:mod:`autocomp.policy.optimi
 their usable candidates (those that would compress the layer into fewer bytes than 'none'),
 minus the heaviest ones a guard back-off forbids. It picks per layer the candidate with the
 least total compression error that keeps the predicted communication hidden behind backward.
+Last, the ``min_gain`` rule: if that plan cuts the predicted step (exposed communication plus
+compression work) by less than ``min_gain`` of it, those layers stay uncompressed.
 
 Overlap. Let C be the step's communication service time: the sum over the collectives of the
 step of their predicted time, plus the compression work on the critical path. Let H be the
@@ -112,6 +114,7 @@ RULE_NO_BANDWIDTH = "no_bandwidth"
 RULE_FAST_LINK = "fast_link"
 RULE_KNAPSACK = "knapsack"
 RULE_INFEASIBLE = "infeasible"
+RULE_NO_GAIN = "no_gain"
 
 _NO_BACKOFF: Mapping[str, int] = MappingProxyType({})
 
@@ -313,7 +316,7 @@ class LayerDecision:
     """Why, in words (specific: numbers, the rule, the runner-up)."""
     rule: str
     """What decided, machine-readable: warmup, force_none, pin, too_small, 1d, single_rank,
-    no_bandwidth, fast_link, knapsack or infeasible."""
+    no_bandwidth, fast_link, knapsack, infeasible or no_gain."""
     predicted_seconds: float
     """Time this layer adds to C (communication bandwidth term, extra latency, compression)."""
     predicted_wire_bytes: int
@@ -558,13 +561,14 @@ class PolicyEngine:
                 pending, self._explain(pending, solution, relaxed), strict=True
             ):
                 decisions[item.index] = explained
+            if self._gain_too_small(pending, decisions, groups, fixed_by_group, timing, current):
+                solver += ", below min_gain"
 
         final = tuple(d for d in decisions if d is not None)
         comm = latency_seconds + math.fsum(d.predicted_seconds for d in final)
-        by_group = list(fixed_by_group)
-        for item in pending:
-            by_group[groups.group_of[item.index]] += decisions[item.index].predicted_seconds  # type: ignore[union-attr]
-        exposed = max(0.0, groups.excess(by_group))
+        exposed = max(
+            0.0, groups.excess(self._by_group(pending, decisions, groups, fixed_by_group))
+        )
         overlap = 1.0 - exposed / comm if comm > 0 else 1.0
         feasible = _meets(exposed, comm, budget, target)
         decision = PolicyDecision(
@@ -785,6 +789,86 @@ class PolicyEngine:
         return max(1, math.ceil(total / self.config.bucket_cap_bytes))
 
     # ---- reasons ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _by_group(
+        pending: Sequence[_Pending],
+        decisions: Sequence[LayerDecision | None],
+        groups: _Groups,
+        fixed_by_group: Sequence[float],
+    ) -> list[float]:
+        """Per group: fixed time plus the pending layers' decided seconds."""
+        seconds = list(fixed_by_group)
+        for item in pending:
+            decided = decisions[item.index]
+            assert decided is not None
+            seconds[groups.group_of[item.index]] += decided.predicted_seconds
+        return seconds
+
+    def _gain_too_small(
+        self,
+        pending: Sequence[_Pending],
+        decisions: list[LayerDecision | None],
+        groups: _Groups,
+        fixed_by_group: Sequence[float],
+        timing: StepTiming,
+        current: Mapping[str, str] | None,
+    ) -> bool:
+        """Send the optimizer's layers uncompressed when compressing buys less than
+        ``min_gain`` of the step; True if it did.
+
+        The step's predicted cost of communication is the exposed time plus the compression
+        work (which runs on the backward's thread, hidden from nothing). A plan that trims
+        that by a few percent of the step trades accuracy for a gain step-time noise hides;
+        on links where the uncompressed exposure is small, that is every plan. A plan in use
+        keeps its place down to ``1 - switch_margin`` of the threshold (no flapping).
+        """
+        min_gain = self.rules.min_gain
+        if min_gain <= 0 or timing.step_seconds <= 0:
+            return False
+        compressed = [
+            item
+            for item in pending
+            if decisions[item.index].spec != NONE_SPEC  # type: ignore[union-attr]
+        ]
+        if not compressed or any(NONE_SPEC not in item.true_options for item in pending):
+            return False
+        by_group = self._by_group(pending, decisions, groups, fixed_by_group)
+        exposed = max(0.0, groups.excess(by_group))
+        none_by_group = list(fixed_by_group)
+        for item in pending:
+            none_by_group[groups.group_of[item.index]] += item.true_options[NONE_SPEC].seconds
+        exposed_none = max(0.0, groups.excess(none_by_group))
+        work = math.fsum(
+            max(0.0, float(self.cost_model.compress_seconds(_built(d.spec), item.layer.shape)))
+            for item in compressed
+            if (d := decisions[item.index]) is not None
+        )
+        gain = (exposed_none - exposed - work) / timing.step_seconds
+        in_use = current is not None and any(
+            current.get(item.layer.name, NONE_SPEC) != NONE_SPEC for item in pending
+        )
+        threshold = min_gain * (1.0 - self.config.switch_margin if in_use else 1.0)
+        if gain >= threshold:
+            return False
+        reason = (
+            f"compression does not pay: the best plan ({len(compressed)} layers compressed) "
+            f"would cut the step by {gain:.1%} (exposed {_seconds_text(exposed_none)} -> "
+            f"{_seconds_text(exposed)}, compression work {_seconds_text(work)}), under "
+            f"min_gain {min_gain:.0%}"
+        )
+        for item in pending:
+            option = item.true_options[NONE_SPEC]
+            decisions[item.index] = LayerDecision(
+                name=item.layer.name,
+                spec=NONE_SPEC,
+                reason=item.note + reason,
+                rule=RULE_NO_GAIN,
+                predicted_seconds=option.seconds,
+                predicted_wire_bytes=option.wire_bytes,
+                predicted_error=option.error,
+            )
+        return True
 
     def _solve(
         self,

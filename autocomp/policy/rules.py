@@ -13,6 +13,7 @@ the controller at the copy. Schema, version 1 (``policies/default.toml`` carries
     min_numel = 16384               # int >= 0: smaller tensors are never compressed
     compress_1d = false             # bool: whether biases and norm scales may be compressed
     fast_link_gbit = 25.0           # float > 0 (or inf): at or above this bandwidth, all 'none'
+    min_gain = 0.05                 # 0..1: compress only if that cuts the predicted step so much
     target_overlap = 0.9            # 0..1: fraction of communication to hide behind backward
     replan_interval = 50            # int >= 1: steps between two decisions
     candidates = ["none", "fp16", "powersgd:rank=4", "topk:ratio=0.01"]  # 'none' always added
@@ -137,6 +138,7 @@ _POLICY_KEYS: dict[str, _Key] = {
     "min_numel": _Key(int, low=0),
     "compress_1d": _Key(bool),
     "fast_link_gbit": _Key(float, low=0.0, low_open=True, allow_inf=True),
+    "min_gain": _Key(float, low=0.0, high=1.0),
     "target_overlap": _Key(float, low=0.0, high=1.0),
     "replan_interval": _Key(int, low=1),
 }
@@ -277,6 +279,10 @@ class PolicyRules:
     """Whether 1-D tensors (biases, norm scales) may be compressed."""
     fast_link_gbit: float = 25.0
     """At or above this measured bandwidth (Gbit/s) every layer is sent uncompressed."""
+    min_gain: float = 0.05
+    """A compressed plan must cut the predicted step by at least this fraction of it, else
+    every optimizer layer stays uncompressed: a smaller gain is within the noise of step
+    times and not worth any compression error."""
     target_overlap: float = 0.9
     """Default fraction of communication to hide behind backward compute."""
     replan_interval: int = 50
@@ -313,6 +319,7 @@ class PolicyRules:
             "min_numel": self.min_numel,
             "compress_1d": self.compress_1d,
             "fast_link_gbit": fast if math.isfinite(fast) else "inf",
+            "min_gain": self.min_gain,
             "target_overlap": self.target_overlap,
             "replan_interval": self.replan_interval,
             "candidates": list(self.candidates),

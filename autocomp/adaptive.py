@@ -50,7 +50,15 @@ from autocomp.link_model import (
     latency_hops,
     link_bytes,
 )
-from autocomp.policy.engine import LayerProfile, PolicyDecision, PolicyEngine, StepTiming
+from autocomp.policy.engine import (
+    RULE_INFEASIBLE,
+    RULE_KNAPSACK,
+    LayerProfile,
+    PolicyDecision,
+    PolicyEngine,
+    StepTiming,
+)
+from autocomp.policy.payoff import PayoffCheck
 from autocomp.policy.rules import PolicyRules
 from autocomp.profiler import StepProfiler, WindowProfile
 from autocomp.runlog import RunLog
@@ -209,6 +217,8 @@ class AdaptiveLoop:
         if state.rank == 0:  # only rank 0 decides
             _calibrate(self.cost_model, rules.candidates, state.world_size)
         self.engine = PolicyEngine(rules, self.cost_model, target_overlap=config.target_overlap)
+        self.payoff = PayoffCheck(PayoffCheck.Config(min_gain=rules.min_gain))
+        """Rank 0: holds compression off where measured steps show it does not pay."""
         # The guards see one observation per window, so step counts become window counts.
         guard_rules = rules.guards
         self.guards = ConvergenceGuards(
@@ -567,6 +577,15 @@ class AdaptiveLoop:
         )
         self._apply_overrides(step)
         previous = self._last_decision
+        # The window just measured ran the previous decision's plan.
+        window_index = step // self.config.window
+        bandwidth = None if estimate is None else estimate.bandwidth_bytes_per_s
+        optimizer_compressed = previous is not None and any(
+            layer.rule in (RULE_KNAPSACK, RULE_INFEASIBLE) and layer.spec != "none"
+            for layer in previous.layers
+        )
+        self.payoff.observe(window_index, optimizer_compressed, timings["step_seconds"], bandwidth)
+        hold = self.payoff.hold_reason(window_index, bandwidth)
         if self.frozen and previous is not None:
             plan = [self.state.slots[name].compressor.spec for name in self.names]
             decision = previous
@@ -580,6 +599,7 @@ class AdaptiveLoop:
                 pins=[*self.operator_pins, *self.pins],
                 force_none=self.force_none,
                 current={name: self.state.slots[name].compressor.spec for name in self.names},
+                hold_reason=hold,
             )
             plan = [decision.layer(name).spec for name in self.names]
             self._last_decision = decision
@@ -642,6 +662,7 @@ class AdaptiveLoop:
             "probe": {**self.probe.state_dict(), "next_bytes": self._probe_next},
             "cost_model": self.cost_model.state_dict(),
             "guards": self.guards.state_dict(),
+            "payoff": self.payoff.state_dict(),
             "rel_errors": {k: dict(v) for k, v in self._rel_errors.items()},
             "grad_norms": dict(self._grad_norms),
             "last_boundary": self._last_boundary,
@@ -658,6 +679,7 @@ class AdaptiveLoop:
         self.cost_model.load_state_dict(state["cost_model"])
         self.cost_model.update_link(self.meter.estimate)
         self.guards.load_state_dict(state["guards"])
+        self.payoff.load_state_dict(state.get("payoff", {}))
         self._rel_errors = {name: dict(state["rel_errors"].get(name, {})) for name in self.names}
         self._grad_norms = dict(state["grad_norms"])
         self._last_boundary = int(state["last_boundary"])

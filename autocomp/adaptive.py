@@ -219,6 +219,8 @@ class AdaptiveLoop:
         self.engine = PolicyEngine(rules, self.cost_model, target_overlap=config.target_overlap)
         self.payoff = PayoffCheck(PayoffCheck.Config(min_gain=rules.min_gain))
         """Rank 0: holds compression off where measured steps show it does not pay."""
+        self._plan_ran: tuple[str, ...] | None = None
+        """Rank 0: the plan of the window before the one being closed."""
         # The guards see one observation per window, so step counts become window counts.
         guard_rules = rules.guards
         self.guards = ConvergenceGuards(
@@ -577,14 +579,21 @@ class AdaptiveLoop:
         )
         self._apply_overrides(step)
         previous = self._last_decision
-        # The window just measured ran the previous decision's plan.
+        # The window just measured ran the previous decision's plan; it counts for the payoff
+        # check only if the window before ran the same plan (a switch's first steps pay
+        # one-off costs, and the first window DDP's bucket rebuild).
         window_index = step // self.config.window
         bandwidth = None if estimate is None else estimate.bandwidth_bytes_per_s
-        optimizer_compressed = previous is not None and any(
-            layer.rule in (RULE_KNAPSACK, RULE_INFEASIBLE) and layer.spec != "none"
-            for layer in previous.layers
-        )
-        self.payoff.observe(window_index, optimizer_compressed, timings["step_seconds"], bandwidth)
+        ran = tuple(self.state.slots[name].compressor.spec for name in self.names)
+        settled, self._plan_ran = ran == self._plan_ran, ran
+        if settled:
+            optimizer_compressed = previous is not None and any(
+                layer.rule in (RULE_KNAPSACK, RULE_INFEASIBLE) and layer.spec != "none"
+                for layer in previous.layers
+            )
+            self.payoff.observe(
+                window_index, optimizer_compressed, timings["step_seconds"], bandwidth
+            )
         hold = self.payoff.hold_reason(window_index, bandwidth)
         if self.frozen and previous is not None:
             plan = [self.state.slots[name].compressor.spec for name in self.names]

@@ -463,8 +463,11 @@ class CostModel:
                 # Direct evidence for this exact layer and compressor beats any model.
                 out[i] = statistics.median(measured)
                 continue
-            if prior <= 0 or self._regressor is None:
+            if prior <= 0:
                 out[i] = prior
+                continue
+            if self._regressor is None:
+                out[i] = prior * self._interim_scale(world)
                 continue
             cached = self._cache.get((compressor.spec, tuple(shape), world))
             if cached is None:
@@ -485,6 +488,26 @@ class CostModel:
                 out[i] = value
         return out
 
+    def _interim_scale(self, world_size: int) -> float:
+        """measured/prior over every measured group, geometric mean: until the regressor has
+        enough samples, what carries the slowdown seen in training (compression competing
+        with the backward and the communication threads for the cores, 2-3x on a busy
+        2-vCPU machine) to the options not measured yet. 1 without measurements."""
+        cached = self._cache.get(("*", (), world_size))
+        if cached is not None:
+            return cached
+        logs = []
+        for (spec, shape, world), group in self._groups.items():
+            if world != world_size or not group:
+                continue
+            prior = self._prior(self._compressor(spec), torch.Size(shape), world)
+            if prior > 0:
+                logs.append(math.log(statistics.median(group) / prior))
+        limit = math.log(self.config.max_correction)
+        scale = math.exp(max(-limit, min(limit, math.fsum(logs) / len(logs)))) if logs else 1.0
+        self._cache[("*", (), world_size)] = scale
+        return scale
+
     def add_sample(
         self, compressor: Compressor | str, shape: torch.Size | Sequence[int], seconds: float
     ) -> None:
@@ -501,6 +524,8 @@ class CostModel:
         predicted = self.compress_seconds(compressor, shape)
         self._errors["compress"].append((predicted, float(seconds)))
         self._store((compressor.spec, tuple(shape), self.config.world_size), float(seconds))
+        if self._regressor is None:
+            self._cache.clear()  # the interim scale moved
         due = self._since_fit >= self.config.refit_every
         if self.config.auto_refit and due and self.samples >= self.config.min_fit_samples:
             self.fit()

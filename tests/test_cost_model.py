@@ -168,7 +168,26 @@ def test_measured_layer_uses_its_own_measurements_at_once() -> None:
     model.add_sample("topk", shape, 0.7)
     model.add_sample("topk", shape, 0.6)
     assert model.compress_seconds("topk", shape) == pytest.approx(0.6)  # the median
-    assert model.compress_seconds("topk", torch.Size([301, 300])) < 0.1  # others: prior
+    # Others, before any fit: their prior times measured/prior of what was measured.
+    other = torch.Size([301, 300])
+    scale = 0.6 / prior_seconds(build_compressor("topk"), shape, 2)
+    expected = prior_seconds(build_compressor("topk"), other, 2) * scale
+    assert model.compress_seconds("topk", other) == pytest.approx(expected)
+    assert model.compress_seconds("fp16", other) == pytest.approx(
+        prior_seconds(build_compressor("fp16"), other, 2) * scale
+    )
+
+
+def test_interim_scale_is_the_geometric_mean_over_measured_groups() -> None:
+    model = CostModel(CostModel.Config(min_fit_samples=100))
+    a, b = torch.Size([200, 200]), torch.Size([400, 100])
+    model.add_sample("int8", a, 4 * prior_seconds(build_compressor("int8"), a, 2))
+    model.add_sample("fp16", b, 1 * prior_seconds(build_compressor("fp16"), b, 2))
+    assert not model.fitted
+    unmeasured = torch.Size([64, 64])
+    assert model.compress_seconds("topk", unmeasured) == pytest.approx(
+        2 * prior_seconds(build_compressor("topk"), unmeasured, 2)  # sqrt(4 x 1)
+    )
 
 
 def test_manual_refit_only() -> None:

@@ -4,9 +4,10 @@ The engine's predictions (exposure, compression work) carry errors the cost mode
 partly learns: compression competes with the backward and the communication threads for the
 same cores, and an idle-link probe can read a loopback far faster than the link is during
 training. Near the point where compression stops paying those errors decide, and a plan that
-is predicted 5% faster may measure slower. So every window's median step time is kept with
-the plan that produced it, and a compressed plan is compared with the latest uncompressed
-window on a similar link (bandwidth within ``link_change``). If it is not ``min_gain`` faster,
+is predicted 5% faster may measure slower. So every settled window's median step time (one
+that ran the same plan as the window before it: no switch costs) is kept with the plan that
+produced it, and a compressed plan is compared with the latest uncompressed window on a
+similar link (bandwidth within ``link_change``). If it is not ``min_gain`` faster,
 compression is held off: the optimizer's layers stay uncompressed for ``hold_windows``
 windows, or until the link estimate moves by ``link_change`` from the one held at, whichever
 comes first. Then the engine may try again, one window.

@@ -96,3 +96,10 @@ def test_engine_leaves_the_optimizer_layers_uncompressed_while_held() -> None:
     assert held.layer("a.weight").reason == "measured no payoff"
     assert held.layer("b.weight").spec == "fp16:ef=true"  # a pin is not the optimizer's
     assert held.solver == "held"
+    # The prediction covers the held layers' uncompressed communication too.
+    none_only = PolicyEngine(
+        PolicyRules(warmup_steps=0, candidates=("none",)), _Link(), target_overlap=0.9
+    ).decide(layers, timing, 100, 2, pins=[("b.*", "fp16")])
+    assert held.predicted_comm_seconds == pytest.approx(none_only.predicted_comm_seconds)
+    assert held.predicted_exposed_seconds == pytest.approx(none_only.predicted_exposed_seconds)
+    assert held.predicted_exposed_seconds > 0

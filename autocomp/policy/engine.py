@@ -549,10 +549,8 @@ class PolicyEngine:
         target = self.target_overlap
         budget = hideable / target if target > 0 else math.inf
         groups = _Groups.build(layers, timing, hideable)
-        fixed_by_group = [per_bucket_latency * g.buckets for g in groups.groups]
-        for index, d in enumerate(decisions):
-            if d is not None:
-                fixed_by_group[groups.group_of[index]] += d.predicted_seconds
+        latency_by_group = [per_bucket_latency * g.buckets for g in groups.groups]
+        fixed_by_group = groups.seconds(decisions, latency_by_group)
         solver = ""
         if pending and hold_reason is not None:
             for item in pending:
@@ -575,9 +573,7 @@ class PolicyEngine:
 
         final = tuple(d for d in decisions if d is not None)
         comm = latency_seconds + math.fsum(d.predicted_seconds for d in final)
-        exposed = max(
-            0.0, groups.excess(self._by_group(pending, decisions, groups, fixed_by_group))
-        )
+        exposed = max(0.0, groups.excess(groups.seconds(decisions, latency_by_group)))
         overlap = 1.0 - exposed / comm if comm > 0 else 1.0
         feasible = _meets(exposed, comm, budget, target)
         decision = PolicyDecision(
@@ -799,21 +795,6 @@ class PolicyEngine:
 
     # ---- reasons ---------------------------------------------------------------------------
 
-    @staticmethod
-    def _by_group(
-        pending: Sequence[_Pending],
-        decisions: Sequence[LayerDecision | None],
-        groups: _Groups,
-        fixed_by_group: Sequence[float],
-    ) -> list[float]:
-        """Per group: fixed time plus the pending layers' decided seconds."""
-        seconds = list(fixed_by_group)
-        for item in pending:
-            decided = decisions[item.index]
-            assert decided is not None
-            seconds[groups.group_of[item.index]] += decided.predicted_seconds
-        return seconds
-
     def _gain_too_small(
         self,
         pending: Sequence[_Pending],
@@ -842,8 +823,7 @@ class PolicyEngine:
         ]
         if not compressed or any(NONE_SPEC not in item.true_options for item in pending):
             return False
-        by_group = self._by_group(pending, decisions, groups, fixed_by_group)
-        exposed = max(0.0, groups.excess(by_group))
+        exposed = max(0.0, groups.excess(groups.seconds(decisions, fixed_by_group, pending)))
         none_by_group = list(fixed_by_group)
         for item in pending:
             none_by_group[groups.group_of[item.index]] += item.true_options[NONE_SPEC].seconds
@@ -1122,6 +1102,22 @@ class _Groups:
                 groups.append(_Group(value, 1))
             index_of[bucket] = len(groups) - 1
         return _Groups(tuple(groups), tuple(index_of[layer.bucket] for layer in layers))  # type: ignore[index]
+
+    def seconds(
+        self,
+        decisions: Sequence[LayerDecision | None],
+        base: Sequence[float],
+        only: Sequence[_Pending] | None = None,
+    ) -> list[float]:
+        """Per group: ``base`` plus the decided layers' predicted seconds (all decided
+        layers, or those of ``only``)."""
+        out = list(base)
+        indices = range(len(decisions)) if only is None else [item.index for item in only]
+        for index in indices:
+            decided = decisions[index]
+            if decided is not None:
+                out[self.group_of[index]] += decided.predicted_seconds
+        return out
 
     def excess(self, seconds_by_group: Sequence[float]) -> float:
         """Largest shortfall over groups of (their time and the later-ready ones') against

@@ -12,9 +12,18 @@ load without importing torch.
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# Ranks must decode the same bits from the same summed payload. By default MKL (the BLAS of
+# PyTorch's x86 CPU wheels) picks code paths per process, and identical PowerSGD decodes came
+# out a few ulps apart on different ranks, so their models drifted (1e-9 in one run in six of
+# tests/test_hook_multirank.py). AUTO keeps the fastest path for the CPU but the same one in
+# every process; it is read when MKL first runs, hence here, at import. A value the user set
+# is kept. (CUDA and NCCL are not affected.)
+os.environ.setdefault("MKL_CBWR", "AUTO")
 
 _EXPORTS = {
     "Controller": "autocomp.controller",

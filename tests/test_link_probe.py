@@ -16,6 +16,7 @@ the estimate jump and the plan go uncompressed within the following boundary or 
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import subprocess
 import sys
@@ -179,7 +180,12 @@ def shaped_worker(policy_path: str, out_dir: str) -> None:
         "summaries": [r.summary() for r in ctl.history],
     }
     (out / f"rank{rank}.json").write_text(json.dumps(result))
+    ctl.close()
     torch.distributed.destroy_process_group()
+    # Collect DDP's reducer (reference cycles) while the interpreter is alive: left to its
+    # shutdown, gloo's threads can touch Python objects and abort the process.
+    del ctl, ddp, opt
+    gc.collect()
 
 
 @pytest.mark.shaped

@@ -197,3 +197,22 @@ def _resume_without_state(rank: int, world_size: int, ckpt_dir: str) -> bool:
 
 def test_resume_without_autocomp_state_differs(tmp_path: Path) -> None:
     assert run_ranks(_resume_without_state, 2, tmp_path, str(tmp_path)) == [False, False]
+
+
+@pytest.mark.parametrize(("preset", "expected"), [(None, "AUTO"), ("COMPATIBLE", "COMPATIBLE")])
+def test_import_pins_mkl_to_one_code_path_unless_set(preset: str | None, expected: str) -> None:
+    """MKL's default code-path choice gave ranks different bits for identical PowerSGD decodes
+    (test_powersgd_on_many_buckets_keeps_collective_order failed one run in six); importing
+    autocomp sets MKL_CBWR=AUTO before MKL first runs, and keeps a value the user set."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
+    if preset is not None:
+        env["MKL_CBWR"] = preset
+    code = "import os, autocomp; print(os.environ['MKL_CBWR'])"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == expected

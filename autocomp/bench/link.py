@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import hashlib
 import itertools
 import json
@@ -535,6 +536,9 @@ def worker_main(config_path: Path) -> int:
         result = _worker_train(cfg, rank, world)
     finally:
         dist.destroy_process_group()
+        # DDP's reducer sits in reference cycles: collect it while the interpreter is alive
+        # (left to its shutdown, gloo's threads can touch Python objects and abort).
+        gc.collect()
     out = Path(cfg["run_dir"]) / f"result-rank{rank}.json"
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, default=str), encoding="utf-8")

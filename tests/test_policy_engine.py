@@ -314,7 +314,7 @@ def test_backoff_moves_a_layer_to_a_lighter_option() -> None:
 def test_lightness_order_uses_priors() -> None:
     eng = engine(200)
     order = [c.spec for c in eng.lightness_order(mlp_layer("fc0.weight"))]
-    assert order[:3] == ["none", "fp16:ef=true", "int8:chunk=256,ef=true"]
+    assert order[:3] == ["none", "fp16:ef=false", "int8:chunk=256,ef=true"]
     assert order.index("powersgd:rank=16,ef=true") < order.index("powersgd:rank=1,ef=true")
 
 

@@ -252,7 +252,7 @@ class GuardRules:
 
 _DEFAULT_CANDIDATES = (
     "none",
-    "fp16",
+    "fp16:ef=false",
     "int8",
     "powersgd:rank=16",
     "powersgd:rank=4",

@@ -467,6 +467,21 @@ def test_prepare_keeps_residual_only_for_ef_compressors() -> None:
         assert (slot.residual is not None) == keeps, spec
 
 
+@pytest.mark.parametrize("spec", SPECS)
+def test_prepare_leaves_the_gradient_untouched(spec: str) -> None:
+    """Without error feedback the hook compresses the bucket slice itself (no private copy),
+    so ``compress`` must not write to its input; with it, the residual is a separate buffer."""
+    c = build_compressor(spec)
+    size = torch.Size([24, 10])
+    slot = LayerSlot("w", size, torch.float32, 1, c, c.init_state(size, 1, 0))
+    for step in range(3):  # PowerSGD alternates phases; a residual exists from step 1 on
+        grad = _randn(240, seed=60 + step)
+        before = grad.clone()
+        _prepare(slot, grad, _hook_state())
+        assert torch.equal(grad, before), (spec, step)
+        assert slot.residual is None or slot.residual.data_ptr() != grad.data_ptr()
+
+
 def test_prepare_flushes_pending_residual_into_none() -> None:
     """A layer switched to ``none`` sends gradient + residual once, then drops the residual."""
     c = build_compressor("none")

@@ -136,6 +136,30 @@ def _least(
     )
 
 
+def _add_layer(
+    previous: np.ndarray, options: Sequence[LayerOption], units: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """One step of the knapsack program: the least error per capacity with one more layer.
+
+    ``previous[c]`` is the least error of the layers so far within ``c`` units; returns the
+    same with this layer added, and per capacity the option chosen for it (-1: none fits).
+    """
+    size = len(previous)
+    best = np.full(size, np.inf)
+    best_arg = np.full(size, -1, dtype=np.int32)
+    # Least error (then fewer seconds) first, strict improvement: deterministic ties.
+    for o in sorted(range(len(options)), key=lambda i: (options[i].error, options[i].seconds, i)):
+        w = int(units[o])
+        if w >= size:
+            continue
+        candidate = previous[: size - w] + options[o].error
+        window = best[w:]
+        better = candidate < window
+        window[better] = candidate[better]
+        best_arg[w:][better] = o
+    return best, best_arg
+
+
 class BudgetOptimizer:
     """Multiple-choice knapsack over a discretized time budget (see module docstring)."""
 
@@ -239,23 +263,7 @@ class BudgetOptimizer:
         table = np.zeros((len(order) + 1, size), dtype=np.float64)
         arg = np.full((len(order), size), -1, dtype=np.int32)
         for k, layer in enumerate(order):
-            options = layers[layer]
-            previous = table[k]
-            best = np.full(size, np.inf)
-            best_arg = arg[k]
-            # Least error (then fewer seconds) first, strict improvement: deterministic ties.
-            for o in sorted(
-                range(len(options)), key=lambda i: (options[i].error, options[i].seconds, i)
-            ):
-                w = int(units[layer][o])
-                if w >= size:
-                    continue
-                candidate = previous[: size - w] + options[o].error
-                window = best[w:]
-                better = candidate < window
-                window[better] = candidate[better]
-                best_arg[w:][better] = o
-            table[k + 1] = best
+            table[k + 1], arg[k] = _add_layer(table[k], layers[layer], units[layer])
         return table, arg
 
     def _capped(
@@ -277,19 +285,7 @@ class BudgetOptimizer:
         table = np.zeros(size, dtype=np.float64)
         args = []
         for k, options in enumerate(layers):
-            best = np.full(size, np.inf)
-            best_arg = np.full(size, -1, dtype=np.int32)
-            for o in sorted(
-                range(len(options)), key=lambda i: (options[i].error, options[i].seconds, i)
-            ):
-                w = int(units[k][o])
-                if w >= size:
-                    continue
-                candidate = table[: size - w] + options[o].error
-                window = best[w:]
-                better = candidate < window
-                window[better] = candidate[better]
-                best_arg[w:][better] = o
+            best, best_arg = _add_layer(table, options, units[k])
             limit = limits.get(k + 1)
             if limit is not None:
                 # "At most c units" for c above the cap means "at most the cap".

@@ -30,6 +30,26 @@ def _done(clock: Clock, future: torch.futures.Future, at: float) -> None:
     future.set_result(None)
 
 
+def _hook_call(
+    prof: StepProfiler,
+    clock: Clock,
+    bucket: int,
+    entered_at: float,
+    exited_at: float,
+    collective: Collective,
+    payload_bytes: int,
+) -> torch.futures.Future:
+    """One hook call: bucket ready at ``entered_at``, one collective launched, back at
+    ``exited_at``; returns the collective's future, completed later by :func:`_done`."""
+    clock.t = entered_at
+    entered = prof.hook_entered(bucket)
+    future: torch.futures.Future = torch.futures.Future()
+    prof.collective(collective, payload_bytes, future)
+    clock.t = exited_at
+    prof.hook_exited(entered)
+    return future
+
+
 def test_one_step_timeline(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = Clock()
     monkeypatch.setattr(profiler_module, "now", clock)
@@ -38,26 +58,11 @@ def test_one_step_timeline(monkeypatch: pytest.MonkeyPatch) -> None:
     clock.t = 0.10
     prof.forward_done()
     # Bucket 0 ready at 0.15; the hook works 0.01 s and launches a 20 ms collective.
-    clock.t = 0.15
-    entered = prof.hook_entered(0)
-    f0: torch.futures.Future = torch.futures.Future()
-    prof.collective(Collective.ALL_REDUCE, 1000, f0)
-    clock.t = 0.16
-    prof.hook_exited(entered)
+    f0 = _hook_call(prof, clock, 0, 0.15, 0.16, Collective.ALL_REDUCE, 1000)
     # Bucket 2 ready at 0.20 (0.19 of compute after the forward's end + 0.01 of hook work).
-    clock.t = 0.20
-    entered = prof.hook_entered(2)
-    f2: torch.futures.Future = torch.futures.Future()
-    prof.collective(Collective.ALL_REDUCE, 2000, f2)
-    clock.t = 0.22
-    prof.hook_exited(entered)
+    f2 = _hook_call(prof, clock, 2, 0.20, 0.22, Collective.ALL_REDUCE, 2000)
     # Bucket 1, the last, ready at 0.30; its collective queues behind bucket 2's.
-    clock.t = 0.30
-    entered = prof.hook_entered(1)
-    f1: torch.futures.Future = torch.futures.Future()
-    prof.collective(Collective.ALL_GATHER, 500, f1)
-    clock.t = 0.31
-    prof.hook_exited(entered)
+    f1 = _hook_call(prof, clock, 1, 0.30, 0.31, Collective.ALL_GATHER, 500)
     _done(clock, f0, 0.17)
     _done(clock, f2, 0.33)
     _done(clock, f1, 0.36)

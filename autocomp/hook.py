@@ -3,9 +3,23 @@
 DDP allows a single comm hook per model, so this hook dispatches every gradient of a bucket to
 its own layer's compressor. Per bucket it issues at most one all-reduce per payload dtype
 (in a fixed dtype order) followed by at most one all-gather of opaque bytes. Every collective
-is launched synchronously from the hook call itself, never from a future callback, and DDP
-calls the hook in bucket order on every rank; with identical plans (checked at ``wrap``), every
-rank therefore issues the same collectives, with the same sizes, in the same order.
+is launched synchronously from a hook call, never from a future callback, and DDP calls the
+hook in bucket order on every rank; with identical plans (checked at ``wrap``), every rank
+therefore issues the same collectives, with the same sizes, in the same order.
+
+Two-round compressors (PowerSGD: P, then Q computed from the summed P) are pipelined across
+buckets. Bucket b's hook call launches the first round of its two-round layers ahead of its
+other collectives; bucket b+1's hook call waits for that round, computes and launches bucket
+b's final round, then proceeds with its own; the last bucket runs its final round at once.
+The order is again a pure function of the plan and the bucket order:
+
+    P_0, rest_0 | Q_0, P_1, rest_1 | Q_1, P_2, rest_2 | ... | Q_{n-1}, P_n, rest_n, Q_n
+
+so it holds on gloo and NCCL with any number of buckets (PyTorch's own hook launches Q from a
+callback, which reorders across ranks when buckets complete in different orders). Bucket b's
+future is completed by hand once its final round is decoded. The wait in bucket b+1's call
+is short when the backward between the two buckets covers the small P all-reduce; on CUDA it
+only orders the compute stream after the collective.
 
 Gradients are divided by the world size before compression, so summing what all ranks sent
 yields the average. Biased compressors keep an error-feedback residual per parameter, keyed
@@ -70,7 +84,7 @@ class LayerSlot:
 
     def wire_bytes(self) -> int:
         """Bytes the next step sends for this layer."""
-        return self.compressor.wire_bytes(self.shape, self.dtype, self.state or None)
+        return self.compressor.wire_bytes(self.shape, self.dtype)
 
 
 @dataclass(slots=True)
@@ -78,15 +92,6 @@ class _BucketLayout:
     key: tuple[int, ...]
     slots: list[LayerSlot]
     offsets: list[int]
-
-
-@dataclass(slots=True)
-class _Part:
-    slot: LayerSlot
-    offset: int
-    payload: torch.Tensor
-    plain: bool
-    """Sent as the gradient itself (no decode, no compressor state to advance)."""
 
 
 class HookState:
@@ -116,6 +121,8 @@ class HookState:
         """Set by the adaptive controller; None in static mode (no timing overhead)."""
         self.nonfinite_events: list[tuple[int, str]] = []
         """(step, layer) of every non-finite average seen; drained by the controller."""
+        self.pending_round: _BucketWork | None = None
+        """A bucket whose final round the next bucket's hook call launches."""
         self._layouts: dict[int, _BucketLayout] = {}
         self._pending_checks: list[tuple[int, LayerSlot, torch.Tensor]] = []
         self._checked_step = 0
@@ -206,15 +213,43 @@ def _all_gather(output: torch.Tensor, payload: torch.Tensor, group: Any) -> torc
     return gather(output, payload, group=group, async_op=True).get_future()
 
 
-def _prepare(slot: LayerSlot, grad: torch.Tensor, state: HookState) -> tuple[torch.Tensor, bool]:
-    """Compress one layer's (already divided) gradient and update its error feedback.
+@dataclass(slots=True)
+class _Encoding:
+    """One layer's payload for this step, possibly still between rounds."""
 
-    Returns the payload and whether it is the plain gradient (no decode needed).
-    """
+    slot: LayerSlot
+    work: torch.Tensor
+    """What is being compressed (gradient plus residual, float32); kept for later rounds."""
+    payload: torch.Tensor
+    """The current round's payload (the final one once ``settled``)."""
+    plain: bool
+    """Sent as the gradient itself (no decode, no compressor state to advance)."""
+    rounds: int = 1
+    round_index: int = 0
+    grad_norm: float = 0.0
+    """Norm of this step's gradient alone (sampled steps only)."""
+
+    @property
+    def settled(self) -> bool:
+        return self.round_index == self.rounds - 1
+
+
+def _check_round_bytes(encoding: _Encoding) -> None:
+    slot = encoding.slot
+    expected = slot.compressor.round_wire_bytes(slot.shape, slot.dtype)[encoding.round_index]
+    sent = encoding.payload.numel() * encoding.payload.element_size()
+    if sent != expected:
+        raise RuntimeError(
+            f"compressor {slot.compressor.spec} produced {sent} bytes in round "
+            f"{encoding.round_index} for {slot.name} {tuple(slot.shape)} but reports {expected}"
+        )
+
+
+def _begin(slot: LayerSlot, grad: torch.Tensor, state: Any) -> _Encoding:
+    """First round of one layer's (already divided) gradient; settles single-round ones."""
     compressor = slot.compressor
     grad = grad.view(slot.shape)
     sampling = state.profiler is not None and state.profiler.sample_this_step
-    profiler = state.profiler if sampling else None
     grad_norm = float(torch.linalg.vector_norm(grad, dtype=torch.float32)) if sampling else 0.0
     # With a residual, work in its own buffer: no allocation, one pass. Without one, only
     # error feedback needs a private float32 copy (it becomes the residual); every other
@@ -227,20 +262,48 @@ def _prepare(slot: LayerSlot, grad: torch.Tensor, state: HookState) -> tuple[tor
     if _is_identity(compressor) or state.step < slot.uncompressed_until:
         # A pending residual is flushed into an uncompressed layer in its own dtype.
         slot.residual = None
-        return x.reshape(-1).to(slot.dtype), True
-    payload = compressor.compress(x, slot.state)
+        return _Encoding(slot, x, x.reshape(-1).to(slot.dtype), plain=True)
+    rounds = compressor.rounds_for(slot.shape)
+    if rounds > 2:
+        raise NotImplementedError(
+            f"compressor {compressor.spec} needs {rounds} collectives per step; the hook "
+            "pipelines at most 2"
+        )
+    encoding = _Encoding(
+        slot, x, compressor.compress(x, slot.state), False, rounds, grad_norm=grad_norm
+    )
     if state.check_wire_bytes:
-        sent = payload.numel() * payload.element_size()
-        expected = slot.wire_bytes()
-        if sent != expected:
-            raise RuntimeError(
-                f"compressor {compressor.spec} produced {sent} bytes for {slot.name} "
-                f"{tuple(slot.shape)} but reports {expected}"
-            )
+        _check_round_bytes(encoding)
+    if encoding.settled:
+        _settle(encoding, state)
+    return encoding
+
+
+def _advance(encoding: _Encoding, received: torch.Tensor, state: Any) -> None:
+    """The next round's payload from the previous round's summed result."""
+    slot = encoding.slot
+    encoding.round_index += 1
+    encoding.payload = slot.compressor.compress_round(
+        encoding.work, encoding.round_index, received, slot.state
+    )
+    if state.check_wire_bytes:
+        _check_round_bytes(encoding)
+    if encoding.settled:
+        _settle(encoding, state)
+
+
+def _settle(encoding: _Encoding, state: Any) -> None:
+    """Error feedback and the sampled error, once the final payload is known."""
+    slot, x, payload = encoding.slot, encoding.work, encoding.payload
+    compressor = slot.compressor
+    sampling = state.profiler is not None and state.profiler.sample_this_step
+    profiler = state.profiler if sampling else None
     x_norm = float(torch.linalg.vector_norm(x)) if profiler is not None else 0.0
+    error = 0.0
     if compressor.error_feedback:
         slot.residual = compressor.subtract_estimate_(x, payload, slot.state)
-        error = float(torch.linalg.vector_norm(slot.residual)) if profiler is not None else 0.0
+        if profiler is not None:
+            error = float(torch.linalg.vector_norm(slot.residual))
     else:
         slot.residual = None
         if profiler is not None:
@@ -250,13 +313,24 @@ def _prepare(slot: LayerSlot, grad: torch.Tensor, state: HookState) -> tuple[tor
         profiler.layer_sample(
             slot.name,
             LayerSample(
-                grad_norm=grad_norm,
+                grad_norm=encoding.grad_norm,
                 residual_norm=error if slot.residual is not None else 0.0,
                 rel_error=error / x_norm if x_norm > 0 else 0.0,
                 spec=compressor.spec,
             ),
         )
-    return payload, False
+
+
+def encode_locally(slot: LayerSlot, grad: torch.Tensor, state: Any) -> tuple[torch.Tensor, bool]:
+    """Every round of one layer as a single rank would run them (its own payload is each
+    round's sum); returns the final payload and whether it is the plain gradient.
+
+    The hook's exact per-layer code path without collectives: for tests and replays.
+    """
+    encoding = _begin(slot, grad, state)
+    while not encoding.settled:
+        _advance(encoding, encoding.payload, state)
+    return encoding.payload, encoding.plain
 
 
 def _sample_plain(slot: LayerSlot, grad: torch.Tensor, profiler: StepProfiler) -> None:
@@ -264,11 +338,46 @@ def _sample_plain(slot: LayerSlot, grad: torch.Tensor, profiler: StepProfiler) -
     profiler.layer_sample(slot.name, LayerSample(norm, 0.0, 0.0, slot.compressor.spec))
 
 
+@dataclass(slots=True)
+class _Part:
+    encoding: _Encoding
+    offset: int
+
+
+@dataclass(slots=True)
+class _BucketWork:
+    """One bucket's collectives in flight, until its result is written back."""
+
+    step: int
+    buffer: torch.Tensor
+    futures: list[torch.futures.Future] = field(default_factory=list)
+    reduce_groups: list[tuple[torch.Tensor, list[_Part]]] = field(default_factory=list)
+    gather_parts: list[_Part] = field(default_factory=list)
+    gathered: torch.Tensor | None = None
+    round_parts: list[_Part] = field(default_factory=list)
+    """Two-round layers: round 0 in ``round_flat``, the final round later in ``final_flat``."""
+    round_flat: torch.Tensor | None = None
+    round_future: torch.futures.Future | None = None
+    final_flat: torch.Tensor | None = None
+    result: torch.futures.Future | None = None
+    """Completed by hand once the final round is decoded (two-round buckets only)."""
+
+
 def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook applying each parameter's compressor; see the module docstring."""
     profiler = state.profiler
     entered = profiler.hook_entered(bucket.index()) if profiler is not None else 0.0
     state.resolve_nonfinite()
+    pending, state.pending_round = state.pending_round, None
+    if pending is not None:
+        if pending.step != state.step:
+            _fail(pending, RuntimeError("autocomp: a backward pass ended between two buckets"))
+            raise RuntimeError(
+                "autocomp: the previous backward pass stopped after a bucket whose second "
+                "round was still pending (an exception inside backward?); the ranks can no "
+                "longer be assumed to issue the same collectives"
+            )
+        _launch_final_round(state, pending)
     buffer = bucket.buffer()
     group = state.process_group
     world = state.world_size
@@ -292,78 +401,164 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
             state.step += 1
         return fut.then(lambda f: f.value()[0])
 
+    work = _BucketWork(step=state.step, buffer=buffer)
     reduce_parts: dict[torch.dtype, list[_Part]] = {}
-    gather_parts: list[_Part] = []
     for slot, offset in zip(layout.slots, layout.offsets, strict=True):
         grad = buffer[offset : offset + slot.numel]
         if state.sends_plain(slot):
-            payload, plain = grad, True
+            encoding = _Encoding(slot, grad, grad, plain=True)
             if sample and profiler is not None:
                 _sample_plain(slot, grad, profiler)
         else:
             started = time.perf_counter()
-            payload, plain = _prepare(slot, grad, state)
+            encoding = _begin(slot, grad, state)
             if profiler is not None:
                 profiler.layer_cost(slot.name, time.perf_counter() - started)
-        slot.bytes_sent += payload.numel() * payload.element_size()
-        slot.bytes_raw += slot.numel * slot.dtype.itemsize
-        part = _Part(slot, offset, payload, plain)
-        if part.plain or slot.compressor.collective is Collective.ALL_REDUCE:
+        raw = slot.numel * slot.dtype.itemsize
+        slot.bytes_sent += raw if encoding.plain else slot.wire_bytes()
+        slot.bytes_raw += raw
+        part = _Part(encoding, offset)
+        payload = encoding.payload
+        if not encoding.settled:
+            work.round_parts.append(part)
+        elif encoding.plain or slot.compressor.collective is Collective.ALL_REDUCE:
             reduce_parts.setdefault(payload.dtype, []).append(part)
         else:
-            gather_parts.append(part)
+            work.gather_parts.append(part)
 
-    # Launch order is a pure function of the plan: dtypes sorted by name, then the gather.
-    futures: list[torch.futures.Future] = []
-    reduce_groups: list[tuple[torch.Tensor, list[_Part]]] = []
+    # Launch order is a pure function of the plan: the first round of two-round layers (small,
+    # and awaited by the next bucket's hook call, so it goes first), then one all-reduce per
+    # dtype sorted by name, then the gather.
+    if work.round_parts:
+        work.round_flat = torch.cat([p.encoding.payload.reshape(-1) for p in work.round_parts])
+        work.round_future = _all_reduce(work.round_flat, group, profiler)
     for dtype in sorted(reduce_parts, key=str):
         parts = reduce_parts[dtype]
-        flat = torch.cat([p.payload.reshape(-1) for p in parts])
-        reduce_groups.append((flat, parts))
-        fut = dist.all_reduce(flat, group=group, async_op=True).get_future()
-        futures.append(fut)
-        if profiler is not None:
-            profiler.collective(Collective.ALL_REDUCE, flat.numel() * flat.element_size(), fut)
-    gathered: torch.Tensor | None = None
-    if gather_parts:
-        local = torch.cat([p.payload for p in gather_parts])
-        gathered = torch.empty(world * local.numel(), dtype=torch.uint8, device=local.device)
-        fut = _all_gather(gathered, local, group)
-        futures.append(fut)
+        flat = torch.cat([p.encoding.payload.reshape(-1) for p in parts])
+        work.reduce_groups.append((flat, parts))
+        work.futures.append(_all_reduce(flat, group, profiler))
+    if work.gather_parts:
+        local = torch.cat([p.encoding.payload for p in work.gather_parts])
+        work.gathered = torch.empty(world * local.numel(), dtype=torch.uint8, device=local.device)
+        fut = _all_gather(work.gathered, local, group)
+        work.futures.append(fut)
         if profiler is not None:
             profiler.collective(Collective.ALL_GATHER, local.numel(), fut)
-    step = state.step
     if is_last:
         state.step += 1
+
+    if not work.round_parts:
+        if profiler is not None:
+            profiler.hook_exited(entered)
+        return torch.futures.collect_all(work.futures).then(lambda _: _finish(state, work, world))
+    devices = [buffer.device] if buffer.is_cuda else None
+    work.result = torch.futures.Future(devices=devices)
+    if is_last:
+        # No later bucket to carry the final round: launch it now, in the same fixed order.
+        _launch_final_round(state, work)
+    else:
+        state.pending_round = work
     if profiler is not None:
         profiler.hook_exited(entered)
+    return work.result
 
-    def finish(_: torch.futures.Future) -> torch.Tensor:
-        started = time.perf_counter()
-        for fut in futures:
-            fut.value()  # re-raise a failed collective here rather than use stale data
-        checks: list[tuple[int, LayerSlot, torch.Tensor]] = []
-        for flat, parts in reduce_groups:
-            start = 0
-            for part in parts:
-                size = part.payload.numel()
-                summed = flat[start : start + size]
-                start += size
-                _write_back(buffer, part, summed, step, checks)
-        if gathered is not None:
-            rows = gathered.view(world, -1)
-            start = 0
-            for part in gather_parts:
-                size = part.payload.numel()
-                payloads = [rows[r, start : start + size] for r in range(world)]
-                start += size
-                _write_back(buffer, part, payloads, step, checks)
-        state._pending_checks.extend(checks)
-        if profiler is not None:
-            profiler.bucket_finished(time.perf_counter() - started)
-        return buffer
 
-    return torch.futures.collect_all(futures).then(finish)
+def _all_reduce(
+    flat: torch.Tensor, group: Any, profiler: StepProfiler | None
+) -> torch.futures.Future:
+    fut = dist.all_reduce(flat, group=group, async_op=True).get_future()
+    if profiler is not None:
+        profiler.collective(Collective.ALL_REDUCE, flat.numel() * flat.element_size(), fut)
+    return fut
+
+
+def _fail(work: _BucketWork, err: BaseException) -> None:
+    if work.result is not None and not work.result.done():
+        work.result.set_exception(err)
+
+
+def _launch_final_round(state: HookState, work: _BucketWork) -> None:
+    """Wait for a bucket's first round, compute and launch its final round (hook thread).
+
+    Called from the next bucket's hook call (or the last bucket's own): by then the small
+    first-round all-reduce has usually finished behind the backward in between. On CUDA
+    ``wait`` only orders the current stream after the collective; on gloo it blocks, and the
+    time is reported to the profiler as communication the backward waited for.
+    """
+    profiler = state.profiler
+    assert work.round_future is not None and work.round_flat is not None
+    started = time.perf_counter()
+    try:
+        work.round_future.wait()
+    except BaseException as err:
+        _fail(work, err)
+        raise
+    if profiler is not None:
+        profiler.link_wait(time.perf_counter() - started)
+    try:
+        start = 0
+        payloads = []
+        for part in work.round_parts:
+            encoding = part.encoding
+            size = encoding.payload.numel()
+            received = work.round_flat[start : start + size]
+            start += size
+            began = time.perf_counter()
+            _advance(encoding, received, state)
+            if profiler is not None:
+                profiler.layer_cost(encoding.slot.name, time.perf_counter() - began)
+            payloads.append(encoding.payload.reshape(-1))
+        work.final_flat = torch.cat(payloads)
+    except BaseException as err:
+        _fail(work, err)
+        raise
+    work.futures.append(_all_reduce(work.final_flat, state.process_group, profiler))
+    world = state.world_size
+    result = work.result
+    assert result is not None
+
+    def finish(_: torch.futures.Future) -> None:
+        try:
+            result.set_result(_finish(state, work, world))
+        except BaseException as err:  # never leave DDP waiting on a future nobody completes
+            if not result.done():
+                result.set_exception(err)
+
+    torch.futures.collect_all(work.futures).then(finish)
+
+
+def _finish(state: HookState, work: _BucketWork, world: int) -> torch.Tensor:
+    """Decode everything that arrived for one bucket into its buffer (completion callback)."""
+    profiler = state.profiler
+    started = time.perf_counter()
+    for fut in work.futures:
+        fut.value()  # re-raise a failed collective here rather than use stale data
+    checks: list[tuple[int, LayerSlot, torch.Tensor]] = []
+    buffer = work.buffer
+    for flat, parts in work.reduce_groups:
+        start = 0
+        for part in parts:
+            size = part.encoding.payload.numel()
+            _write_back(buffer, part, flat[start : start + size], work.step, checks)
+            start += size
+    if work.final_flat is not None:
+        start = 0
+        for part in work.round_parts:
+            size = part.encoding.payload.numel()
+            _write_back(buffer, part, work.final_flat[start : start + size], work.step, checks)
+            start += size
+    if work.gathered is not None:
+        rows = work.gathered.view(world, -1)
+        start = 0
+        for part in work.gather_parts:
+            size = part.encoding.payload.numel()
+            payloads = [rows[r, start : start + size] for r in range(world)]
+            _write_back(buffer, part, payloads, work.step, checks)
+            start += size
+    state._pending_checks.extend(checks)
+    if profiler is not None:
+        profiler.bucket_finished(time.perf_counter() - started)
+    return buffer
 
 
 def decode_into(slot: LayerSlot, received: Any, target: torch.Tensor) -> torch.Tensor:
@@ -393,9 +588,9 @@ def _write_back(
     step: int,
     checks: list[tuple[int, LayerSlot, torch.Tensor]],
 ) -> None:
-    slot = part.slot
+    slot = part.encoding.slot
     target = buffer[part.offset : part.offset + slot.numel]
-    if part.plain:
+    if part.encoding.plain:
         target.copy_(received)
         return
     checks.append((step, slot, decode_into(slot, received, target)))
@@ -403,7 +598,8 @@ def _write_back(
 
 @dataclass(slots=True)
 class _ReplayHookState:
-    """What ``_prepare`` reads of :class:`HookState`, for a replay without collectives."""
+    """What the encoding functions read of :class:`HookState`, for a replay without
+    collectives."""
 
     check_wire_bytes: bool = False
     profiler: StepProfiler | None = None
@@ -414,8 +610,8 @@ class LayerReplay:
     """The hook's own per-layer work on one gradient, step after step, without the collective.
 
     What the cost model's calibration at ``wrap`` and the advisor's compressor measurements
-    time: the exact hot path of :func:`autocomp_hook` (:func:`_prepare`, then
-    :func:`decode_into` into a bucket-sized target), so a fused or unfused code path is
+    time: the exact hot path of :func:`autocomp_hook` (every round of :func:`encode_locally`,
+    then :func:`decode_into` into a bucket-sized target), so a fused or unfused code path is
     costed as it really runs.
     """
 
@@ -433,7 +629,7 @@ class LayerReplay:
         """One step: (sending-side seconds, decode seconds per received payload)."""
         slot, clock = self.slot, time.perf_counter
         started = clock()
-        payload, _ = _prepare(slot, self.grad, self._state)  # type: ignore[arg-type]
+        payload, _ = encode_locally(slot, self.grad, self._state)
         prepared = clock()
         payloads = 1
         received: Any = payload

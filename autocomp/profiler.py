@@ -65,6 +65,8 @@ class _Step:
     last_hook_seconds: float = 0.0
     last_finished: float | None = None
     finish_seconds: float = 0.0
+    wait_seconds: float = 0.0
+    """Time hook calls blocked on an earlier collective (two-round compressors)."""
     collectives: list[CollectiveRecord] = field(default_factory=list)
     ready_compute: dict[int, float] = field(default_factory=dict)
     """Bucket index -> when it became ready, with the hook's earlier work taken out."""
@@ -83,9 +85,11 @@ class StepTimes:
     comm_busy_seconds: float
     """Sum of collective service times: the link's busy time."""
     compress_seconds: float
-    """Hook work (compress + launch) plus decode in completion callbacks."""
+    """Hook work (compress + launch) plus decode in completion callbacks; hook time spent
+    waiting for an earlier collective is not work and is left out."""
     exposed_seconds: float
-    """Communication and decode still running after backward compute ended."""
+    """Communication and decode still running after backward compute ended, plus the time
+    hook calls blocked the backward waiting for an earlier collective."""
     bucket_hideable_seconds: dict[int, float] = field(default_factory=dict)
     """Per bucket index: backward compute left once that bucket is ready (the last one: 0).
     What its communication can hide behind; the first bucket's is ``hideable_seconds``."""
@@ -201,6 +205,16 @@ class StepProfiler:
 
         future.add_done_callback(mark)
 
+    def link_wait(self, seconds: float) -> None:
+        """A hook call blocked ``seconds`` waiting for an earlier bucket's collective.
+
+        Part of the hook's time but neither compression work nor backward compute: the
+        backward stood still for the link, so it counts as exposed communication.
+        """
+        step = self._current
+        if step is not None:
+            step.wait_seconds += seconds
+
     def bucket_finished(self, seconds: float) -> None:
         """A completion callback finished decoding a bucket (``seconds`` of decode work)."""
         step = self._current
@@ -232,14 +246,15 @@ class StepProfiler:
         if step.last_finished is not None:
             ends.append(step.last_finished)
         exposed = max(0.0, max(ends) - last_exit) if ends else 0.0
-        hook_work = step.hook_seconds_before_last + step.last_hook_seconds
+        exposed += step.wait_seconds
+        hook_work = step.hook_seconds_before_last + step.last_hook_seconds - step.wait_seconds
         last_compute = step.last_ready - step.hook_seconds_before_last
         return StepTimes(
             step_seconds=next_start - step.started,
             backward_seconds=backward,
             hideable_seconds=hideable,
             comm_busy_seconds=busy,
-            compress_seconds=hook_work + step.finish_seconds,
+            compress_seconds=max(0.0, hook_work) + step.finish_seconds,
             exposed_seconds=exposed,
             bucket_hideable_seconds={
                 index: max(0.0, last_compute - ready) for index, ready in step.ready_compute.items()

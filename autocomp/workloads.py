@@ -124,3 +124,92 @@ class DigitsCNN(nn.Module):
         h = torch.relu(self.conv1(x))
         h = torch.max_pool2d(torch.relu(self.conv2(h)), 2)
         return self.head(torch.relu(self.fc(h.flatten(1))))
+
+
+class GPTLanguageModel(nn.Module):
+    """A small GPT-style byte LM: tied input/output embeddings, ``nn.MultiheadAttention``.
+
+    Pre-norm blocks (causal self-attention, then a 4x MLP), learned positions. The token
+    embedding doubles as the output projection, so one parameter receives gradient from both
+    ends of the network (a common pattern that per-layer compression must handle: its
+    gradient is the sum of a sparse part from the input and a dense part from the head).
+    """
+
+    def __init__(
+        self, context: int = 64, d_model: int = 128, heads: int = 4, layers: int = 2
+    ) -> None:
+        super().__init__()
+        self.context = context
+        self.embed = nn.Embedding(VOCAB_SIZE, d_model)
+        self.position = nn.Parameter(torch.zeros(context, d_model))
+        self.blocks = nn.ModuleList(_GPTBlock(d_model, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(d_model)
+        nn.init.normal_(self.embed.weight, std=0.02)
+        nn.init.normal_(self.position, std=0.02)
+        mask = torch.triu(torch.full((context, context), float("-inf")), diagonal=1)
+        self.register_buffer("causal_mask", mask, persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        length = tokens.shape[1]
+        h = self.embed(tokens) + self.position[:length]
+        mask = self.causal_mask[:length, :length]
+        for block in self.blocks:
+            h = block(h, mask)
+        return self.norm(h) @ self.embed.weight.T
+
+
+class _GPTBlock(nn.Module):
+    def __init__(self, d_model: int, heads: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(d_model)
+        self.attn = nn.MultiheadAttention(d_model, heads, batch_first=True)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model)
+        )
+
+    def forward(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = self.norm1(h)
+        h = h + self.attn(x, x, x, attn_mask=mask, need_weights=False)[0]
+        return h + self.mlp(self.norm2(h))
+
+
+def sequence_batch(
+    data: torch.Tensor, context: int, batch: int, rank: int, step: int, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``batch`` windows of ``context`` bytes and the same windows shifted by one (targets)."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + rank * 7919 + step)
+    starts = torch.randint(0, len(data) - context - 1, (batch,), generator=gen)
+    windows = data[starts[:, None] + torch.arange(context + 1)]
+    return windows[:, :-1], windows[:, 1:]
+
+
+class HashedNgramModel(nn.Module):
+    """Next-byte prediction from hashed byte n-grams: a large, sparsely touched embedding.
+
+    Each of the last ``context`` bytes is combined with its predecessors into 1- to 3-grams,
+    hashed into a ``buckets`` x ``dim`` table, summed and fed to a small MLP. Most rows of the
+    table get no gradient on a given step, the case where dense compressors waste bytes and
+    sparsifiers shine (recommendation and NLP models with large vocabularies look like this).
+    """
+
+    def __init__(self, context: int = 8, buckets: int = 1 << 15, dim: int = 64) -> None:
+        super().__init__()
+        self.context = context
+        self.buckets = buckets
+        self.table = nn.Embedding(buckets, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 256), nn.ReLU(), nn.Linear(256, VOCAB_SIZE))
+        nn.init.normal_(self.table.weight, std=0.05)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        ids = []
+        prev2 = tokens[:, :-2] * 65_536 + tokens[:, 1:-1] * 256 + tokens[:, 2:]
+        prev1 = tokens[:, 1:-1] * 256 + tokens[:, 2:]
+        distance = torch.arange(tokens.shape[1], device=tokens.device)
+        for order, grams in enumerate((tokens[:, 2:], prev1, prev2)):
+            # Salt by order and distance from the predicted position: each (n-gram, position)
+            # gets its own row, so the table is large and each step touches few rows.
+            salt = (order + 1) * 1_000_003 + distance[2:].flip(0) * 7_919
+            ids.append((grams * 2_654_435_761 + salt) % self.buckets)
+        h = self.table(torch.cat(ids, dim=1)).sum(dim=1)
+        return self.mlp(h)

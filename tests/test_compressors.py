@@ -8,12 +8,13 @@ sign, topk, randomk, powersgd):
 - topk keeps exactly the k largest magnitudes and zeros the rest;
 - qsgd and randomk(unbiased=true) are unbiased in expectation (statistical check with a
   5-sigma tolerance), and biased compressors demonstrably fail that same check;
-- powersgd recovers a rank-r matrix exactly after one warm-up step, alternates P/Q wire sizes,
-  and sends 1-D / thin tensors uncompressed;
+- powersgd recovers a rank-r matrix exactly from the first step (one power iteration on the
+  current gradient), sends P then Q (two rounds) and 1-D / thin tensors uncompressed in one;
 - payload size equals ``wire_bytes`` for every compressor and many shapes, payload dtypes
   match the collective, decompress restores the shape, and all-reduce payloads are summable;
 - the error-feedback invariant (sum of sent estimates + final residual == sum of gradients)
-  through the real hook code path (``autocomp.hook._prepare``), and its failure without EF;
+  through the real hook code path (``autocomp.hook.encode_locally``), and its failure
+  without EF;
 - compressors are stateless configs: one instance serves several layers without interference.
 """
 
@@ -25,8 +26,8 @@ import types
 import pytest
 import torch
 
-from autocomp.compressors import Collective, build_compressor
-from autocomp.hook import LayerSlot, _prepare, decode_into
+from autocomp.compressors import Collective, build_compressor, run_rounds_locally
+from autocomp.hook import LayerSlot, decode_into, encode_locally
 
 ALL_NAMES = ["none", "fp16", "bf16", "int8", "qsgd", "sign", "topk", "randomk", "powersgd"]
 
@@ -68,7 +69,7 @@ def _nbytes(payload: torch.Tensor) -> int:
 def _roundtrip(spec: str, x: torch.Tensor, seed: int = 7) -> torch.Tensor:
     c = build_compressor(spec)
     state = c.init_state(x.shape, seed, 0)
-    return c.decompress(c.compress(x, state), x.shape, state)
+    return c.decompress(run_rounds_locally(c, x, state), x.shape, state)
 
 
 # ---- casts ---------------------------------------------------------------------------------
@@ -248,28 +249,49 @@ def test_qsgd_ranks_draw_independent_noise() -> None:
 @pytest.mark.parametrize(
     ("shape", "rank"), [((40, 30), 3), ((30, 40), 3), ((8, 4, 3, 3), 2), ((25, 25), 1)]
 )
-def test_powersgd_recovers_low_rank_matrix_after_warmup(shape: tuple[int, ...], rank: int) -> None:
+def test_powersgd_recovers_low_rank_matrix_from_the_first_step(
+    shape: tuple[int, ...], rank: int
+) -> None:
+    """One power iteration on the current gradient: P = M Q spans M's column space when M has
+    rank r, so the projection is exact at once (the previous one-factor-per-step design
+    projected onto the last step's subspace and was never exact on the first step)."""
     rows = shape[0]
     cols = math.prod(shape[1:])
     m = (_randn(rows, rank, seed=9) @ _randn(rank, cols, seed=10)).reshape(shape)
     c = build_compressor(f"powersgd:rank={rank},ef=false")
+    assert c.rounds_for(m.shape) == 2
+    assert c.round_wire_bytes(m.shape, torch.float32) == (rows * rank * 4, cols * rank * 4)
+    assert c.wire_bytes(m.shape, torch.float32) == (rows + cols) * rank * 4
     state = c.init_state(m.shape, 5, 0)
-    sizes = []
-    for step in range(6):
-        expected_bytes = c.wire_bytes(m.shape, torch.float32, state)
-        payload = c.compress(m, state)
-        sizes.append(_nbytes(payload))
-        assert sizes[-1] == expected_bytes
-        estimate = c.decompress(payload, m.shape, state)
-        c.commit(payload, state)
+    for step in range(4):
+        p = c.compress(m, state)
+        assert _nbytes(p) == rows * rank * 4
+        q = c.compress_round(m, 1, p, state)
+        assert _nbytes(q) == cols * rank * 4
+        estimate = c.decompress(q, m.shape, state)
+        c.commit(q, state)
         assert estimate.shape == m.shape
-        close = torch.allclose(estimate, m, rtol=1e-4, atol=1e-4 * m.abs().max().item())
-        if step == 0:
-            assert not close  # a random start basis cannot already be exact
-        else:
-            assert close, step
-    assert sizes == [rows * rank * 4, cols * rank * 4] * 3
-    assert c.wire_bytes(m.shape, torch.float32) == (rows + cols) * rank * 4 // 2
+        tol = 1e-4 * m.abs().max().item()
+        assert torch.allclose(estimate, m, rtol=1e-4, atol=tol), step
+
+
+def test_powersgd_warm_start_converges_to_the_top_subspace() -> None:
+    """On a full-rank matrix with a decaying spectrum, the warm-started iteration gets closer
+    to the best rank-r approximation step after step (power iteration across steps)."""
+    u, _ = torch.linalg.qr(_randn(64, 64, seed=1))
+    v, _ = torch.linalg.qr(_randn(48, 48, seed=2))
+    spectrum = torch.tensor([0.7**i for i in range(48)])
+    m = u[:, :48] @ torch.diag(spectrum) @ v.T
+    best = torch.linalg.vector_norm(spectrum[2:]).item()  # Eckart-Young at rank 2
+    c = build_compressor("powersgd:rank=2,ef=false")
+    state = c.init_state(m.shape, 3, 0)
+    errors = []
+    for _ in range(8):
+        q = run_rounds_locally(c, m, state)
+        errors.append(torch.linalg.vector_norm(c.decompress(q, m.shape, state) - m).item())
+        c.commit(q, state)
+    assert errors[-1] < errors[0]
+    assert errors[-1] == pytest.approx(best, rel=0.05)
 
 
 @pytest.mark.parametrize(
@@ -279,6 +301,7 @@ def test_powersgd_recovers_low_rank_matrix_after_warmup(shape: tuple[int, ...], 
 def test_powersgd_sends_1d_and_thin_tensors_uncompressed(shape: tuple[int, ...], rank: int) -> None:
     x = torch.randn(shape, generator=_gen(12))
     c = build_compressor(f"powersgd:rank={rank}")
+    assert c.rounds_for(x.shape) == 1
     state = c.init_state(x.shape, 5, 0)
     for _ in range(2):
         payload = c.compress(x, state)
@@ -297,7 +320,7 @@ def test_powersgd_shared_instance_keeps_layers_independent() -> None:
 
     def run(compressor, name, state):  # one step for one layer
         x, _ = layers[name]
-        payload = compressor.compress(x, state)
+        payload = run_rounds_locally(compressor, x, state)
         estimate = compressor.decompress(payload, x.shape, state)
         compressor.commit(payload, state)
         return estimate
@@ -326,14 +349,20 @@ def _check_payload_contract(spec: str, shape: tuple[int, ...]) -> None:
     c = build_compressor(spec)
     size = torch.Size(shape)
     state = c.init_state(size, 21, 0)
-    for step in range(3):  # several steps: powersgd alternates phases
+    rounds = c.rounds_for(size)
+    expected = c.round_wire_bytes(size, torch.float32)
+    assert len(expected) == rounds
+    assert sum(expected) == c.wire_bytes(size, torch.float32)
+    for step in range(3):  # several steps: warm starts and counters advance
         x = torch.randn(size, generator=_gen(step))
         before = x.clone()
-        expected = c.wire_bytes(size, torch.float32, state or None)
         payload = c.compress(x, state)
+        assert _nbytes(payload) == expected[0]
+        for index in range(1, rounds):
+            payload = c.compress_round(x, index, payload, state)
+            assert _nbytes(payload) == expected[index]
         assert torch.equal(x, before), "compress modified its input"
         assert payload.dim() == 1
-        assert _nbytes(payload) == expected
         if c.collective is Collective.ALL_GATHER:
             assert payload.dtype == torch.uint8
         else:
@@ -343,8 +372,6 @@ def _check_payload_contract(spec: str, shape: tuple[int, ...]) -> None:
         assert y.dtype == torch.float32
         assert torch.isfinite(y).all()
         c.commit(payload, state)
-    if c.name != "powersgd":  # constant-size compressors: planning size == actual size
-        assert c.wire_bytes(size, torch.float32) == expected
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
@@ -386,6 +413,9 @@ def test_payloads_combine_across_ranks(spec: str) -> None:
     xs = [_randn(12, 10, seed=30 + r) for r in range(3)]
     states = [c.init_state(shape, 99, r) for r in range(3)]
     payloads = [c.compress(x, s) for x, s in zip(xs, states, strict=True)]
+    for index in range(1, c.rounds_for(shape)):  # later rounds see the previous round's sum
+        summed = payloads[0] + payloads[1] + payloads[2]
+        payloads = [c.compress_round(x, index, summed, s) for x, s in zip(xs, states, strict=True)]
     separate = sum(c.decompress(p, shape, s) for p, s in zip(payloads, states, strict=True))
     if c.collective is Collective.ALL_REDUCE:
         summed = payloads[0] + payloads[1] + payloads[2]
@@ -412,12 +442,12 @@ EF_SPECS = [
 
 
 def _hook_state() -> types.SimpleNamespace:
-    """The attributes of HookState that _prepare reads, for a single rank without profiling."""
+    """The attributes of HookState the encoding reads, for a single rank without profiling."""
     return types.SimpleNamespace(check_wire_bytes=True, profiler=None, step=0)
 
 
 def _ef_gap(spec: str, shape: tuple[int, ...], steps: int = 20) -> tuple[float, float]:
-    """Run ``steps`` steps through ``_prepare``; return (max |invariant gap|, scale)."""
+    """Run ``steps`` steps through ``encode_locally``; return (max |invariant gap|, scale)."""
     compressor = build_compressor(spec)
     size = torch.Size(shape)
     slot = LayerSlot("layer.weight", size, torch.float32, 17, compressor)
@@ -428,7 +458,7 @@ def _ef_gap(spec: str, shape: tuple[int, ...], steps: int = 20) -> tuple[float, 
     g = _gen(40)
     for _ in range(steps):
         grad = torch.randn(size.numel(), generator=g)  # a flat bucket slice, as in the hook
-        payload, _ = _prepare(slot, grad, hook_state)
+        payload, _ = encode_locally(slot, grad, hook_state)
         # Single rank: the "summed" payload is this rank's own payload.
         if compressor.collective is Collective.ALL_REDUCE:
             estimate = compressor.decompress(payload, size, slot.state)
@@ -457,49 +487,49 @@ def test_error_feedback_invariant_breaks_without_ef(spec: str) -> None:
     assert gap > 0.1 * scale
 
 
-def test_prepare_keeps_residual_only_for_ef_compressors() -> None:
+def test_encode_keeps_residual_only_for_ef_compressors() -> None:
     hook_state = _hook_state()
     for spec, keeps in [("topk:ratio=0.1", True), ("qsgd", False), ("randomk", False)]:
         c = build_compressor(spec)
         size = torch.Size([20])
         slot = LayerSlot("w", size, torch.float32, 1, c, c.init_state(size, 1, 0))
-        _prepare(slot, _randn(20, seed=41), hook_state)
+        encode_locally(slot, _randn(20, seed=41), hook_state)
         assert (slot.residual is not None) == keeps, spec
 
 
 @pytest.mark.parametrize("spec", SPECS)
-def test_prepare_leaves_the_gradient_untouched(spec: str) -> None:
+def test_encode_leaves_the_gradient_untouched(spec: str) -> None:
     """Without error feedback the hook compresses the bucket slice itself (no private copy),
     so ``compress`` must not write to its input; with it, the residual is a separate buffer."""
     c = build_compressor(spec)
     size = torch.Size([24, 10])
     slot = LayerSlot("w", size, torch.float32, 1, c, c.init_state(size, 1, 0))
-    for step in range(3):  # PowerSGD alternates phases; a residual exists from step 1 on
+    for step in range(3):  # a residual exists from step 1 on
         grad = _randn(240, seed=60 + step)
         before = grad.clone()
-        _prepare(slot, grad, _hook_state())
+        encode_locally(slot, grad, _hook_state())
         assert torch.equal(grad, before), (spec, step)
         assert slot.residual is None or slot.residual.data_ptr() != grad.data_ptr()
 
 
-def test_prepare_flushes_pending_residual_into_none() -> None:
+def test_encode_flushes_pending_residual_into_none() -> None:
     """A layer switched to ``none`` sends gradient + residual once, then drops the residual."""
     c = build_compressor("none")
     size = torch.Size([6])
     residual = _randn(6, seed=42)
     slot = LayerSlot("w", size, torch.float32, 1, c, {}, residual=residual.clone())
     grad = _randn(6, seed=43)
-    payload, _ = _prepare(slot, grad, _hook_state())
+    payload, _ = encode_locally(slot, grad, _hook_state())
     assert torch.allclose(c.decompress(payload, size, slot.state), grad + residual)
     assert slot.residual is None
 
 
-def test_prepare_flushes_pending_residual_into_none_fp16_grads() -> None:
+def test_encode_flushes_pending_residual_into_none_fp16_grads() -> None:
     c = build_compressor("none")
     size = torch.Size([6])
     slot = LayerSlot("w", size, torch.float16, 1, c, {}, residual=torch.full((6,), 0.25))
     grad = torch.ones(6, dtype=torch.float16)
-    payload, _ = _prepare(slot, grad, _hook_state())
+    payload, _ = encode_locally(slot, grad, _hook_state())
     assert payload.dtype == c.payload_dtype(torch.float16)
     assert torch.allclose(c.decompress(payload, size, slot.state).float(), torch.full((6,), 1.25))
 
@@ -534,7 +564,7 @@ def test_decode_into_flags_a_non_finite_average(spec: str, bad: float) -> None:
         grad = _randn(120, seed=60)
         if poison is not None:
             grad[7] = poison
-        payload, _ = _prepare(slot, grad, _hook_state())
+        payload, _ = encode_locally(slot, grad, _hook_state())
         received = [payload] if c.collective is Collective.ALL_GATHER else payload
         target = torch.empty(120)
         assert bool(decode_into(slot, received, target)) is expected, (spec, poison)

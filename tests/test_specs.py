@@ -310,11 +310,15 @@ def _steps(c: Compressor, x: torch.Tensor, seed: int, steps: int = 2) -> list[to
     out = []
     for _ in range(steps):
         before = x.clone()
-        expected_bytes = c.wire_bytes(x.shape, torch.float32, state or None)
+        expected = c.round_wire_bytes(x.shape, torch.float32)
+        assert sum(expected) == c.wire_bytes(x.shape, torch.float32)
         payload = c.compress(x, state)
+        for index in range(1, c.rounds_for(x.shape)):
+            assert payload.numel() * payload.element_size() == expected[index - 1]
+            payload = c.compress_round(x, index, payload, state)
         assert torch.equal(x, before)
         assert payload.dim() == 1
-        assert payload.numel() * payload.element_size() == expected_bytes
+        assert payload.numel() * payload.element_size() == expected[-1]
         if c.collective is Collective.ALL_GATHER:
             assert payload.dtype == torch.uint8
         else:

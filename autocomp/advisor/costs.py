@@ -11,7 +11,7 @@ model (prior times the correction learned from what was measured).
 
 Two numbers per case, because they scale differently with the number of ranks:
 
-* ``local_s``: what the hook does before the collective (``autocomp.hook._prepare``: copy to
+* ``local_s``: what the hook does before the collective (``autocomp.hook.encode_locally``: copy to
   float32 or add into the residual, compress, subtract the error-feedback estimate) -- paid
   once per step whatever the world size;
 * ``decode_s``: decoding one received payload into the bucket, its finiteness check and the
@@ -35,7 +35,13 @@ from dataclasses import dataclass
 import torch
 
 from autocomp.advisor.profile import CompressorMeasurement
-from autocomp.compressors import Compressor, NoCompression, PowerSGD, build_compressor
+from autocomp.compressors import (
+    Compressor,
+    NoCompression,
+    PowerSGD,
+    build_compressor,
+    run_rounds_locally,
+)
 from autocomp.hook import LayerReplay
 
 logger = logging.getLogger(__name__)
@@ -76,7 +82,7 @@ def _rel_error(compressor: Compressor, grad: torch.Tensor, state: dict) -> float
     norm = float(torch.linalg.vector_norm(x.double()))
     if norm == 0:
         return None
-    estimate = compressor.decompress(compressor.compress(x, state), x.shape, state)
+    estimate = compressor.decompress(run_rounds_locally(compressor, x, state), x.shape, state)
     return float(torch.linalg.vector_norm(estimate.double() - x.double())) / norm
 
 

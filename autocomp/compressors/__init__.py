@@ -12,6 +12,7 @@ from autocomp.compressors.base import (
     build_compressor,
     parse_spec,
     register_compressor,
+    run_rounds_locally,
 )
 from autocomp.compressors.cast import BFloat16, Float16, NoCompression
 from autocomp.compressors.powersgd import PowerSGD
@@ -35,4 +36,5 @@ __all__ = [
     "build_compressor",
     "parse_spec",
     "register_compressor",
+    "run_rounds_locally",
 ]

@@ -15,6 +15,12 @@ Contract used by the hook, per step and per layer::
     mean = c.decompress_sum(gathered, ...)       # all-gather: one payload per rank
     c.commit(summed_or_gathered, state)         # advance per-layer state, once per step
 
+A compressor may need more than one collective per step (``rounds_for(shape) > 1``: PowerSGD
+sends P, then Q computed from the summed P). Each later round's payload is computed from the
+previous round's received result with ``compress_round(x, round, received, state)``; only the
+last round's payload is decoded, and error feedback and ``commit`` act on it. Every round is
+an all-reduce. :func:`run_rounds_locally` runs all rounds for one rank (tests, replays).
+
 The hook divides every gradient by the world size before compressing, so the sum over ranks of
 the decompressed payloads is already the average. In the hot path it calls two methods whose
 defaults are built from the above and which a compressor may fuse to save passes over the
@@ -39,6 +45,7 @@ __all__ = [
     "available_compressors",
     "build_compressor",
     "register_compressor",
+    "run_rounds_locally",
 ]
 
 
@@ -176,11 +183,27 @@ class Compressor(ABC):
     def wire_bytes(
         self, shape: torch.Size, dtype: torch.dtype, state: dict[str, Any] | None = None
     ) -> int:
-        """Exact bytes one rank hands to the collective for a tensor of ``shape``.
+        """Exact bytes one rank hands to collectives per step for a tensor of ``shape``, all
+        rounds together (``state`` is accepted for compressors whose size depends on it)."""
 
-        ``state`` selects the phase for compressors whose size alternates (PowerSGD); without
-        it the mean over phases is returned, which is what planning needs.
+    def rounds_for(self, shape: torch.Size) -> int:
+        """Collectives this compressor needs per step for a tensor of ``shape`` (>= 1)."""
+        return 1
+
+    def round_wire_bytes(self, shape: torch.Size, dtype: torch.dtype) -> tuple[int, ...]:
+        """Bytes of each round's payload; they add up to ``wire_bytes``."""
+        return (self.wire_bytes(shape, dtype),)
+
+    def compress_round(
+        self, x: torch.Tensor, round_index: int, received: torch.Tensor, state: dict[str, Any]
+    ) -> torch.Tensor:
+        """Payload of round ``round_index`` (>= 1) from the previous round's summed result.
+
+        Only called when ``rounds_for(x.shape) > 1``; ``x`` is the tensor given to
+        ``compress`` (unchanged since), and the final round's payload is what ``decompress``,
+        ``subtract_estimate_`` and ``commit`` see.
         """
+        raise NotImplementedError(f"compressor {self.name!r} has a single round")
 
     def payload_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """Element type of an all-reduce payload (all-gather payloads are always uint8)."""
@@ -239,6 +262,20 @@ class Compressor(ABC):
 
     def commit(self, payload: torch.Tensor | list[torch.Tensor], state: dict[str, Any]) -> None:
         """Advance per-layer state once per step after the collective (warm start, counters)."""
+
+
+def run_rounds_locally(
+    compressor: Compressor, x: torch.Tensor, state: dict[str, Any]
+) -> torch.Tensor:
+    """The final payload one rank alone would send (each round's sum is its own payload).
+
+    For tests and single-process replays of multi-round compressors; with one round it is
+    ``compress``.
+    """
+    payload = compressor.compress(x, state)
+    for round_index in range(1, compressor.rounds_for(x.shape)):
+        payload = compressor.compress_round(x, round_index, payload, state)
+    return payload
 
 
 _REGISTRY: dict[str, type[Compressor]] = {}

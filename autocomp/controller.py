@@ -372,7 +372,10 @@ def wrap(
         policy: preset name (``default``, ``datacenter``, ``cloud-ethernet``, ``wan``,
             ``federated``) or path of a TOML policy (adaptive).
         window: steps between decisions (adaptive; default: the preset's replan_interval).
-        warmup_steps: uncompressed steps at the start (adaptive; default: the preset's).
+        warmup_steps: uncompressed steps at the start (adaptive: default the preset's;
+            static: default 0). With Adam, a first step on a compressed gradient initializes
+            the second-moment estimate from it; PyTorch's PowerSGD hook always runs its first
+            2 steps uncompressed.
         seed: base seed of shared random choices (default ``AUTOCOMP_SEED`` or 0).
         run_dir: where rank 0 keeps the run log (adaptive): default
             ``./autocomp-runs/<run-id>`` (or ``AUTOCOMP_RUN_DIR``); ``False`` for none.
@@ -401,13 +404,16 @@ def wrap(
         )
     rules = load_plan(plan)
     adaptive = plan is None or target_overlap is not None or policy is not None
+    if warmup_steps is not None:
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int):
+            raise TypeError(f"warmup_steps must be an int, got {warmup_steps!r}")
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
     loop_config: AdaptiveLoop.Config | None = None
     policy_rules: PolicyRules | None = None
     if adaptive:
         policy_rules = load_policy(policy if policy is not None else "default")
         if warmup_steps is not None:
-            if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int):
-                raise TypeError(f"warmup_steps must be an int, got {warmup_steps!r}")
             policy_rules = dataclasses.replace(policy_rules, warmup_steps=warmup_steps)
         target = policy_rules.target_overlap if target_overlap is None else target_overlap
         if isinstance(target, bool) or not isinstance(target, (int, float)):
@@ -444,7 +450,7 @@ def wrap(
     shapes: dict[str, object] = {n: p.shape for n, p in params.items()}
     # Everything else ranks must agree on rides along as pseudo-entries of the digest.
     settings = {
-        "\0seed": (base_seed, world_size),
+        "\0seed": (base_seed, world_size, warmup_steps),
         "\0rules": tuple((r.pattern, r.compressor.spec) for r in rules.rules),
         "\0adaptive": (repr(loop_config), repr(policy_rules), disabled),
     }
@@ -467,6 +473,9 @@ def wrap(
         check_wire_bytes=AUTOCOMP_CHECK_WIRE_BYTES.get(),
     )
     state.assign(assignment)
+    if not adaptive and warmup_steps:
+        for slot in slots.values():
+            slot.uncompressed_until = warmup_steps
     try:
         ddp.register_comm_hook(state, autocomp_hook)
     except RuntimeError as err:

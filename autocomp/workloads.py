@@ -213,3 +213,21 @@ class HashedNgramModel(nn.Module):
             ids.append((grams * 2_654_435_761 + salt) % self.buckets)
         h = self.table(torch.cat(ids, dim=1)).sum(dim=1)
         return self.mlp(h)
+
+
+class DigitsMLP(nn.Module):
+    """A two-hidden-layer MLP classifier for the 8x8 digit images (flattened)."""
+
+    def __init__(self, hidden: int = 256) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(64, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, 10),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)

@@ -4,7 +4,8 @@ Covers the numerical contract of every built-in compressor (none, fp16, bf16, in
 sign, topk, randomk, powersgd):
 
 - accuracy bounds of the casts and quantizers (fp16/bf16 relative error, int8 error within
-  half a quantization step per chunk, sign decoding to the chunk's mean magnitude);
+  half a quantization step per chunk, sign decoding to the chunk's RMS, which keeps the
+  chunk's norm);
 - topk keeps exactly the k largest magnitudes and zeros the rest;
 - qsgd and randomk(unbiased=true) are unbiased in expectation (statistical check with a
   5-sigma tolerance), and biased compressors demonstrably fail that same check;
@@ -135,14 +136,16 @@ def test_int8_zero_chunk_decodes_to_zero() -> None:
 
 
 @pytest.mark.parametrize(("chunk", "numel"), [(1024, 1), (1024, 777), (8, 100), (5, 5), (3, 10)])
-def test_sign_decodes_to_chunk_mean_magnitude(chunk: int, numel: int) -> None:
+def test_sign_decodes_to_chunk_rms(chunk: int, numel: int) -> None:
+    """Norm-preserving scale: each decoded chunk has exactly its input's norm."""
     x = _randn(numel, seed=numel) * 2.0
     y = _roundtrip(f"sign:chunk={chunk}", x)
     for start in range(0, numel, chunk):
         xs, ys = x[start : start + chunk], y[start : start + chunk]
-        mean_abs = xs.abs().mean()  # over the chunk's real elements, padding excluded
-        expected = torch.where(xs >= 0, mean_abs, -mean_abs)
-        assert torch.allclose(ys, expected, rtol=1e-6, atol=0), start
+        rms = xs.square().mean().sqrt()  # over the chunk's real elements, padding excluded
+        expected = torch.where(xs >= 0, rms, -rms)
+        assert torch.allclose(ys, expected, rtol=1e-5, atol=0), start
+        assert torch.allclose(ys.norm(), xs.norm(), rtol=1e-5)
 
 
 # ---- sparsifiers ---------------------------------------------------------------------------
@@ -362,6 +365,9 @@ def _check_payload_contract(spec: str, shape: tuple[int, ...]) -> None:
             payload = c.compress_round(x, index, payload, state)
             assert _nbytes(payload) == expected[index]
         assert torch.equal(x, before), "compress modified its input"
+        if x.numel() and c.error_feedback:
+            # Error feedback subtracts the estimate from x in place before the payload is sent.
+            assert payload.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
         assert payload.dim() == 1
         if c.collective is Collective.ALL_GATHER:
             assert payload.dtype == torch.uint8
@@ -398,6 +404,7 @@ def test_wire_bytes_formulas() -> None:
     assert build_compressor("bf16").wire_bytes(shape, f32) == 2000
     assert build_compressor("int8:chunk=256").wire_bytes(shape, f32) == 1000 + 4 * 4
     assert build_compressor("sign:chunk=1024").wire_bytes(shape, f32) == 125 + 4
+    assert build_compressor("sign").wire_bytes(shape, f32) == 125 + 4 * 4  # chunk 256
     assert build_compressor("qsgd:levels=1,chunk=512").wire_bytes(shape, f32) == 250 + 8
     assert build_compressor("qsgd:levels=7,chunk=512").wire_bytes(shape, f32) == 500 + 8
     assert build_compressor("qsgd:levels=8,chunk=512").wire_bytes(shape, f32) == 1000 + 8

@@ -269,7 +269,7 @@ def test_pins_win_in_order() -> None:
     decision = decide(
         200, rules=rules, pins=[("fc1.weight", "sign"), ("head.*", "powersgd:rank=1")]
     )
-    assert decision.layer("fc1.weight").spec == "sign:chunk=1024,ef=true"
+    assert decision.layer("fc1.weight").spec == "sign:chunk=256,ef=true"
     assert decision.layer("fc1.weight").reason == "pinned by fc1.weight"
     assert decision.layer("fc1.bias").spec == "fp16:ef=true"  # pin beats 1-D and tiny
     assert decision.layer("fc0.weight").spec == "int8:chunk=256,ef=true"

@@ -77,7 +77,7 @@ def test_presets_differ_in_aggressiveness() -> None:
     assert datacenter.fast_link_gbit > wan.fast_link_gbit > federated.fast_link_gbit
     assert federated.warmup_steps > wan.warmup_steps
     assert not any(s.startswith(("topk", "sign")) for s in datacenter.candidates)
-    assert "sign:chunk=1024,ef=true" in federated.candidates
+    assert "sign:chunk=256,ef=true" in federated.candidates
     assert "topk:ratio=0.001,ef=true" in wan.candidates
 
 
@@ -159,7 +159,7 @@ def test_load_by_path_and_path_string(tmp_path: Path) -> None:
 
 def test_none_is_always_a_candidate(tmp_path: Path) -> None:
     rules = load_policy(_write(tmp_path, '[policy]\ncandidates = ["int8", "none", "sign"]\n'))
-    assert rules.candidates == ("none", "int8:chunk=256,ef=true", "sign:chunk=1024,ef=true")
+    assert rules.candidates == ("none", "int8:chunk=256,ef=true", "sign:chunk=256,ef=true")
 
 
 def test_empty_file_is_the_defaults(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ CANONICAL_DEFAULTS = {
     "bf16": "bf16:ef=true",
     "int8": "int8:chunk=256,ef=true",
     "qsgd": "qsgd:levels=16,chunk=512",
-    "sign": "sign:chunk=1024,ef=true",
+    "sign": "sign:chunk=256,ef=true",
     "topk": "topk:ratio=0.01,ef=true",
     "randomk": "randomk:ratio=0.01,unbiased=true",
     "powersgd": "powersgd:rank=4,ef=true",

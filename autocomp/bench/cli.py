@@ -29,6 +29,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "autocomp.bench.advisor_accuracy",
         "advisor predictions vs measured step times on the shaped link (50, 200 Mbit/s)",
     ),
+    "quality": (
+        "autocomp.bench.quality",
+        "per-step quality of compressors against PyTorch's hooks and plain DDP (loopback)",
+    ),
     "overhead": (
         "autocomp.bench.overhead",
         "cost of the comm hook and the profiler when nothing is compressed (loopback)",

@@ -219,7 +219,9 @@ class Compressor(ABC):
 
     @abstractmethod
     def compress(self, x: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
-        """Encode ``x`` (float32, contiguous) into a 1-D payload; must not modify ``x``."""
+        """Encode ``x`` (float32, contiguous) into a 1-D payload; must not modify ``x``. With
+        error feedback the payload must not share memory with ``x``: the hook subtracts the
+        estimate from ``x`` in place while the payload is still to be sent."""
 
     @abstractmethod
     def decompress(

@@ -88,7 +88,10 @@ class PowerSGD(Compressor):
 
     def compress(self, x: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
         if not self.compresses(x.shape):
-            return x.reshape(-1).to(torch.float32)
+            # A copy, never a view: error feedback subtracts the payload from ``x`` in place,
+            # which zeroed an aliased payload before it was sent (1-D tensors on a powersgd
+            # plan reached the optimizer as zeros until 2026-11-23).
+            return x.reshape(-1).to(torch.float32, copy=True)
         matrix = x.reshape(matrix_shape(x.shape))
         q = state["q"]
         if q.device != matrix.device:

@@ -137,11 +137,23 @@ class QSGD(_ChunkedQuantizer):
 
 @register_compressor
 class Sign(_ChunkedQuantizer):
-    """1-bit sign with a mean-magnitude scale per chunk (signSGD with error feedback)."""
+    """1-bit sign with a norm-preserving scale per chunk (scaled signSGD, error feedback).
+
+    Each chunk is sent as its signs times one scale, the chunk's RMS ``||x|| / sqrt(n)``, so
+    the decoded chunk has the norm of the input. The mean magnitude ``||x||_1 / n`` (as in
+    EF-signSGD, Karimireddy et al. 2019) minimizes the one-step error instead, but it shrinks
+    the delivered norm by ``mean|x| / rms``, which on heavy-tailed chunks (dead ReLU rows next
+    to active ones) is small: error feedback then holds most of the gradient back and
+    delivers it steps late. Measured on the digits MLP (SGD with momentum, 400 steps, 3
+    seeds, every tensor on sign with EF): mean-magnitude scale 85.6% accuracy at chunk 1024,
+    96.6% at chunk 256; RMS scale 97.1% and 97.8%; uncompressed 97.8%. DeepSpeed's 1-bit
+    Adam uses the same norm-preserving scale. The default chunk of 256 costs 1.125 bits per
+    element (28x smaller than float32) and learned more per step than 1024 on the GPT LM.
+    """
 
     name: ClassVar[str] = "sign"
     params: ClassVar[tuple[Param, ...]] = (
-        Param("chunk", int, 1024, low=1, high=1 << 24, doc="elements sharing one scale"),
+        Param("chunk", int, 256, low=1, high=1 << 24, doc="elements sharing one scale"),
         _EF,
     )
 
@@ -153,7 +165,11 @@ class Sign(_ChunkedQuantizer):
         rows = chunked(x, chunk)
         counts = torch.full((rows.shape[0],), float(chunk), device=x.device)
         counts[-1] = x.numel() - chunk * (rows.shape[0] - 1) or 1
-        scales = rows.abs().sum(dim=1) / counts
+        # RMS from the max-scaled chunk: squaring a finite entry above ~1.8e19 overflows.
+        peak = rows.abs().amax(dim=1)
+        unit = torch.where(peak > 0, peak, torch.ones_like(peak))
+        scales = torch.linalg.vector_norm(rows / unit.unsqueeze(1), dim=1) * unit
+        scales = scales / counts.sqrt()
         codes = (x.reshape(-1) >= 0).to(torch.int32)
         return to_bytes(pack_bits(codes, 1), scales)
 

@@ -1,0 +1,194 @@
+"""Training tasks the benchmarks share: a model, its optimizer, batches and validation.
+
+Every task trains on real data shipped with Python or scikit-learn (nothing downloaded), with
+batches that are a pure function of (rank, step, seed), so every method of a comparison sees
+the same data in the same order. The tasks differ in the ways that matter for gradient
+compression:
+
+- ``mlp-lm``: a byte-level MLP LM, a few large dense matrices (low-rank friendly);
+- ``gpt``: a GPT-style byte LM, tied input/output embedding and ``nn.MultiheadAttention``;
+- ``cnn``: a small CNN on the digits images, conv kernels and a dense head;
+- ``ngram``: hashed n-gram embeddings, a large table of which each step touches few rows;
+- ``gpt-small``: the GPT LM at a size the test suite can train in seconds;
+- ``digits-mlp``: an MLP classifier on the digits images (SGD with momentum), the small model
+  on which compressors' accuracy is compared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from autocomp import workloads
+
+__all__ = ["TASKS", "Task", "build_task"]
+
+VALID_SEED = 99
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One training task (see the module docstring)."""
+
+    name: str
+    """Registry key."""
+    description: str
+    """One line for reports."""
+    build_model: Callable[[], nn.Module]
+    """A fresh model; the caller seeds torch first, so every method starts alike."""
+    make_optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+    batch: Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]
+    """(rank, step, seed) -> (inputs, targets)."""
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    """Training loss from (model output, targets)."""
+    evaluate: Callable[[nn.Module], dict[str, float]]
+    """Validation metrics on a fixed held-out set: ``valid_loss``, and ``valid_accuracy`` for
+    classifiers."""
+    metric: str = "valid_loss"
+    """The metric a report ranks by (lower is better for loss, higher for accuracy)."""
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.metric == "valid_accuracy"
+
+
+def _sequence_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
+
+
+def _lm_task(
+    name: str,
+    description: str,
+    build: Callable[[], nn.Module],
+    context: int,
+    batch: int,
+    lr: float,
+    sequence: bool,
+) -> Task:
+    split = workloads.text_split()
+    make = workloads.sequence_batch if sequence else workloads.text_batch
+    loss = _sequence_loss if sequence else F.cross_entropy
+    valid_x, valid_y = make(split.valid, context, 256 if sequence else 2048, 0, 0, VALID_SEED)
+
+    def evaluate(model: nn.Module) -> dict[str, float]:
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            value = float(loss(model(valid_x), valid_y))
+        model.train(was_training)
+        return {"valid_loss": value}
+
+    return Task(
+        name=name,
+        description=description,
+        build_model=build,
+        make_optimizer=lambda params: torch.optim.AdamW(params, lr=lr, weight_decay=0.0),
+        batch=lambda rank, step, seed: make(split.train, context, batch, rank, step, seed),
+        loss=loss,
+        evaluate=evaluate,
+    )
+
+
+def _digits_task(
+    name: str, description: str, build: Callable[[], nn.Module], lr: float, batch: int
+) -> Task:
+    _, _, valid_x, valid_y = workloads.digits()
+
+    def evaluate(model: nn.Module) -> dict[str, float]:
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            logits = model(valid_x)
+        model.train(was_training)
+        return {
+            "valid_loss": float(F.cross_entropy(logits, valid_y)),
+            "valid_accuracy": float((logits.argmax(dim=1) == valid_y).float().mean()),
+        }
+
+    def make_batch(rank: int, step: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return workloads.digits_batch(batch, rank, step + 1_000_003 * seed)
+
+    return Task(
+        name=name,
+        description=description,
+        build_model=build,
+        make_optimizer=lambda params: torch.optim.SGD(params, lr=lr, momentum=0.9),
+        batch=make_batch,
+        loss=F.cross_entropy,
+        evaluate=evaluate,
+        metric="valid_accuracy",
+    )
+
+
+def _build(name: str) -> Task:
+    if name == "mlp-lm":
+        return _lm_task(
+            name,
+            "byte-level MLP LM (context 32, embedding 64, hidden 1024), AdamW 1e-3, batch 64",
+            lambda: workloads.MLPLanguageModel(context=32, embed=64, hidden=1024),
+            context=32,
+            batch=64,
+            lr=1e-3,
+            sequence=False,
+        )
+    if name == "gpt":
+        return _lm_task(
+            name,
+            "GPT-style byte LM (tied embedding, nn.MultiheadAttention, d 192, 3 layers, "
+            "context 64), AdamW 1e-3, batch 16",
+            lambda: workloads.GPTLanguageModel(context=64, d_model=192, heads=4, layers=3),
+            context=64,
+            batch=16,
+            lr=1e-3,
+            sequence=True,
+        )
+    if name == "gpt-small":
+        return _lm_task(
+            name,
+            "small GPT-style byte LM (d 64, 2 layers, context 32; the quality tests' model), "
+            "AdamW 2e-3, batch 16",
+            lambda: workloads.GPTLanguageModel(context=32, d_model=64, heads=4, layers=2),
+            context=32,
+            batch=16,
+            lr=2e-3,
+            sequence=True,
+        )
+    if name == "ngram":
+        return _lm_task(
+            name,
+            "hashed n-gram byte model (2^17 x 64 embedding table, MLP head), AdamW 1e-3, batch 64",
+            lambda: workloads.HashedNgramModel(context=8, buckets=1 << 17, dim=64),
+            context=8,
+            batch=64,
+            lr=1e-3,
+            sequence=False,
+        )
+    if name == "cnn":
+        return _digits_task(
+            name,
+            "digits CNN (2 conv layers, hidden 256), SGD 0.05 momentum 0.9, batch 32",
+            lambda: workloads.DigitsCNN(channels=32, hidden=256),
+            lr=0.05,
+            batch=32,
+        )
+    if name == "digits-mlp":
+        return _digits_task(
+            name,
+            "digits MLP (64-256-256-10), SGD 0.05 momentum 0.9, batch 32",
+            lambda: workloads.DigitsMLP(hidden=256),
+            lr=0.05,
+            batch=32,
+        )
+    raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
+
+
+TASKS: tuple[str, ...] = ("mlp-lm", "gpt", "gpt-small", "cnn", "ngram", "digits-mlp")
+
+
+def build_task(name: str) -> Task:
+    """The task called ``name`` (one of :data:`TASKS`)."""
+    return _build(name)

@@ -1,29 +1,34 @@
 """The adaptive window loop: measure, combine across ranks, decide on rank 0, switch together.
 
-Every ``window`` steps, at the start of a training forward (outside the comm hook, after the
+At a window boundary, at the start of a training forward (outside the comm hook, after the
 previous backward's collectives have all completed):
 
 1. each rank summarizes its window (:class:`~autocomp.profiler.StepProfiler`) into a fixed-size
    vector, and one all-reduce combines them (timings, per-layer norms, errors and costs, loss);
-2. rank 0 updates the link fit, the cost model and the convergence guards, runs the policy
-   engine, and broadcasts the plan (one spec per parameter, in a fixed order), the list of
-   error-feedback resets and the size of the link probe to run at the next boundary (0: none);
+   a second, MIN all-reduce carries each step's link busy time (the rank that arrived last
+   did not wait, so the minimum is skew-free) and the timed pass of a link probe, if any;
+2. rank 0's :class:`~autocomp.planner.WindowPlanner` turns that into the next plan, and rank 0
+   broadcasts it (one spec per parameter, in a fixed order) with the list of error-feedback
+   resets and the size of the link probe to run at the next boundary (0: none);
 3. every rank applies the same plan before the forward continues, so all ranks switch at the
    same step.
+
+Boundaries fall at every multiple of ``window``, at the end of the warm-up, and once early
+(``first_look_steps``), so that a link far slower than the backward is acted on after a few
+steps instead of a whole window. The schedule is a pure function of the hook's step counter
+(one per synchronizing backward) and the configuration, which ``wrap`` checks is identical on
+every rank, so all ranks reach every boundary at the same step. Forwards without gradient
+sync (eval, ``no_sync`` accumulation) do not count and never trigger a collective.
 
 When the plan's own transfers are too small to show the bandwidth (heavy compression), rank 0
 asks for an active probe: at the next boundary, right after the measurement all-reduce, every
 rank runs the same all-reduces of a zero buffer (:class:`~autocomp.link_model.LinkProbe`
-sizes it), and the timed pass rides in that boundary's MIN all-reduce to rank 0's meter. A
-link that got faster is then noticed although compressed steps cannot show it.
-
-The step counter is the hook's (one per synchronizing backward), so ranks that run the same
-training loop reach every boundary at the same step. Forwards without gradient sync (eval,
-``no_sync`` accumulation) do not count and never trigger a collective.
+sizes it), and the timed pass rides in that boundary's MIN all-reduce.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -39,122 +44,30 @@ from torch.nn.parallel import DistributedDataParallel
 from autocomp.compressors import Collective, build_compressor
 from autocomp.cost_model import CostModel
 from autocomp.distributed import collective_device
-from autocomp.guards import ConvergenceGuards
+from autocomp.env import AUTOCOMP_RECORD_WINDOWS
+from autocomp.exposure import overlap
 from autocomp.hook import HookState, LayerReplay
-from autocomp.link_model import (
-    PROBE_PASSES,
-    BandwidthMeter,
-    LinkEstimate,
-    LinkProbe,
-    NicCounters,
-    latency_hops,
-    link_bytes,
-)
-from autocomp.policy.engine import (
-    RULE_INFEASIBLE,
-    RULE_KNAPSACK,
-    LayerProfile,
-    PolicyDecision,
-    PolicyEngine,
-    StepTiming,
-)
-from autocomp.policy.payoff import PayoffCheck
+from autocomp.link_model import PROBE_PASSES, LinkProbe, link_bytes
+from autocomp.planner import PlanUpdate, WindowPlanner
 from autocomp.policy.rules import PolicyRules
 from autocomp.profiler import StepProfiler, WindowProfile
 from autocomp.runlog import RunLog
+from autocomp.window import TIMING_FIELDS, LayerWindow, WindowMeasurement, WindowRecord
 
 logger = logging.getLogger(__name__)
 
-_TIMING_FIELDS = (
-    "step_seconds",
-    "backward_seconds",
-    "hideable_seconds",
-    "comm_busy_seconds",
-    "compress_seconds",
-    "exposed_seconds",
-)
+__all__ = ["AdaptiveLoop", "WindowRecord"]
+
 # Per-layer slots in the combined vector: grad norm^2, residual norm^2, has sample,
 # rel error, hook seconds, hideable seconds after the layer's bucket is ready.
 _PER_LAYER = 6
-_HEADER = 1 + len(_TIMING_FIELDS) + 2  # has profile, timings, loss sum, loss count
+_HEADER = 1 + len(TIMING_FIELDS) + 2  # has profile, timings, loss sum, loss count
 _MISSING = 1e30  # marks an absent step in the MIN all-reduce of busy periods
 
 
-@dataclass(slots=True)
-class WindowRecord:
-    """What one window measured and decided (rank 0 has the full record)."""
-
-    step: int
-    """Step at which the new plan takes effect."""
-    bandwidth_bytes_per_s: float | None
-    """Live link bandwidth fit (None before the first fit)."""
-    latency_s: float | None
-    """Live per-hop latency fit."""
-    nic_bytes_per_s: float | None
-    """Cross-check: bytes/s sent on the interface torch.distributed uses (psutil)."""
-    step_seconds: float
-    backward_seconds: float
-    hideable_seconds: float
-    comm_busy_seconds: float
-    compress_seconds: float
-    exposed_seconds: float
-    measured_overlap: float
-    """1 - exposed / (comm + compression), the same definition the policy predicts."""
-    predicted_overlap: float | None
-    """What the previous decision predicted for this window."""
-    bytes_per_step: float
-    """Wire bytes this rank sent per step under the previous plan."""
-    uncompressed_bytes_per_step: float
-    loss: float | None
-    """Mean loss over the window (from ``observe_loss``), all ranks."""
-    changes: dict[str, tuple[str, str]] = field(default_factory=dict)
-    """Layer -> (old spec, new spec) switched at this boundary."""
-    decision: dict[str, Any] | None = None
-    """The policy decision (per-layer reasons), rank 0 only."""
-    guard_events: list[dict[str, Any]] = field(default_factory=list)
-    probe_bytes: int = 0
-    """Payload of the active link probe run at this boundary (0: none), per rank."""
-    probe_seconds: float | None = None
-    """Its timed pass, minimum over ranks."""
-    probe_bytes_per_s: float | None = None
-    """Link bytes per second the probe achieved (latency included: a lower bound)."""
-
-    def summary(self) -> str:
-        """One log line: bandwidth seen, bytes per step, what changed and why."""
-        bw = (
-            "link n/a"
-            if self.bandwidth_bytes_per_s is None
-            else f"link {self.bandwidth_bytes_per_s * 8 / 1e6:,.0f} Mbit/s"
-        )
-        ratio = self.uncompressed_bytes_per_step / max(self.bytes_per_step, 1.0)
-        head = (
-            f"step {self.step:>6}: {bw}, {self.bytes_per_step / 1e6:,.2f} MB/step "
-            f"({ratio:,.1f}x), step {self.step_seconds * 1e3:,.0f} ms, "
-            f"overlap {self.measured_overlap:.2f}"
-        )
-        if self.probe_bytes and self.probe_seconds is not None:
-            rate = self.probe_bytes_per_s or 0.0
-            head += (
-                f", probe {self.probe_bytes / 1e3:,.0f} kB in {self.probe_seconds * 1e3:,.1f} ms"
-                f" ({rate * 8 / 1e6:,.0f} Mbit/s)"
-            )
-        if not self.changes:
-            return head + "; plan unchanged"
-        reasons = {}
-        if self.decision is not None:
-            reasons = {d["name"]: d["reason"] for d in self.decision["layers"]}
-        parts = [
-            f"{name} {old} -> {new}" + (f" ({reasons[name]})" if name in reasons else "")
-            for name, (old, new) in sorted(self.changes.items())
-        ]
-        return head + "; " + "; ".join(parts)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-
 class AdaptiveLoop:
-    """Owns the profiler, link fit, cost model, guards and policy engine of one wrapped model."""
+    """Owns the profiler and the boundary collectives of one wrapped model; rank 0's
+    :class:`~autocomp.planner.WindowPlanner` decides."""
 
     @dataclass(kw_only=True, slots=True)
     class Config:
@@ -165,14 +78,21 @@ class AdaptiveLoop:
         window: int = 20
         """Steps between decisions."""
         warmup_steps: int = 100
-        """Uncompressed steps at the start (the policy preset's value unless overridden)."""
+        """Uncompressed steps at the start (the policy preset's value unless overridden);
+        cut short when the first look shows a link much slower than the backward."""
+        first_look_steps: int = 4
+        """Step of the early boundary: DDP rebuilds its buckets at step 1, so 4 leaves a few
+        measured steps (the decision comes then if the link is slow)."""
         history: int = 1000
         """Window records kept in memory."""
-        sampled_steps: int = 1
+        sampled_steps: int = 2
         """Steps at the end of each window whose gradient norms and errors are measured (each
-        costs a few passes over the gradients, so profiling stays cheap with one)."""
+        costs a few passes over the gradients; more than one keeps the guards and the error
+        estimates from reacting to a single step's noise)."""
         probe: LinkProbe.Config = field(default_factory=LinkProbe.Config)
         """Active link probe while compressed steps are too small to measure the link."""
+        planner: WindowPlanner.Config | None = None
+        """Planner settings beyond the ones above (None: its defaults)."""
 
     @staticmethod
     def validate(config: Config) -> None:
@@ -183,6 +103,10 @@ class AdaptiveLoop:
             raise ValueError(f"window must be >= 1, got {config.window}")
         if config.warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {config.warmup_steps}")
+        if config.first_look_steps < 2:
+            raise ValueError(f"first_look_steps must be >= 2, got {config.first_look_steps}")
+        if config.sampled_steps < 1:
+            raise ValueError(f"sampled_steps must be >= 1, got {config.sampled_steps}")
 
     def __init__(
         self,
@@ -196,56 +120,40 @@ class AdaptiveLoop:
         self.validate(config)
         self.runlog = runlog
         """Rank 0's run log (one record per window, operator overrides), or None."""
-        self.operator_pins: list[tuple[str, str]] = []
-        """Pins posted by an operator (newest first); they win over the code's pins."""
         self.ddp = ddp
         self.state = state
         self.config = config
         self.rules = rules
-        self.pins = list(pins)
         self.names = list(state.slots)
         self.profiler = StepProfiler()
         state.profiler = self.profiler
-        window = config.window
-        # One sample per step: a window of a few steps must be enough for a first fit.
-        self.meter = BandwidthMeter(BandwidthMeter.Config(min_samples=min(8, max(2, window))))
-        self.probe = LinkProbe(config.probe)
-        """Decides (on rank 0) when the next boundary runs a link probe, and how big."""
+        base = config.planner or WindowPlanner.Config()
+        planner_config = WindowPlanner.Config(
+            target_overlap=config.target_overlap,
+            window=config.window,
+            warmup_steps=config.warmup_steps,
+            slow_link_ratio=base.slow_link_ratio,
+            error_smoothing=base.error_smoothing,
+            dwell_windows=base.dwell_windows,
+            link_change=base.link_change,
+            probe=config.probe,
+        )
+        self.planner = WindowPlanner(
+            rules,
+            self.names,
+            {name: slot.shape for name, slot in state.slots.items()},
+            {name: slot.dtype for name, slot in state.slots.items()},
+            pins,
+            planner_config,
+            world_size=state.world_size,
+            runlog=runlog,
+        )
+        """Rank 0 decides with it; every rank holds one (the same configuration)."""
+        if state.rank == 0:  # only rank 0 decides
+            _calibrate(self.planner.cost_model, rules.candidates, state.world_size)
         self._probe_next = 0  # payload bytes rank 0 asked for at the next boundary
         self._probe_buffer: torch.Tensor | None = None
-        self.cost_model = CostModel(CostModel.Config(world_size=state.world_size, refit_every=64))
-        if state.rank == 0:  # only rank 0 decides
-            _calibrate(self.cost_model, rules.candidates, state.world_size)
-        self.engine = PolicyEngine(rules, self.cost_model, target_overlap=config.target_overlap)
-        self.payoff = PayoffCheck(PayoffCheck.Config(min_gain=rules.min_gain))
-        """Rank 0: holds compression off where measured steps show it does not pay."""
-        self._plan_ran: tuple[str, ...] | None = None
-        """Rank 0: the plan of the window before the one being closed."""
-        # The guards see one observation per window, so step counts become window counts.
-        guard_rules = rules.guards
-        self.guards = ConvergenceGuards(
-            ConvergenceGuards.Config(
-                warmup_steps=config.warmup_steps,
-                loss_divergence_ratio=guard_rules.loss_spike_ratio,
-                loss_ewma_alpha=min(1.0, window / guard_rules.loss_window),
-                loss_patience=max(2, math.ceil(guard_rules.loss_window / window)),
-                critical_change=guard_rules.accordion_threshold,
-                residual_factor=guard_rules.residual_factor,
-                max_backoff=guard_rules.max_backoff_levels,
-                recovery_windows=max(1, math.ceil(guard_rules.backoff_recovery_steps / window)),
-            ),
-            layers=self.names,
-        )
-        self.nic = NicCounters()
-        self._nic_last = self.nic.sample()
         self.history: deque[WindowRecord] = deque(maxlen=config.history)
-        self.force_none = False
-        """Operator override: every layer uncompressed from the next boundary."""
-        self.frozen = False
-        """Operator override: keep the current plan (measurements continue)."""
-        self._rel_errors: dict[str, dict[str, float]] = {name: {} for name in self.names}
-        self._grad_norms: dict[str, float] = {}
-        self._last_decision: PolicyDecision | None = None
         self.decision_failures = 0
         """Windows whose decision raised (the plan was kept); see the log for tracebacks."""
         self._last_boundary = 0
@@ -260,10 +168,52 @@ class AdaptiveLoop:
             ddp.register_forward_hook(self._on_forward_done),
         ]
 
+    # ---- the planner's parts, for inspection and tests ------------------------------------------
+
+    @property
+    def meter(self) -> Any:
+        return self.planner.meter
+
+    @property
+    def probe(self) -> LinkProbe:
+        return self.planner.probe
+
+    @probe.setter
+    def probe(self, value: LinkProbe) -> None:
+        self.planner.probe = value
+
+    @property
+    def cost_model(self) -> CostModel:
+        return self.planner.cost_model
+
+    @property
+    def engine(self) -> Any:
+        return self.planner.engine
+
+    @property
+    def guards(self) -> Any:
+        return self.planner.guards
+
+    @property
+    def payoff(self) -> Any:
+        return self.planner.payoff
+
+    @property
+    def force_none(self) -> bool:
+        return self.planner.force_none
+
+    @property
+    def frozen(self) -> bool:
+        return self.planner.frozen
+
+    @property
+    def _last_decision(self) -> Any:
+        return self.planner.last_decision
+
     # ---- training-loop side -------------------------------------------------------------------
 
     def observe_loss(self, loss: float | torch.Tensor) -> None:
-        """Record this step's loss for the divergence guard (no device sync for tensors)."""
+        """Record this step's loss for the divergence guard."""
         if isinstance(loss, torch.Tensor):
             loss = float(loss.detach().float().mean())
         self._loss_sum += float(loss)
@@ -277,15 +227,32 @@ class AdaptiveLoop:
             and self.state.enabled
         )
 
+    def is_boundary(self, step: int) -> bool:
+        """Whether a boundary runs before the forward of ``step`` (same on every rank)."""
+        cfg = self.config
+        if step <= 0:
+            return False
+        early = step == cfg.first_look_steps and step < cfg.warmup_steps
+        return step % cfg.window == 0 or early or step == cfg.warmup_steps
+
+    def next_boundary(self, step: int) -> int:
+        """The first boundary after ``step``."""
+        cfg = self.config
+        following = (step // cfg.window + 1) * cfg.window
+        for special in (cfg.first_look_steps, cfg.warmup_steps):
+            if step < special < following and self.is_boundary(special):
+                following = special
+        return following
+
     def _on_forward(self, module: torch.nn.Module, args: Any) -> None:
         if not self._syncs(module):
             return
         step = self.state.step
-        window = self.config.window
         # Begin first: it closes the previous step, so the window below includes it (and the
         # boundary's own cost is charged to the step it delays).
-        self.profiler.begin_step(sample=window - step % window <= self.config.sampled_steps)
-        if step > 0 and step % window == 0 and step != self._last_boundary:
+        sample = self.next_boundary(step) - step <= self.config.sampled_steps
+        self.profiler.begin_step(sample=sample)
+        if self.is_boundary(step) and step != self._last_boundary:
             self._last_boundary = step
             started = time.perf_counter()
             self._boundary(step)
@@ -316,7 +283,7 @@ class AdaptiveLoop:
         values[_HEADER - 1] = float(self._loss_count)
         if profile is not None:
             values[0] = 1.0
-            for i, field_name in enumerate(_TIMING_FIELDS):
+            for i, field_name in enumerate(TIMING_FIELDS):
                 values[1 + i] = getattr(profile.times, field_name)
             bucket_of = self.state.bucket_of()
             bucket_hideable = profile.times.bucket_hideable_seconds
@@ -347,10 +314,6 @@ class AdaptiveLoop:
         # Every rank got the same size from rank 0's last broadcast, so all issue it.
         probe_bytes, self._probe_next = self._probe_next, 0
         probe_local = self._run_probe(probe_bytes, device) if probe_bytes > 0 else _MISSING
-        # A collective's time on one rank includes waiting for the slowest peer; the rank that
-        # arrived last did not wait, so the minimum over ranks of each step's link busy time is
-        # the skew-free one. Steps are aligned across ranks (same step indices). The last slot
-        # carries the probe's time.
         window = self.config.window
         busy = torch.full((window + 1,), _MISSING, dtype=torch.float64)
         if profile is not None:
@@ -367,30 +330,36 @@ class AdaptiveLoop:
         self._loss_sum, self._loss_count = 0.0, 0
 
         sent, raw = self._bytes_totals()
-        steps = max(1, step - (self._last_window_step()))
+        steps = max(1, step - self._last_window_step())
         bytes_per_step = (sent - self._bytes_mark[0]) / steps
         raw_per_step = (raw - self._bytes_mark[1]) / steps
         self._bytes_mark = (sent, raw)
+        nonfinite = sorted({name for _, name in self.state.nonfinite_events})
+        self.state.nonfinite_events.clear()
+        current = {name: self.state.slots[name].compressor.spec for name in self.names}
 
         payload: list[Any] = [None]
         record: WindowRecord | None = None
         if self.state.rank == 0:
-            probe_next = 0
+            measurement = self._measurement(
+                step, steps, profile, combined, busy_min, probe, nonfinite
+            )
+            measurement.bytes_per_step = bytes_per_step
+            measurement.uncompressed_bytes_per_step = raw_per_step
+            _record(measurement, current)
             try:
-                record, plan, resets, probe_next = self._decide(
-                    step, profile, combined, busy_min, world, probe
-                )
+                update = self.planner.decide(measurement, current)
             except Exception:
                 # A policy failure must not strand the other ranks in the broadcast, nor stop
                 # training: keep the current plan, say so loudly, and try again next window.
                 logger.exception("autocomp: policy decision failed at step %d; plan kept", step)
                 record = self._peer_record(step, combined, bytes_per_step, raw_per_step)
-                plan = [self.state.slots[name].compressor.spec for name in self.names]
-                resets = []
+                update = PlanUpdate([current[n] for n in self.names], [], 0, record)
                 self.decision_failures += 1
-            record.bytes_per_step = bytes_per_step
-            record.uncompressed_bytes_per_step = raw_per_step
-            payload = [{"plan": plan, "reset": resets, "probe_bytes": probe_next}]
+            record = update.record
+            payload = [
+                {"plan": update.plan, "reset": update.resets, "probe_bytes": update.probe_bytes}
+            ]
         src = dist.get_global_rank(group, 0) if group is not None else 0
         dist.broadcast_object_list(payload, src=src, group=group)
         message = payload[0]
@@ -402,16 +371,15 @@ class AdaptiveLoop:
             slot = self.state.slots[name]
             slot.residual = None
             slot.state = slot.compressor.init_state(slot.shape, slot.seed, self.state.rank)
-        before = {name: self.state.slots[name].compressor.spec for name in self.names}
         assignment = {
             name: build_compressor(spec)
             for name, spec in zip(self.names, message["plan"], strict=True)
         }
         self.state.assign(assignment)
         changes = {
-            name: (before[name], spec)
+            name: (current[name], spec)
             for name, spec in zip(self.names, message["plan"], strict=True)
-            if before[name] != spec
+            if current[name] != spec
         }
         if record is None:
             record = self._peer_record(step, combined, bytes_per_step, raw_per_step)
@@ -424,6 +392,52 @@ class AdaptiveLoop:
             self.runlog.append_window(record.to_dict())  # queued: never waits on disk
         if self.state.rank == 0:
             logger.info("autocomp %s", record.summary())
+
+    def _measurement(
+        self,
+        step: int,
+        steps: int,
+        profile: WindowProfile | None,
+        combined: torch.Tensor,
+        busy_min: list[float],
+        probe: tuple[int, float] | None,
+        nonfinite: list[str],
+    ) -> WindowMeasurement:
+        """Rank 0: the combined vector as the planner's input."""
+        world = self.state.world_size
+        timings, loss = self._means(combined)
+        ranks = max(1.0, float(combined[0]))
+        bucket_of = self.state.bucket_of()
+        layers = {}
+        for i, name in enumerate(self.names):
+            base = _HEADER + _PER_LAYER * i
+            samples = float(combined[base + 2])
+            sampled = samples > 0
+            bucket = bucket_of.get(name)
+            layers[name] = LayerWindow(
+                spec=self.state.slots[name].compressor.spec,
+                grad_norm=math.sqrt(float(combined[base]) / samples) if sampled else None,
+                residual_norm=math.sqrt(float(combined[base + 1]) / samples) if sampled else None,
+                rel_error=float(combined[base + 3]) / samples if sampled else None,
+                hook_seconds=float(combined[base + 4]) / world,
+                bucket=bucket,
+                bucket_hideable_seconds=(
+                    float(combined[base + 5]) / ranks if bucket is not None else None
+                ),
+            )
+        return WindowMeasurement(
+            step=step,
+            world_size=world,
+            window_steps=steps,
+            profiled_ranks=round(float(combined[0])),
+            timings=timings,
+            loss=loss,
+            layers=layers,
+            busy_min=busy_min,
+            collectives=[] if profile is None else profile.collectives[-self.config.window :],
+            probe=probe,
+            nonfinite=nonfinite,
+        )
 
     def _run_probe(self, payload_bytes: int, device: torch.device) -> float:
         """Run the probe's all-reduces on a reused zero buffer; seconds of the timed pass."""
@@ -450,7 +464,7 @@ class AdaptiveLoop:
 
     def _means(self, combined: torch.Tensor) -> tuple[dict[str, float], float | None]:
         ranks = max(1.0, float(combined[0]))
-        timings = {name: float(combined[1 + i]) / ranks for i, name in enumerate(_TIMING_FIELDS)}
+        timings = {name: float(combined[1 + i]) / ranks for i, name in enumerate(TIMING_FIELDS)}
         count = float(combined[_HEADER - 1])
         loss = float(combined[_HEADER - 2]) / count if count > 0 else None
         return timings, loss
@@ -465,236 +479,43 @@ class AdaptiveLoop:
             latency_s=None,
             nic_bytes_per_s=None,
             **timings,
-            measured_overlap=_overlap(timings),
+            measured_overlap=overlap(
+                timings["exposed_seconds"],
+                timings["comm_busy_seconds"],
+                timings["compress_seconds"],
+            ),
             predicted_overlap=None,
             bytes_per_step=bytes_per_step,
             uncompressed_bytes_per_step=raw_per_step,
             loss=loss,
         )
 
-    def _decide(
-        self,
-        step: int,
-        profile: WindowProfile | None,
-        combined: torch.Tensor,
-        busy_min: list[float],
-        world: int,
-        probe: tuple[int, float] | None = None,
-    ) -> tuple[WindowRecord, list[str], list[str], int]:
-        """Rank 0: the record, the plan, the layers to reset, the next boundary's probe bytes."""
-        timings, loss = self._means(combined)
-        # Link: rank 0's own steps (every rank sees the same ring), one busy period per step.
-        if profile is not None:
-            steps = profile.collectives[-self.config.window :]
-            for step_collectives, seconds in zip(steps, busy_min, strict=False):
-                self.meter.add_period(
-                    sum(latency_hops(kind, world) for kind, _, _ in step_collectives),
-                    sum(link_bytes(kind, nbytes, world) for kind, nbytes, _ in step_collectives),
-                    seconds,
-                )
-            for step_collectives in profile.collectives:
-                for kind, nbytes, seconds in step_collectives:
-                    self.cost_model.add_comm_sample(kind, nbytes, world, seconds)
-        if probe is not None:  # after the steps: the meter's window is in time order
-            payload_bytes, seconds = probe
-            self.meter.add_probe(
-                latency_hops(Collective.ALL_REDUCE, world),
-                link_bytes(Collective.ALL_REDUCE, payload_bytes, world),
-                seconds,
-            )
-        estimate: LinkEstimate | None = self.meter.end_window()
-        # Warm-up windows are uncompressed: if even they cannot show the link, probing starts
-        # with the first compressed window, whose boundary is the end of warm-up.
-        probe_next = self.probe.next_window(
-            blind=self.meter.blind and step >= self.config.warmup_steps,
-            estimate=estimate,
-            world_size=world,
-            window_seconds=timings["step_seconds"] * self.config.window,
-        )
-        if estimate is not None:
-            self.cost_model.update_link(estimate)
-        nic_now = self.nic.sample()
-        nic_rate = self.nic.rate_since(self._nic_last) if self._nic_last is not None else None
-        self._nic_last = nic_now
-
-        grad_norms: dict[str, float] = {}
-        residual_norms: dict[str, float] = {}
-        for i, name in enumerate(self.names):
-            base = _HEADER + _PER_LAYER * i
-            samples = float(combined[base + 2])
-            slot = self.state.slots[name]
-            seconds = float(combined[base + 4]) / world
-            if seconds > 0 and slot.compressor.name != "none":
-                self.cost_model.add_sample(slot.compressor, slot.shape, seconds)
-            if samples <= 0:
-                continue
-            grad_norms[name] = math.sqrt(float(combined[base]) / samples)
-            residual_norms[name] = math.sqrt(float(combined[base + 1]) / samples)
-            if slot.compressor.name != "none":
-                measured = float(combined[base + 3]) / samples
-                known = self._rel_errors[name]
-                spec = slot.compressor.spec
-                known[spec] = measured if spec not in known else 0.5 * (known[spec] + measured)
-        # Non-finite norms go to the guards (which react) but never into the policy's weights.
-        self._grad_norms.update({n: v for n, v in grad_norms.items() if math.isfinite(v)})
-
-        nonfinite = {name: True for _, name in self.state.nonfinite_events}
-        self.state.nonfinite_events.clear()
-        if nonfinite:
-            # The hook already reset these layers on every rank at the step it happened; the
-            # guard records and counts the events, and its reset queue is dropped here.
-            self.guards.check_nonfinite(step, nonfinite)
-            self.guards.layers_to_reset()
-        if loss is not None:
-            self.guards.observe_loss(step, loss)
-        if grad_norms:
-            self.guards.observe_window(step, grad_norms, residual_norms)
-        resets = sorted(self.guards.layers_to_reset())
-        new_events = [e.to_dict() for e in self.guards.events if e.step == step]
-
-        layouts = self.state.bucket_of()
-        layers = [
-            LayerProfile(
-                name=name,
-                shape=self.state.slots[name].shape,
-                dtype=self.state.slots[name].dtype,
-                grad_norm=self._grad_norms.get(name, 0.0),
-                rel_error=dict(self._rel_errors[name]),
-                bucket=layouts.get(name),
-            )
-            for name in self.names
-        ]
-        ranks = max(1.0, float(combined[0]))
-        bucket_hideable: dict[int, float] = {}
-        for i, name in enumerate(self.names):
-            bucket = layouts.get(name)
-            if bucket is not None:
-                value = float(combined[_HEADER + _PER_LAYER * i + 5]) / ranks
-                bucket_hideable[bucket] = max(0.0, value)
-        timing = StepTiming(
-            backward_seconds=timings["backward_seconds"],
-            hideable_seconds=timings["hideable_seconds"],
-            step_seconds=timings["step_seconds"],
-            bucket_hideable_seconds=bucket_hideable if float(combined[0]) > 0 else {},
-        )
-        self._apply_overrides(step)
-        previous = self._last_decision
-        # The window just measured ran the previous decision's plan; it counts for the payoff
-        # check only if the window before ran the same plan (a switch's first steps pay
-        # one-off costs, and the first window DDP's bucket rebuild).
-        window_index = step // self.config.window
-        bandwidth = None if estimate is None else estimate.bandwidth_bytes_per_s
-        ran = tuple(self.state.slots[name].compressor.spec for name in self.names)
-        settled, self._plan_ran = ran == self._plan_ran, ran
-        if settled:
-            optimizer_compressed = previous is not None and any(
-                layer.rule in (RULE_KNAPSACK, RULE_INFEASIBLE) and layer.spec != "none"
-                for layer in previous.layers
-            )
-            self.payoff.observe(
-                window_index, optimizer_compressed, timings["step_seconds"], bandwidth
-            )
-        hold = self.payoff.hold_reason(window_index, bandwidth)
-        if self.frozen and previous is not None:
-            plan = [self.state.slots[name].compressor.spec for name in self.names]
-            decision = previous
-        else:
-            decision = self.engine.decide(
-                layers,
-                timing,
-                step,
-                world,
-                backoff=self.guards.backoff(),
-                pins=[*self.operator_pins, *self.pins],
-                force_none=self.force_none,
-                current={name: self.state.slots[name].compressor.spec for name in self.names},
-                hold_reason=hold,
-            )
-            plan = [decision.layer(name).spec for name in self.names]
-            self._last_decision = decision
-        record = WindowRecord(
-            step=step,
-            bandwidth_bytes_per_s=None if estimate is None else estimate.bandwidth_bytes_per_s,
-            latency_s=None if estimate is None else estimate.latency_s,
-            nic_bytes_per_s=nic_rate,
-            **timings,
-            measured_overlap=_overlap(timings),
-            predicted_overlap=None if previous is None else previous.predicted_overlap,
-            bytes_per_step=0.0,
-            uncompressed_bytes_per_step=0.0,
-            loss=loss,
-            decision=decision.to_dict(),
-            guard_events=new_events,
-        )
-        return record, plan, resets, probe_next
-
-    def _apply_overrides(self, step: int) -> None:
-        """Operator requests from the run log, applied by rank 0 at this boundary."""
-        if self.runlog is None:
-            return
-        for override in self.runlog.pending_overrides():
-            status = "applied"
-            kind = override.kind
-            if kind == "pin":
-                try:
-                    spec = build_compressor(override.spec or "").spec
-                except (TypeError, ValueError) as err:
-                    status = f"rejected: {err}"
-                else:
-                    self.operator_pins = [p for p in self.operator_pins if p[0] != override.glob]
-                    self.operator_pins.insert(0, (str(override.glob), spec))
-            elif kind == "unpin":
-                self.operator_pins = [p for p in self.operator_pins if p[0] != override.glob]
-            elif kind in ("force_none", "unforce"):
-                self.force_none = kind == "force_none"
-            elif kind in ("freeze", "unfreeze"):
-                self.frozen = kind == "freeze"
-            else:
-                status = f"rejected: unknown kind {kind!r}"
-            logger.info(
-                "autocomp: operator override #%d %s %s %s by %s at step %d: %s",
-                override.id,
-                kind,
-                override.glob or "",
-                override.spec or "",
-                override.who,
-                step,
-                status,
-            )
-            self.runlog.mark_overrides_applied([override.id], step, status=status)
-
     # ---- checkpointing ------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "meter": self.meter.state_dict(),
-            "probe": {**self.probe.state_dict(), "next_bytes": self._probe_next},
-            "cost_model": self.cost_model.state_dict(),
-            "guards": self.guards.state_dict(),
-            "payoff": self.payoff.state_dict(),
-            "rel_errors": {k: dict(v) for k, v in self._rel_errors.items()},
-            "grad_norms": dict(self._grad_norms),
+            **self.planner.state_dict(),
+            "probe_next_bytes": self._probe_next,
             "last_boundary": self._last_boundary,
-            "force_none": self.force_none,
-            "frozen": self.frozen,
-            "operator_pins": [list(pin) for pin in self.operator_pins],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.meter.load_state_dict(state["meter"])
-        probe = state.get("probe", {})
-        self.probe.load_state_dict(probe)
-        self._probe_next = int(probe.get("next_bytes", 0))
-        self.cost_model.load_state_dict(state["cost_model"])
-        self.cost_model.update_link(self.meter.estimate)
-        self.guards.load_state_dict(state["guards"])
-        self.payoff.load_state_dict(state.get("payoff", {}))
-        self._rel_errors = {name: dict(state["rel_errors"].get(name, {})) for name in self.names}
-        self._grad_norms = dict(state["grad_norms"])
+        self.planner.load_state_dict(state)
+        self._probe_next = int(state.get("probe_next_bytes", 0))
         self._last_boundary = int(state["last_boundary"])
-        self.force_none = bool(state["force_none"])
-        self.frozen = bool(state["frozen"])
-        self.operator_pins = [(str(g), str(spec)) for g, spec in state.get("operator_pins", [])]
+
+
+def _record(measurement: WindowMeasurement, current: dict[str, str]) -> None:
+    """Append the measurement to ``AUTOCOMP_RECORD_WINDOWS``, when set (rank 0)."""
+    path = AUTOCOMP_RECORD_WINDOWS.get()
+    if not path:
+        return
+    line = json.dumps({"measurement": measurement.to_dict(), "current": current})
+    try:
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(line + "\n")
+    except OSError as err:  # a debugging aid must never stop training
+        logger.warning("autocomp: cannot record window to %s: %s", path, err)
 
 
 CALIBRATION_SHAPE = torch.Size([1024, 1024])
@@ -726,10 +547,3 @@ def _calibrate(cost_model: CostModel, specs: Sequence[str], world_size: int) -> 
             best * 1e3,
             factor,
         )
-
-
-def _overlap(timings: dict[str, float]) -> float:
-    total = timings["comm_busy_seconds"] + timings["compress_seconds"]
-    if total <= 0:
-        return 1.0
-    return min(1.0, max(0.0, 1.0 - timings["exposed_seconds"] / total))

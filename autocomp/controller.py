@@ -39,7 +39,7 @@ from autocomp.runlog import RunLog, default_run_dir, new_run_id
 
 logger = logging.getLogger(__name__)
 
-STATE_DICT_VERSION = 1
+STATE_DICT_VERSION = 2
 _WRAPPED_ATTR = "_autocomp_controller"
 
 
@@ -198,7 +198,10 @@ class Controller:
             raise ValueError("not an autocomp state dict (missing 'layers')")
         version = state_dict.get("version")
         if version != STATE_DICT_VERSION:
-            raise ValueError(f"autocomp state dict version {version!r}; expected 1")
+            raise ValueError(
+                f"autocomp state dict version {version!r}; expected {STATE_DICT_VERSION} "
+                "(version 1 held PowerSGD's alternating phase and the old window loop)"
+            )
         for key, mine in (("world_size", self._state.world_size), ("rank", self._state.rank)):
             if state_dict.get(key) != mine:
                 raise ValueError(

@@ -61,3 +61,10 @@ AUTOCOMP_RUN_DIR = EnvVar(
 AUTOCOMP_TOKEN = EnvVar(
     "AUTOCOMP_TOKEN", "", "Bearer token for the sidecar's overrides (default: generated)."
 )
+
+AUTOCOMP_RECORD_WINDOWS = EnvVar(
+    "AUTOCOMP_RECORD_WINDOWS",
+    "",
+    "Rank 0 appends every window's measurement and the plan that ran to this JSON-lines file, "
+    "so the planner's decisions can be replayed offline (debugging, regression tests).",
+)

@@ -9,8 +9,13 @@ drop a layer's error-feedback residual, and to relax again once things stay quie
   layer; a non-finite residual norm -> EF reset; a non-finite loss -> ignored.
 * ``loss_divergence``: the loss EWMA stays above ``loss_divergence_ratio`` x the warm-up
   baseline and rises, for ``loss_patience`` observations -> every layer backs off one level.
-* ``critical_regime`` (Accordion, Agarwal et al. 2021): a layer's gradient norm changes by more
-  than ``critical_change`` relative to the previous window -> that layer backs off one level.
+* ``critical_regime`` (Accordion, Agarwal et al. 2021): a layer's gradient norm differs by more
+  than ``critical_change`` (relative) from its reference in ``critical_patience`` windows in a
+  row -> that layer backs off one level. The reference is a smoothed norm of the calm windows
+  before; one noisy window neither fires nor moves it.
+* ``loss_scale``: every layer's gradient norm moved by the same power of two at once, which is
+  what AMP's GradScaler does to gradients when it changes its scale -> the references are
+  rescaled by that factor (no back-off): the guards' statistics do not move with the scale.
 * ``residual_growth``: a layer's residual norm exceeds ``residual_factor`` x its gradient norm
   -> EF reset + that layer backs off one level.
 * ``recovered``: ``recovery_windows`` quiet windows in a row -> one back-off level removed.
@@ -79,7 +84,16 @@ LOSS_DIVERGENCE = "loss_divergence"
 CRITICAL_REGIME = "critical_regime"
 RESIDUAL_GROWTH = "residual_growth"
 RECOVERED = "recovered"
-GUARD_NAMES = (WARMUP, NONFINITE, LOSS_DIVERGENCE, CRITICAL_REGIME, RESIDUAL_GROWTH, RECOVERED)
+LOSS_SCALE = "loss_scale"
+GUARD_NAMES = (
+    WARMUP,
+    NONFINITE,
+    LOSS_DIVERGENCE,
+    CRITICAL_REGIME,
+    RESIDUAL_GROWTH,
+    RECOVERED,
+    LOSS_SCALE,
+)
 """Every value ``GuardEvent.guard`` can take."""
 
 ACTION_ENABLE = "enable compression"
@@ -93,6 +107,7 @@ ACTION_RESET_BACK_OFF = "EF reset + back off 1 level"
 ACTION_RESET_AT_MAX = "EF reset (back-off already at max)"
 ACTION_RESET_ONLY = "EF reset (already backed off this window)"
 ACTION_RECOVER = "recover 1 level"
+ACTION_RESCALED = "gradient-norm references rescaled"
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +166,16 @@ class ConvergenceGuards:
         loss_patience: int = 20
         """Consecutive diverging, rising observations before the global back-off."""
         critical_change: float = 0.5
-        """Relative gradient-norm change between windows marking a critical regime (Accordion)."""
+        """Relative gradient-norm change against the reference marking a critical regime
+        (Accordion)."""
+        critical_patience: int = 2
+        """Windows in a row the change must persist (in the same direction) before it counts:
+        one window's norms come from a couple of sampled steps and can be noise."""
+        norm_smoothing: float = 0.5
+        """EWMA weight of a calm window's norm in the reference."""
+        loss_scale_tolerance: float = 0.1
+        """A common change of all layers' norms within this of a power of two (in log2 units)
+        is taken for a loss-scale change (GradScaler), not a critical regime."""
         residual_factor: float = 32.0
         """Residual/gradient norm ratio deemed runaway; healthy EF sits near 1x-10x (top-k 1%)."""
         max_backoff: int = 3
@@ -168,6 +192,9 @@ class ConvergenceGuards:
                 ("loss_divergence_ratio", self.loss_divergence_ratio > 1.0, "> 1"),
                 ("loss_patience", self.loss_patience >= 1, ">= 1"),
                 ("critical_change", self.critical_change > 0.0, "> 0"),
+                ("critical_patience", self.critical_patience >= 1, ">= 1"),
+                ("norm_smoothing", 0.0 < self.norm_smoothing <= 1.0, "in (0, 1]"),
+                ("loss_scale_tolerance", 0.0 <= self.loss_scale_tolerance < 0.5, "in [0, 0.5)"),
                 ("residual_factor", self.residual_factor > 0.0, "> 0"),
                 ("max_backoff", self.max_backoff >= 0, ">= 0"),
                 ("recovery_windows", self.recovery_windows >= 1, ">= 1"),
@@ -197,6 +224,10 @@ class ConvergenceGuards:
         self._layer_level: dict[str, int] = {}
         self._layer_quiet: dict[str, int] = {}
         self._prev_grad_norm: dict[str, float] = {}
+        """Reference gradient norm per layer (smoothed over calm windows)."""
+        self._critical_streak: dict[str, int] = {}
+        """Consecutive windows over the Accordion threshold (signed: + up, - down)."""
+        self._warmup_end = self.config.warmup_steps
         self._pending_resets: set[str] = set()
         self._uncompressed_steps: set[int] = set()
         self._events: deque[GuardEvent] = deque(maxlen=self.config.max_events)
@@ -211,7 +242,13 @@ class ConvergenceGuards:
         The first call of any method at or after the end of warm-up records the ``warmup`` event.
         """
         self._note_step(step)
-        return step < self.config.warmup_steps
+        return step < self._warmup_end
+
+    def end_warmup(self, step: int) -> None:
+        """End the warm-up at ``step`` (earlier than configured): the link is so slow that
+        every uncompressed step costs many compressed ones (the planner decides that)."""
+        self._warmup_end = min(self._warmup_end, step)
+        self._note_step(step)
 
     def step_uncompressed(self, step: int) -> bool:
         """True when every layer of ``step`` must use a plain all-reduce, no residual added.
@@ -261,7 +298,7 @@ class ConvergenceGuards:
             self._record(step, NONFINITE, None, detail, ACTION_IGNORED)
             return
         cfg = self.config
-        if step >= cfg.warmup_steps and self._loss_baseline is None:
+        if step >= self._warmup_end and self._loss_baseline is None:
             self._loss_baseline = value if self._loss_ewma is None else self._loss_ewma
             logger.info(
                 "autocomp guards step %d: loss baseline %.6g frozen", step, self._loss_baseline
@@ -331,7 +368,8 @@ class ConvergenceGuards:
         """
         self._note_step(step)
         cfg = self.config
-        compressing = step >= cfg.warmup_steps
+        compressing = step >= self._warmup_end
+        self._check_loss_scale(step, grad_norms)
         for name in sorted(set(grad_norms) | set(residual_norms)):
             self._register(name)
             grad = float(grad_norms[name]) if name in grad_norms else math.nan
@@ -408,6 +446,8 @@ class ConvergenceGuards:
             "layer_level": dict(self._layer_level),
             "layer_quiet": dict(self._layer_quiet),
             "prev_grad_norm": dict(self._prev_grad_norm),
+            "critical_streak": dict(self._critical_streak),
+            "warmup_end": self._warmup_end,
             "pending_resets": sorted(self._pending_resets),
             "uncompressed_steps": sorted(self._uncompressed_steps),
             "events": [event.to_dict() for event in self._events],
@@ -446,6 +486,10 @@ class ConvergenceGuards:
         self._layer_level = {str(k): int(v) for k, v in state["layer_level"].items()}
         self._layer_quiet = {str(k): int(v) for k, v in state["layer_quiet"].items()}
         self._prev_grad_norm = {str(k): float(v) for k, v in state["prev_grad_norm"].items()}
+        self._critical_streak = {
+            str(k): int(v) for k, v in state.get("critical_streak", {}).items()
+        }
+        self._warmup_end = int(state.get("warmup_end", self.config.warmup_steps))
         self._pending_resets = {str(name) for name in state["pending_resets"]}
         self._uncompressed_steps = {int(s) for s in state["uncompressed_steps"]}
         events = [GuardEvent.from_dict(e) for e in state["events"]]
@@ -464,9 +508,11 @@ class ConvergenceGuards:
         return min(cap, self._global_level + self._layer_level.get(name, 0))
 
     def _note_step(self, step: int) -> None:
-        if not self._warmup_announced and step >= self.config.warmup_steps:
+        if not self._warmup_announced and step >= self._warmup_end:
             self._warmup_announced = True
-            detail = f"compression allowed from step {self.config.warmup_steps}"
+            detail = f"compression allowed from step {self._warmup_end}"
+            if self._warmup_end < self.config.warmup_steps:
+                detail += f" (warm-up of {self.config.warmup_steps} cut short: slow link)"
             self._record(step, WARMUP, None, detail, ACTION_ENABLE)
 
     def _back_off_layer(
@@ -489,22 +535,59 @@ class ConvergenceGuards:
         self._record(step, guard, name, f"{detail}; level now {after}", action)
 
     def _check_critical(self, step: int, name: str, grad: float, compressing: bool) -> bool:
-        """Accordion test against the previous window; True if the layer backed off."""
+        """Accordion test against the reference; True if the layer backed off."""
         if not math.isfinite(grad):
             return False  # keep the last finite norm as the reference
-        previous = self._prev_grad_norm.get(name)
-        self._prev_grad_norm[name] = grad
-        if not compressing or previous is None or previous <= 0.0:
+        cfg = self.config
+        reference = self._prev_grad_norm.get(name)
+        if reference is None or reference <= 0.0:
+            self._prev_grad_norm[name] = grad
+            self._critical_streak[name] = 0
             return False
-        change = abs(grad - previous) / previous
-        if change <= self.config.critical_change:
+        change = (grad - reference) / reference
+        if abs(change) <= cfg.critical_change or not compressing:
+            # Calm (or not compressing yet): the reference follows, smoothed.
+            self._prev_grad_norm[name] = reference + cfg.norm_smoothing * (grad - reference)
+            self._critical_streak[name] = 0
             return False
+        direction = 1 if change > 0 else -1
+        streak = self._critical_streak.get(name, 0)
+        streak = streak + direction if streak * direction > 0 else direction
+        self._critical_streak[name] = streak
+        if abs(streak) < cfg.critical_patience:
+            return False  # the reference stays where the calm windows left it
+        self._prev_grad_norm[name] = grad  # the new regime is the next reference
+        self._critical_streak[name] = 0
         detail = (
-            f"|d|g||/|g| = {change:.3g} > {self.config.critical_change:g} "
-            f"(|g| {previous:.4g} -> {grad:.4g})"
+            f"|d|g||/|g| = {abs(change):.3g} > {cfg.critical_change:g} for {abs(streak)} "
+            f"windows (|g| {reference:.4g} -> {grad:.4g})"
         )
         self._back_off_layer(step, CRITICAL_REGIME, name, detail, reset=False)
         return True
+
+    def _check_loss_scale(self, step: int, grad_norms: Mapping[str, float]) -> None:
+        """Rescale the references when all layers moved by one power of two (GradScaler)."""
+        ratios = []
+        for name, grad in grad_norms.items():
+            reference = self._prev_grad_norm.get(name)
+            if reference and reference > 0 and math.isfinite(grad) and grad > 0:
+                ratios.append(grad / reference)
+        if len(ratios) < 2:
+            return
+        ratios.sort()
+        median = ratios[len(ratios) // 2]
+        exponent = round(math.log2(median))
+        if exponent == 0 or abs(math.log2(median) - exponent) > self.config.loss_scale_tolerance:
+            return
+        # Every layer must share the factor (a loss scale multiplies all gradients alike).
+        shared = sum(1 for r in ratios if abs(math.log2(r) - exponent) <= 0.25)
+        if shared < 0.8 * len(ratios):
+            return
+        factor = 2.0**exponent
+        for name in self._prev_grad_norm:
+            self._prev_grad_norm[name] *= factor
+        detail = f"all gradient norms moved by {factor:g}x at once (loss scale change)"
+        self._record(step, LOSS_SCALE, None, detail, ACTION_RESCALED)
 
     def _check_residual(
         self,

@@ -12,8 +12,9 @@ What it measures, per step:
   compressor in use.
 
 From these a window summary gives the quantities the policy needs (backward time, the part of
-it communication can hide behind, link busy time, exposed communication and overlap, defined
-as in ``docs/policy.md``) and the raw samples for the bandwidth fit and the cost model.
+it communication can hide behind, link busy time, exposed communication and overlap, with the
+definitions of :mod:`autocomp.exposure`, shared with the policy engine and the advisor) and
+the raw samples for the bandwidth fit and the cost model.
 
 Cost: a few ``perf_counter`` calls and dict updates per layer per step; norms only on sampled
 steps (one in ``window``).
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from autocomp.compressors import Collective
+from autocomp.exposure import measured_exposed, overlap
 
 now = time.perf_counter
 
@@ -97,10 +99,7 @@ class StepTimes:
     @property
     def overlap(self) -> float:
         """Fraction of communication (incl. compression) hidden behind backward compute."""
-        total = self.comm_busy_seconds + self.compress_seconds
-        if total <= 0:
-            return 1.0
-        return min(1.0, max(0.0, 1.0 - self.exposed_seconds / total))
+        return overlap(self.exposed_seconds, self.comm_busy_seconds, self.compress_seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,8 +244,7 @@ class StepProfiler:
         ends = [r.done for r, _ in services if r.done is not None]
         if step.last_finished is not None:
             ends.append(step.last_finished)
-        exposed = max(0.0, max(ends) - last_exit) if ends else 0.0
-        exposed += step.wait_seconds
+        exposed = measured_exposed(last_exit, ends, step.wait_seconds)
         hook_work = step.hook_seconds_before_last + step.last_hook_seconds - step.wait_seconds
         last_compute = step.last_ready - step.hook_seconds_before_last
         return StepTimes(

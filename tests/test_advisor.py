@@ -204,9 +204,7 @@ def test_pipeline_on_a_hand_made_timeline() -> None:
     # Three buckets ready at 0, 1, 2 s; each needs 1.5 s on the link: the link is the
     # bottleneck, so comm runs back to back: 0-1.5, 1.5-3, 3-4.5; backward ends at 2.
     pipe = simulate_pipeline([0.0, 1.0, 2.0], [1.5, 1.5, 1.5])
-    assert pipe.backward_end_s == pytest.approx(2.0)
-    assert pipe.comm_end_s == pytest.approx(4.5)
-    assert pipe.exposed_s == pytest.approx(2.5)
+    assert pipe.exposed_s == pytest.approx(2.5)  # the link ends at 4.5, the backward at 2
     assert pipe.added_s == pytest.approx(2.5)
     assert pipe.overlap == pytest.approx(1 - 2.5 / 4.5)
     # A fast link hides all but the last bucket's collective.
@@ -214,11 +212,10 @@ def test_pipeline_on_a_hand_made_timeline() -> None:
     assert fast.exposed_s == pytest.approx(0.1)
     # Compression work delays the backward (same thread), then the collectives and decode.
     work = simulate_pipeline([0.0, 1.0], [0.5, 0.5], local=[0.2, 0.2], decode=[0.1, 0.1])
-    # bucket 0: available 0.2, link 0.2-0.8; bucket 1: ready 1.0 + 0.4 = 1.4, link 1.4-2.0
-    assert work.backward_end_s == pytest.approx(1.4)
-    assert work.comm_end_s == pytest.approx(2.0)
+    # bucket 0: available 0.2, link 0.2-0.8; bucket 1: ready 1.0 + 0.4 = 1.4, link 1.4-2.0;
+    # the backward ends at 1.4, the link at 2.0
     assert work.exposed_s == pytest.approx(0.6)
-    assert work.compress_s == pytest.approx(0.4)
+    assert work.work_s == pytest.approx(0.4)
     assert work.added_s == pytest.approx(1.0)
     with pytest.raises(ValueError, match="non-decreasing"):
         simulate_pipeline([1.0, 0.0], [0.1, 0.1])

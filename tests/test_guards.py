@@ -7,7 +7,10 @@ reaction the controller will apply:
   event is recorded and the step is marked uncompressed;
 - a sustained loss rise after warm-up backs off every layer one level, and quiet windows bring
   it back to 0; a single noisy spike does not fire (patience + rising trend);
-- a gradient-norm jump in one layer (Accordion critical regime) backs off that layer only;
+- a gradient-norm jump in one layer (Accordion critical regime) that persists for
+  ``critical_patience`` windows backs off that layer only; a single noisy window does not, and
+  all layers moving by one power of two at once (GradScaler changing its loss scale) rescales
+  the references instead of backing anything off;
 - a residual norm beyond ``residual_factor`` x the gradient norm resets and backs off;
 - back-off levels are clamped at ``max_backoff``; the warm-up event is recorded once; the
   event buffer is bounded and counts what it dropped; ``state_dict`` survives a JSON round trip
@@ -187,19 +190,56 @@ def test_gradient_norm_jump_backs_off_only_that_layer() -> None:
     step = warm_up(guards)
     jumped = {**CALM, "fc2.weight": CALM["fc2.weight"] * 1.8}  # +80% > 50%
     guards.observe_window(step + 10, jumped, NO_RESIDUAL)
+    assert guards.counts()["critical_regime"] == 0, "one window can be noise"
+    guards.observe_window(step + 20, jumped, NO_RESIDUAL)
     assert guards.backoff() == {"fc1.weight": 0, "fc1.bias": 0, "fc2.weight": 1}
     event = events_of(guards, "critical_regime")[-1]
     assert (event.layer, event.action) == ("fc2.weight", "back off 1 level")
+    assert "for 2 windows" in event.detail
     assert guards.layers_to_reset() == set(), "a critical regime keeps the residual"
 
     # A drop counts too (Accordion uses the absolute change); small drifts do not.
     dropped = {**jumped, "fc1.weight": CALM["fc1.weight"] * 0.4, "fc1.bias": 0.12}
-    guards.observe_window(step + 20, dropped, NO_RESIDUAL)
+    guards.observe_window(step + 30, dropped, NO_RESIDUAL)
+    guards.observe_window(step + 40, dropped, NO_RESIDUAL)
     assert guards.backoff() == {"fc1.weight": 1, "fc1.bias": 0, "fc2.weight": 1}
 
 
+def test_one_noisy_window_never_fires() -> None:
+    """A spike in one window, then back: no back-off, and the reference did not move."""
+    guards = make_guards()
+    step = warm_up(guards)
+    for window in range(1, 20):
+        spiky = {**CALM, "fc2.weight": CALM["fc2.weight"] * (3.0 if window % 2 else 1.0)}
+        guards.observe_window(step + 10 * window, spiky, NO_RESIDUAL)
+    assert guards.counts()["critical_regime"] == 0
+    assert guards.state_dict()["prev_grad_norm"]["fc2.weight"] == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("factor", [2.0, 0.5, 65536.0, 2.0**-10])
+def test_loss_scale_change_moves_no_statistic(factor: float) -> None:
+    """GradScaler multiplies every gradient by its scale: when it grows (x2 every 2000 steps)
+    or backs off (x0.5 after an overflow), every layer's norm moves by the same power of two.
+    That is recognised and the references follow, so nothing backs off, however long."""
+    guards = make_guards()
+    step = warm_up(guards)
+    scaled = {name: norm * factor for name, norm in CALM.items()}
+    for window in range(1, 6):
+        guards.observe_window(step + 10 * window, scaled, NO_RESIDUAL)
+    assert guards.counts()["critical_regime"] == 0
+    assert guards.backoff() == dict.fromkeys(LAYERS, 0)
+    event = events_of(guards, "loss_scale")[-1]
+    assert event.action == "gradient-norm references rescaled"
+    assert guards.counts()["loss_scale"] == 1
+    # A genuine jump of one layer on top of the new scale is still caught.
+    jumped = {**scaled, "fc1.weight": scaled["fc1.weight"] * 1.8}
+    guards.observe_window(step + 100, jumped, NO_RESIDUAL)
+    guards.observe_window(step + 110, jumped, NO_RESIDUAL)
+    assert guards.backoff()["fc1.weight"] == 1
+
+
 def test_layer_recovers_after_quiet_windows() -> None:
-    guards = make_guards(recovery_windows=3)
+    guards = make_guards(recovery_windows=3, critical_patience=1)
     step = warm_up(guards)
     guards.observe_window(step, {**CALM, "fc1.weight": 5.0}, NO_RESIDUAL)
     assert guards.backoff()["fc1.weight"] == 1
@@ -211,7 +251,7 @@ def test_layer_recovers_after_quiet_windows() -> None:
 
 
 def test_absent_layer_neither_recovers_nor_loses_its_quiet_count() -> None:
-    guards = make_guards(recovery_windows=2)
+    guards = make_guards(recovery_windows=2, critical_patience=1)
     step = warm_up(guards)
     guards.observe_window(step, {**CALM, "fc1.weight": 5.0}, NO_RESIDUAL)
     others = {k: v for k, v in CALM.items() if k != "fc1.weight"}
@@ -247,7 +287,7 @@ def test_residual_growth_resets_and_backs_off() -> None:
 
 
 def test_critical_regime_and_residual_growth_back_off_one_level_per_window() -> None:
-    guards = make_guards(residual_factor=10.0)
+    guards = make_guards(residual_factor=10.0, critical_patience=1)
     step = warm_up(guards)
     guards.observe_window(step, {**CALM, "fc1.weight": 3.0}, {"fc1.weight": 100.0})
     assert guards.backoff()["fc1.weight"] == 1
@@ -268,7 +308,7 @@ def test_nonfinite_residual_norm_is_reset_without_back_off() -> None:
 
 
 def test_backoff_is_clamped_at_max() -> None:
-    guards = make_guards(max_backoff=2, loss_ewma_alpha=1.0, loss_patience=1)
+    guards = make_guards(max_backoff=2, loss_ewma_alpha=1.0, loss_patience=1, critical_patience=1)
     step = warm_up(guards)
     norm = 1.0
     for window in range(5):  # every window doubles fc1.weight's gradient norm
@@ -313,7 +353,7 @@ def test_events_are_bounded_and_dropped_ones_counted() -> None:
 
 
 def test_every_event_is_logged_with_its_step(caplog: pytest.LogCaptureFixture) -> None:
-    guards = make_guards()
+    guards = make_guards(critical_patience=1)
     with caplog.at_level(logging.INFO, logger="autocomp.guards"):
         step = warm_up(guards)
         guards.observe_window(step + 3, {**CALM, "fc2.weight": 9.0}, NO_RESIDUAL)

@@ -13,10 +13,12 @@ PowerSGD ranks 1/2/4, top-k 1% and 0.1%, and the adaptive per-layer plan) it pre
 2. **Compression work**: per layer, the measured sending-side work plus the decode of one
    payload per received payload (1 for all-reduce, N for all-gather). Where the profile has no
    measurement (the budget ran out), the cost model warm-started from the profile predicts it.
-3. **The pipeline** (:func:`simulate_pipeline`): bucket b becomes ready at its measured time,
-   delayed by the compression work of the buckets before it (the hook runs on the backward's
-   thread); its collectives start when it is ready *and* bucket b-1's have finished, and its
-   decode follows them. Exposed time is what runs past the end of the backward.
+3. **The pipeline** (:func:`simulate_pipeline`, the one exposure model of
+   :mod:`autocomp.exposure` that the policy engine and the profiler use too): bucket b becomes
+   ready at its measured time, delayed by the compression work of the buckets before it (the
+   hook runs on the backward's thread); its collectives start when it is ready *and* bucket
+   b-1's have finished, and its decode follows them. Exposed time is what runs past the end
+   of the backward.
 4. **Step time** = compute-only step (measured) + compression work + exposed communication;
    **scaling efficiency** = compute-only step / predicted step (1.0 = perfect weak scaling).
 
@@ -48,6 +50,7 @@ from autocomp.advisor.profile import LayerInfo, ModelProfile, Profile
 from autocomp.advisor.units import format_bandwidth, format_bytes, format_seconds
 from autocomp.compressors import Collective, Compressor, NoCompression, build_compressor
 from autocomp.cost_model import CostModel, CostSample
+from autocomp.exposure import Group, Timeline, simulate
 from autocomp.link_model import LinkEstimate, latency_hops, link_bytes
 from autocomp.policy.engine import (
     ErrorPriors,
@@ -67,7 +70,6 @@ __all__ = [
     "Evaluation",
     "Option",
     "OptionResult",
-    "Pipeline",
     "Scenario",
     "Verdict",
     "WhatIfModel",
@@ -173,45 +175,15 @@ def collective_seconds(
 # ---- the pipeline ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Pipeline:
-    """Outcome of :func:`simulate_pipeline` (seconds, counted from the end of the forward)."""
-
-    backward_end_s: float
-    """When the last hook returns: last bucket ready plus all compression work before it."""
-    comm_end_s: float
-    """When the last collective (and its decode) finishes."""
-    exposed_s: float
-    """max(0, comm_end - backward_end): communication the backward did not hide."""
-    compress_s: float
-    """Sending-side compression work, all of it on the backward's critical path."""
-    comm_s: float
-    """Sum of collective times and decodes (C without the sending-side work)."""
-
-    @property
-    def added_s(self) -> float:
-        """What communication adds to a compute-only step."""
-        return self.compress_s + self.exposed_s
-
-    @property
-    def overlap(self) -> float:
-        """1 - exposed / C with C = comm + compression work (docs/policy.md); 1 when C = 0."""
-        total = self.comm_s + self.compress_s
-        return 1.0 if total <= 0 else max(0.0, 1.0 - self.exposed_s / total)
-
-
 def simulate_pipeline(
     ready: Sequence[float],
     comm: Sequence[float],
     local: Sequence[float] | None = None,
     decode: Sequence[float] | None = None,
-) -> Pipeline:
-    """Replay the buckets in ready order on one link.
-
-    Bucket b's hook starts at ``ready[b]`` plus the compression work of the buckets before it
-    (it shares the backward's thread), works ``local[b]``, then its collectives start as soon
-    as the link is free (bucket b-1's collectives and decode done) and take ``comm[b]``,
-    followed by ``decode[b]``. ``ready`` must be non-decreasing.
+) -> Timeline:
+    """The exposure model (:func:`autocomp.exposure.simulate`) on buckets given by their ready
+    times (seconds after the end of the forward, non-decreasing), collective times, the hook's
+    sending-side work (on the backward's thread) and the decode that follows each collective.
     """
     count = len(ready)
     if len(comm) != count:
@@ -222,23 +194,12 @@ def simulate_pipeline(
         raise ValueError("local and decode must have one entry per bucket")
     if any(b < a for a, b in itertools.pairwise(ready)):
         raise ValueError("ready times must be non-decreasing (buckets in the order they fire)")
-    delay = 0.0
-    link_free = -math.inf
-    end = 0.0
-    for b in range(count):
-        delay += local[b]
-        available = ready[b] + delay
-        start = max(available, link_free)
-        end = start + comm[b] + decode[b]
-        link_free = end
-    backward_end = (ready[-1] if count else 0.0) + delay
-    comm_end = end if count else backward_end
-    return Pipeline(
-        backward_end_s=backward_end,
-        comm_end_s=comm_end,
-        exposed_s=max(0.0, comm_end - backward_end),
-        compress_s=delay,
-        comm_s=math.fsum(comm) + math.fsum(decode),
+    last = ready[-1] if count else 0.0
+    return simulate(
+        [
+            Group(hideable_s=last - r, comm_s=c + d, work_s=w)
+            for r, c, w, d in zip(ready, comm, local, decode, strict=True)
+        ]
     )
 
 
@@ -489,7 +450,7 @@ class WhatIfModel:
 
     def simulate(
         self, plan: Mapping[str, str], scenario: Scenario, costs: CostModel | None = None
-    ) -> tuple[Pipeline, int, float]:
+    ) -> tuple[Timeline, int, float]:
         """Pipeline of one plan, with the payload and link bytes per rank per step."""
         world = scenario.world_size
         costs = costs or self.cost_model(world)
@@ -498,7 +459,7 @@ class WhatIfModel:
         wire_total = 0
         sent_total = 0.0
         for bucket in self.model.buckets:
-            payloads: dict[tuple[Collective, torch.dtype], int] = defaultdict(int)
+            payloads: dict[tuple[Collective, torch.dtype | str], int] = defaultdict(int)
             bucket_local = bucket_decode = 0.0
             for name in bucket.params:
                 layer = self.layers[name]
@@ -513,8 +474,14 @@ class WhatIfModel:
                     if collective is Collective.ALL_REDUCE
                     else torch.uint8
                 )
-                wire = compressor.wire_bytes(torch.Size(layer.shape), dtype)
-                payloads[(collective, kind)] += wire
+                shape = torch.Size(layer.shape)
+                rounds = compressor.round_wire_bytes(shape, dtype)
+                if len(rounds) > 1:
+                    # Each round is a collective of its own (the hook launches them apart).
+                    for index, size in enumerate(rounds):
+                        payloads[(collective, f"round{index}")] += size  # type: ignore[index]
+                else:
+                    payloads[(collective, kind)] += rounds[0]
                 seconds_local, seconds_decode = self._layer_cost(compressor, layer, world, costs)
                 bucket_local += seconds_local
                 bucket_decode += seconds_decode
@@ -548,6 +515,7 @@ class WhatIfModel:
                 backward_seconds=timing.backward_s,
                 hideable_seconds=timing.hideable_s,
                 step_seconds=timing.step_s,
+                compute_seconds=timing.compute_step_s,
                 bucket_hideable_seconds={
                     b.index: max(0.0, timing.last_bucket_ready_s - b.ready_s)
                     for b in self.model.buckets
@@ -563,7 +531,7 @@ class WhatIfModel:
         costs.update_link(scenario.link)
         compute = self.model.timing.compute_step_s
         decision: PolicyDecision | None = None
-        rows: list[tuple[Option, dict[str, str], Pipeline, int, float]] = []
+        rows: list[tuple[Option, dict[str, str], Timeline, int, float]] = []
         for option in self.config.options:
             if option.spec is None:
                 decision = self.adaptive_decision(scenario)
@@ -585,7 +553,7 @@ class WhatIfModel:
                     wire_bytes=wire,
                     link_bytes=sent,
                     comm_s=pipeline.comm_s,
-                    compress_s=pipeline.compress_s,
+                    compress_s=pipeline.work_s,
                     exposed_s=pipeline.exposed_s,
                     step_s=step,
                     efficiency=compute / step,

@@ -63,9 +63,12 @@ class LayerOption:
     """Predicted squared compression error contributed to the step (>= 0)."""
     wire_bytes: int
     """Bytes this rank hands to the collective."""
+    work: float = 0.0
+    """The part of ``seconds`` that is compression work on the backward's thread (the rest is
+    communication); the exposure model needs them apart, the program only their sum."""
 
     def __post_init__(self) -> None:
-        for name in ("seconds", "error"):
+        for name in ("seconds", "error", "work"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(

@@ -13,7 +13,8 @@ the controller at the copy. Schema, version 1 (``policies/default.toml`` carries
     min_numel = 16384               # int >= 0: smaller tensors are never compressed
     compress_1d = false             # bool: whether biases and norm scales may be compressed
     fast_link_gbit = 25.0           # float > 0 (or inf): at or above this bandwidth, all 'none'
-    min_gain = 0.05                 # 0..1: compress only if that cuts the predicted step so much
+    min_gain = 0.05                 # 0..1: a compressed window must measure this much faster
+    time_slack = 0.03               # 0..1: plans this close to the fastest count as equally fast
     target_overlap = 0.9            # 0..1: fraction of communication to hide behind backward
     replan_interval = 50            # int >= 1: steps between two decisions
     candidates = ["none", "fp16", "powersgd:rank=4", "topk:ratio=0.01"]  # 'none' always added
@@ -139,6 +140,7 @@ _POLICY_KEYS: dict[str, _Key] = {
     "compress_1d": _Key(bool),
     "fast_link_gbit": _Key(float, low=0.0, low_open=True, allow_inf=True),
     "min_gain": _Key(float, low=0.0, high=1.0),
+    "time_slack": _Key(float, low=0.0, high=1.0),
     "target_overlap": _Key(float, low=0.0, high=1.0),
     "replan_interval": _Key(int, low=1),
 }
@@ -280,9 +282,12 @@ class PolicyRules:
     fast_link_gbit: float = 25.0
     """At or above this measured bandwidth (Gbit/s) every layer is sent uncompressed."""
     min_gain: float = 0.05
-    """A compressed plan must cut the predicted step by at least this fraction of it, else
-    every optimizer layer stays uncompressed: a smaller gain is within the noise of step
-    times and not worth any compression error."""
+    """A compressed window must measure at least this much faster than an uncompressed one on
+    a similar link, else compression is held off for a while (the payoff check: predictions
+    near break-even are not to be trusted)."""
+    time_slack: float = 0.03
+    """Plans whose predicted step is within this fraction of the fastest plan's count as
+    equally fast; the least compression error among them wins (progress per second)."""
     target_overlap: float = 0.9
     """Default fraction of communication to hide behind backward compute."""
     replan_interval: int = 50
@@ -320,6 +325,7 @@ class PolicyRules:
             "compress_1d": self.compress_1d,
             "fast_link_gbit": fast if math.isfinite(fast) else "inf",
             "min_gain": self.min_gain,
+            "time_slack": self.time_slack,
             "target_overlap": self.target_overlap,
             "replan_interval": self.replan_interval,
             "candidates": list(self.candidates),

@@ -1,0 +1,139 @@
+"""The one exposure model: what gradient communication adds to a step, measured or predicted.
+
+Used by the profiler (measured), the adaptive loop (its window records), the policy engine
+(predicted, per plan) and the advisor's what-if model (predicted, per link and world size), so
+the plan the engine optimizes is scored by the same arithmetic everywhere.
+
+Definitions (docs/policy.md has the long form), for one step on one rank:
+
+- the backward is split into *groups* of gradient buckets that become ready together, in the
+  order DDP hands them to the comm hook; ``hideable_s`` of a group is the backward compute
+  left once it is ready (0 for the last group);
+- a group's ``comm_s`` is the service time of its collectives on the link (bandwidth term,
+  latency, and the decode that follows them), ``work_s`` the compression work the hook does
+  for it on the backward's thread (which delays everything after it);
+- the link serves groups in ready order, one at a time.
+
+Then, with groups indexed in ready order, ``W_{<=g}`` the work of groups up to g and
+``C_{>=g}`` the communication of g and every group after it::
+
+    added   = max over g of (W_{<=g} + C_{>=g} - hideable_g)     (>= the total work W)
+    exposed = added - W          (communication still running when the backward ends)
+    overlap = 1 - exposed / (C + W)                               (1 when C + W == 0)
+    step    = compute-only step + added
+
+which is exactly what :func:`simulate` computes event by event (bucket by bucket). The
+measured counterpart is :func:`measured_exposed` (the profiler's timestamps) and
+:func:`overlap`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "Group",
+    "Timeline",
+    "added_seconds",
+    "compute_seconds",
+    "measured_exposed",
+    "overlap",
+    "simulate",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """Buckets that become ready together, with what they cost (seconds)."""
+
+    hideable_s: float
+    """Backward compute left once this group is ready (0 for the last group)."""
+    comm_s: float = 0.0
+    """Collective service time, latency and decode included."""
+    work_s: float = 0.0
+    """Compression work on the backward's thread (delays the groups after it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """Outcome of one step's communication (seconds, counted from the first group ready)."""
+
+    added_s: float
+    """What communication adds to the compute-only step: work plus exposed time."""
+    exposed_s: float
+    """Communication still running after the backward (work included) has ended."""
+    work_s: float
+    """Compression work, all of it on the critical path."""
+    comm_s: float
+    """Sum of the groups' communication time."""
+
+    @property
+    def overlap(self) -> float:
+        """1 - exposed / (comm + work); 1.0 when there is nothing to hide."""
+        return overlap(self.exposed_s, self.comm_s, self.work_s)
+
+
+def overlap(exposed_s: float, comm_s: float, work_s: float = 0.0) -> float:
+    """Fraction of communication (and compression work) hidden behind backward compute."""
+    total = comm_s + work_s
+    if total <= 0:
+        return 1.0
+    return min(1.0, max(0.0, 1.0 - exposed_s / total))
+
+
+def added_seconds(groups: Sequence[Group]) -> float:
+    """Closed form of :func:`simulate`'s ``added_s`` (groups in ready order)."""
+    if not groups:
+        return 0.0
+    comm_after = [0.0] * (len(groups) + 1)
+    for index in range(len(groups) - 1, -1, -1):
+        comm_after[index] = comm_after[index + 1] + groups[index].comm_s
+    worst = -math.inf
+    work = 0.0
+    for index, group in enumerate(groups):
+        work += group.work_s
+        worst = max(worst, work + comm_after[index] - group.hideable_s)
+    return max(worst, work)
+
+
+def simulate(groups: Sequence[Group]) -> Timeline:
+    """Replay the groups in ready order on one link (see the module docstring).
+
+    Group g becomes ready at ``first hideable - hideable_g`` on the compute clock, delayed by
+    the work of the groups before it; its own work runs, then its collectives start as soon as
+    the link is free and take ``comm_s``. ``hideable_s`` must not increase along ``groups``.
+    """
+    if any(b.hideable_s > a.hideable_s + 1e-12 for a, b in itertools.pairwise(groups)):
+        raise ValueError("groups must be in ready order (hideable time not increasing)")
+    if not groups:
+        return Timeline(0.0, 0.0, 0.0, 0.0)
+    first = groups[0].hideable_s
+    delay = 0.0
+    link_free = -math.inf
+    for group in groups:
+        delay += group.work_s
+        ready = first - group.hideable_s + delay
+        link_free = max(ready, link_free) + group.comm_s
+    backward_end = first + delay
+    exposed = max(0.0, link_free - backward_end)
+    comm = math.fsum(g.comm_s for g in groups)
+    return Timeline(added_s=delay + exposed, exposed_s=exposed, work_s=delay, comm_s=comm)
+
+
+def measured_exposed(
+    backward_end: float, finished: Sequence[float], waited_s: float = 0.0
+) -> float:
+    """Exposed time of a measured step: the last collective or decode to finish after the
+    backward ended (the last hook call returned), plus the time hook calls blocked the
+    backward waiting for an earlier collective (two-round compressors)."""
+    tail = max(0.0, max(finished) - backward_end) if finished else 0.0
+    return tail + max(0.0, waited_s)
+
+
+def compute_seconds(step_s: float, exposed_s: float, work_s: float, backward_s: float) -> float:
+    """The compute-only step implied by a measured step: what is left once communication's
+    additions are taken out (never below the backward itself)."""
+    return max(backward_s, step_s - max(0.0, exposed_s) - max(0.0, work_s))

@@ -1,0 +1,467 @@
+"""Rank 0's side of a window boundary: from one window's measurements to the next plan.
+
+The planner owns every piece of decision state: the link fit and its active probe, the cost
+model, the smoothed per-layer error estimates, the convergence guards, the payoff check, the
+dwell clock of each layer and the operator's overrides. It takes a
+:class:`~autocomp.window.WindowMeasurement` (already combined over ranks) and returns the
+plan, the layers whose error feedback must be reset, the size of the next link probe and the
+window's record. It issues no collective and reads no clock, so a recorded sequence of
+measurements replays exactly (``tests/test_stability.py``).
+
+Steadiness, by design:
+
+- measured relative errors are smoothed per (layer, compressor) with an EWMA
+  (``error_smoothing``): one sampled step per window is a noisy estimate, and a plan that
+  follows it flaps;
+- a layer that changed compressor keeps it for ``dwell_windows`` windows (the engine's
+  ``dwell`` rule), unless a guard backs it off, an operator pins it, or the link moved by
+  ``link_change`` since: each switch resets warm starts and costs a few steps of accuracy;
+- the engine's own hysteresis keeps an acceptable plan unless the new one is clearly better.
+
+Warm-up: the first ``warmup_steps`` steps are uncompressed, unless the first look at the link
+(a boundary a few steps in) shows communication at least ``slow_link_ratio`` times the
+backward: then every uncompressed step costs that many compressed ones, and the warm-up ends
+there with the first decision.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from autocomp.compressors import Collective, build_compressor
+from autocomp.cost_model import CostModel
+from autocomp.exposure import compute_seconds, overlap
+from autocomp.guards import ConvergenceGuards
+from autocomp.link_model import (
+    BandwidthMeter,
+    LinkEstimate,
+    LinkProbe,
+    NicCounters,
+    latency_hops,
+    link_bytes,
+)
+from autocomp.policy.engine import PolicyEngine
+from autocomp.policy.payoff import PayoffCheck
+from autocomp.policy.rules import PolicyRules
+from autocomp.policy.types import (
+    NONE_SPEC,
+    OPTIMIZER_RULES,
+    LayerProfile,
+    PolicyDecision,
+    StepTiming,
+)
+from autocomp.runlog import RunLog
+from autocomp.window import WindowMeasurement, WindowRecord
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PlanUpdate", "WindowPlanner"]
+
+
+@dataclass(frozen=True, slots=True)
+class PlanUpdate:
+    """What rank 0 broadcasts after a window, and the window's record."""
+
+    plan: list[str]
+    """One canonical spec per layer, in the planner's layer order."""
+    resets: list[str]
+    """Layers whose error feedback and compressor state every rank resets."""
+    probe_bytes: int
+    """Payload of the link probe the next boundary runs (0: none)."""
+    record: WindowRecord
+
+
+class WindowPlanner:
+    """Decision state of one wrapped model (see the module docstring)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        """Planner settings (all ranks hold the same; only rank 0 decides)."""
+
+        target_overlap: float = 0.9
+        """Fraction of communication to hide behind backward compute (the fast-link case)."""
+        window: int = 20
+        """Steps between decisions."""
+        warmup_steps: int = 100
+        """Uncompressed steps at the start (cut short on a slow link, see the module doc)."""
+        slow_link_ratio: float = 10.0
+        """Communication at least this many times the backward ends the warm-up at once."""
+        error_smoothing: float = 0.3
+        """EWMA weight of a new window's measured relative error."""
+        dwell_windows: int = 5
+        """Windows a layer keeps a compressor it switched to (guards and pins excepted)."""
+        link_change: float = 2.0
+        """A bandwidth ratio this large since a layer's switch lifts its dwell."""
+        probe: LinkProbe.Config | None = None
+        """Active link probe settings (None: the defaults)."""
+
+        def __post_init__(self) -> None:
+            if not 0.0 < self.error_smoothing <= 1.0:
+                raise ValueError(f"error_smoothing must be in (0, 1], got {self.error_smoothing}")
+            if self.dwell_windows < 1:
+                raise ValueError(f"dwell_windows must be >= 1, got {self.dwell_windows}")
+            if not self.slow_link_ratio > 0:
+                raise ValueError(f"slow_link_ratio must be > 0, got {self.slow_link_ratio}")
+            if not self.link_change > 1.0:
+                raise ValueError(f"link_change must be > 1, got {self.link_change}")
+
+    def __init__(
+        self,
+        rules: PolicyRules,
+        names: Sequence[str],
+        shapes: dict[str, Any],
+        dtypes: dict[str, Any],
+        pins: Sequence[tuple[str, str]],
+        config: Config,
+        *,
+        world_size: int,
+        runlog: RunLog | None = None,
+    ) -> None:
+        self.rules = rules
+        self.names = list(names)
+        self.shapes = shapes
+        self.dtypes = dtypes
+        self.pins = list(pins)
+        self.config = config
+        self.runlog = runlog
+        window = config.window
+        # One sample per step: a window of a few steps must be enough for a first fit.
+        self.meter = BandwidthMeter(BandwidthMeter.Config(min_samples=min(8, max(2, window))))
+        self.probe = LinkProbe(config.probe or LinkProbe.Config())
+        self.cost_model = CostModel(CostModel.Config(world_size=world_size, refit_every=64))
+        self.engine = PolicyEngine(rules, self.cost_model, target_overlap=config.target_overlap)
+        self.payoff = PayoffCheck(PayoffCheck.Config(min_gain=rules.min_gain))
+        guard_rules = rules.guards
+        # The guards see one observation per window, so step counts become window counts.
+        self.guards = ConvergenceGuards(
+            ConvergenceGuards.Config(
+                warmup_steps=config.warmup_steps,
+                loss_divergence_ratio=guard_rules.loss_spike_ratio,
+                loss_ewma_alpha=min(1.0, window / guard_rules.loss_window),
+                loss_patience=max(2, math.ceil(guard_rules.loss_window / window)),
+                critical_change=guard_rules.accordion_threshold,
+                residual_factor=guard_rules.residual_factor,
+                max_backoff=guard_rules.max_backoff_levels,
+                recovery_windows=max(1, math.ceil(guard_rules.backoff_recovery_steps / window)),
+            ),
+            layers=self.names,
+        )
+        self.nic = NicCounters()
+        self._nic_last = self.nic.sample()
+        self.operator_pins: list[tuple[str, str]] = []
+        """Pins posted by an operator (newest first); they win over the code's pins."""
+        self.force_none = False
+        """Operator override: every layer uncompressed from the next boundary."""
+        self.frozen = False
+        """Operator override: keep the current plan (measurements continue)."""
+        self.warmup_done = config.warmup_steps == 0
+        """Whether compression is allowed (warm-up over, or cut short on a slow link)."""
+        self.rel_errors: dict[str, dict[str, float]] = {name: {} for name in self.names}
+        """Smoothed measured relative error per layer and spec."""
+        self.grad_norms: dict[str, float] = {}
+        self.last_decision: PolicyDecision | None = None
+        self._plan_ran: tuple[str, ...] | None = None
+        self._windows = 0
+        self._changed_at: dict[str, tuple[int, float | None]] = {}
+        """Layer -> (window index of its last switch, bandwidth then)."""
+
+    # ---- the decision --------------------------------------------------------------------------
+
+    def decide(self, m: WindowMeasurement, current: dict[str, str]) -> PlanUpdate:
+        """The plan after window ``m`` given the specs that ran (``current``)."""
+        self._windows += 1
+        world = m.world_size
+        estimate = self._update_link(m)
+        cut_short = self._first_look(m)
+        probe_next = self.probe.next_window(
+            blind=self.meter.blind and self.warmup_done,
+            estimate=estimate,
+            world_size=world,
+            window_seconds=m.timings["step_seconds"] * m.window_steps,
+        )
+        if estimate is not None:
+            self.cost_model.update_link(estimate)
+        nic_now = self.nic.sample()
+        nic_rate = self.nic.rate_since(self._nic_last) if self._nic_last is not None else None
+        self._nic_last = nic_now
+        grad_norms, residual_norms = self._update_layers(m)
+        guard_events_before = len(self.guards.events)
+        if m.nonfinite:
+            # The hook already reset these layers on every rank at the step it happened; the
+            # guard records and counts the events, and its reset queue is dropped here.
+            self.guards.check_nonfinite(m.step, dict.fromkeys(m.nonfinite, True))
+            self.guards.layers_to_reset()
+        if cut_short:
+            self.guards.end_warmup(m.step)
+        if m.loss is not None:
+            self.guards.observe_loss(m.step, m.loss)
+        if grad_norms:
+            self.guards.observe_window(m.step, grad_norms, residual_norms)
+        resets = sorted(self.guards.layers_to_reset())
+        new_events = [e.to_dict() for e in self.guards.events[guard_events_before:]]
+
+        self._apply_overrides(m.step)
+        timing = self._timing(m)
+        bandwidth = None if estimate is None else estimate.bandwidth_bytes_per_s
+        previous = self.last_decision
+        hold = self._payoff(m, previous, current, bandwidth)
+        if self.frozen and previous is not None:
+            decision = previous
+            plan = [current[name] for name in self.names]
+        else:
+            decision = self.engine.decide(
+                self._profiles(m),
+                timing,
+                m.step,
+                world,
+                backoff=self.guards.backoff(),
+                pins=[*self.operator_pins, *self.pins],
+                force_none=self.force_none,
+                current=current,
+                hold_reason=hold,
+                locked=self._locked(current, bandwidth),
+                warmup_done=self.warmup_done,
+            )
+            plan = [decision.layer(name).spec for name in self.names]
+            self.last_decision = decision
+        for name, spec in zip(self.names, plan, strict=True):
+            if spec != current[name]:
+                self._changed_at[name] = (self._windows, bandwidth)
+        timings = m.timings
+        record = WindowRecord(
+            step=m.step,
+            bandwidth_bytes_per_s=bandwidth,
+            latency_s=None if estimate is None else estimate.latency_s,
+            nic_bytes_per_s=nic_rate,
+            **timings,
+            measured_overlap=overlap(
+                timings["exposed_seconds"],
+                timings["comm_busy_seconds"],
+                timings["compress_seconds"],
+            ),
+            predicted_overlap=None if previous is None else previous.predicted_overlap,
+            bytes_per_step=m.bytes_per_step,
+            uncompressed_bytes_per_step=m.uncompressed_bytes_per_step,
+            loss=m.loss,
+            decision=decision.to_dict(),
+            guard_events=new_events,
+            predicted_step_seconds=None if previous is None else previous.predicted_step_seconds,
+        )
+        return PlanUpdate(plan=plan, resets=resets, probe_bytes=probe_next, record=record)
+
+    # ---- the pieces ----------------------------------------------------------------------------
+
+    def _update_link(self, m: WindowMeasurement) -> LinkEstimate | None:
+        world = m.world_size
+        # Rank 0's own steps (every rank sees the same ring), one busy period per step.
+        steps = m.collectives[-m.window_steps :]
+        for step_collectives, seconds in zip(steps, m.busy_min, strict=False):
+            self.meter.add_period(
+                sum(latency_hops(kind, world) for kind, _, _ in step_collectives),
+                sum(link_bytes(kind, nbytes, world) for kind, nbytes, _ in step_collectives),
+                seconds,
+            )
+        for step_collectives in m.collectives:
+            for kind, nbytes, seconds in step_collectives:
+                self.cost_model.add_comm_sample(kind, nbytes, world, seconds)
+        if m.probe is not None:  # after the steps: the meter's window is in time order
+            payload_bytes, seconds = m.probe
+            self.meter.add_probe(
+                latency_hops(Collective.ALL_REDUCE, world),
+                link_bytes(Collective.ALL_REDUCE, payload_bytes, world),
+                seconds,
+            )
+        return self.meter.end_window()
+
+    def _update_layers(self, m: WindowMeasurement) -> tuple[dict[str, float], dict[str, float]]:
+        grad_norms: dict[str, float] = {}
+        residual_norms: dict[str, float] = {}
+        alpha = self.config.error_smoothing
+        for name in self.names:
+            layer = m.layers[name]
+            if layer.hook_seconds > 0 and layer.spec != NONE_SPEC:
+                compressor = build_compressor(layer.spec)
+                self.cost_model.add_sample(compressor, self.shapes[name], layer.hook_seconds)
+            if layer.grad_norm is None:
+                continue
+            grad_norms[name] = layer.grad_norm
+            residual_norms[name] = layer.residual_norm or 0.0
+            if layer.spec != NONE_SPEC and layer.rel_error is not None:
+                known = self.rel_errors[name]
+                old = known.get(layer.spec)
+                new = layer.rel_error
+                known[layer.spec] = new if old is None else old + alpha * (new - old)
+        # Non-finite norms go to the guards (which react) but never into the policy's weights.
+        self.grad_norms.update({n: v for n, v in grad_norms.items() if math.isfinite(v)})
+        return grad_norms, residual_norms
+
+    def _first_look(self, m: WindowMeasurement) -> bool:
+        """True when this window ends the warm-up early (communication dominates)."""
+        if self.warmup_done:
+            return False
+        if m.step >= self.config.warmup_steps:
+            self.warmup_done = True
+            return False
+        comm = m.timings["comm_busy_seconds"]
+        backward = m.timings["backward_seconds"]
+        if m.profiled_ranks > 0 and backward > 0 and comm >= self.config.slow_link_ratio * backward:
+            self.warmup_done = True
+            logger.info(
+                "autocomp: warm-up ends at step %d: communication %.3g s is %.0fx the backward "
+                "(%.3g s); each uncompressed step costs that many compressed ones",
+                m.step,
+                comm,
+                comm / backward,
+                backward,
+            )
+            return True
+        return False
+
+    def _timing(self, m: WindowMeasurement) -> StepTiming:
+        t = m.timings
+        bucket_hideable: dict[int, float] = {}
+        for layer in m.layers.values():
+            if layer.bucket is not None and layer.bucket_hideable_seconds is not None:
+                bucket_hideable[layer.bucket] = max(0.0, layer.bucket_hideable_seconds)
+        compute = compute_seconds(
+            t["step_seconds"],
+            t["exposed_seconds"],
+            t["compress_seconds"],
+            t["backward_seconds"],
+        )
+        return StepTiming(
+            backward_seconds=t["backward_seconds"],
+            hideable_seconds=t["hideable_seconds"],
+            step_seconds=t["step_seconds"],
+            bucket_hideable_seconds=bucket_hideable if m.profiled_ranks > 0 else {},
+            compute_seconds=compute if m.profiled_ranks > 0 else None,
+        )
+
+    def _profiles(self, m: WindowMeasurement) -> list[LayerProfile]:
+        return [
+            LayerProfile(
+                name=name,
+                shape=self.shapes[name],
+                dtype=self.dtypes[name],
+                grad_norm=self.grad_norms.get(name, 0.0),
+                rel_error=dict(self.rel_errors[name]),
+                bucket=m.layers[name].bucket,
+            )
+            for name in self.names
+        ]
+
+    def _locked(self, current: dict[str, str], bandwidth: float | None) -> dict[str, str]:
+        """Layers still in their dwell period after a switch (see the module docstring)."""
+        locked = {}
+        for name, (window, rate) in self._changed_at.items():
+            if self._windows - window >= self.config.dwell_windows:
+                continue
+            moved = (
+                rate is not None
+                and bandwidth is not None
+                and max(rate, bandwidth) / max(min(rate, bandwidth), 1e-30)
+                >= self.config.link_change
+            )
+            if not moved and current[name] != NONE_SPEC:
+                locked[name] = current[name]
+        return locked
+
+    def _payoff(
+        self,
+        m: WindowMeasurement,
+        previous: PolicyDecision | None,
+        current: dict[str, str],
+        bandwidth: float | None,
+    ) -> str | None:
+        # The window just measured ran the previous decision's plan; it counts for the payoff
+        # check only if the window before ran the same plan (a switch's first steps pay
+        # one-off costs, and the first window DDP's bucket rebuild).
+        window_index = m.step // max(1, self.config.window)
+        ran = tuple(current[name] for name in self.names)
+        settled, self._plan_ran = ran == self._plan_ran, ran
+        if settled:
+            optimizer_compressed = previous is not None and any(
+                layer.rule in OPTIMIZER_RULES and layer.spec != NONE_SPEC
+                for layer in previous.layers
+            )
+            self.payoff.observe(
+                window_index, optimizer_compressed, m.timings["step_seconds"], bandwidth
+            )
+        return self.payoff.hold_reason(window_index, bandwidth)
+
+    def _apply_overrides(self, step: int) -> None:
+        """Operator requests from the run log, applied by rank 0 at this boundary."""
+        if self.runlog is None:
+            return
+        for override in self.runlog.pending_overrides():
+            status = "applied"
+            kind = override.kind
+            if kind == "pin":
+                try:
+                    spec = build_compressor(override.spec or "").spec
+                except (TypeError, ValueError) as err:
+                    status = f"rejected: {err}"
+                else:
+                    self.operator_pins = [p for p in self.operator_pins if p[0] != override.glob]
+                    self.operator_pins.insert(0, (str(override.glob), spec))
+            elif kind == "unpin":
+                self.operator_pins = [p for p in self.operator_pins if p[0] != override.glob]
+            elif kind in ("force_none", "unforce"):
+                self.force_none = kind == "force_none"
+            elif kind in ("freeze", "unfreeze"):
+                self.frozen = kind == "freeze"
+            else:
+                status = f"rejected: unknown kind {kind!r}"
+            logger.info(
+                "autocomp: operator override #%d %s %s %s by %s at step %d: %s",
+                override.id,
+                kind,
+                override.glob or "",
+                override.spec or "",
+                override.who,
+                step,
+                status,
+            )
+            self.runlog.mark_overrides_applied([override.id], step, status=status)
+
+    # ---- checkpointing -------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "meter": self.meter.state_dict(),
+            "probe": self.probe.state_dict(),
+            "cost_model": self.cost_model.state_dict(),
+            "guards": self.guards.state_dict(),
+            "payoff": self.payoff.state_dict(),
+            "rel_errors": {k: dict(v) for k, v in self.rel_errors.items()},
+            "grad_norms": dict(self.grad_norms),
+            "force_none": self.force_none,
+            "frozen": self.frozen,
+            "operator_pins": [list(pin) for pin in self.operator_pins],
+            "warmup_done": self.warmup_done,
+            "windows": self._windows,
+            "changed_at": {k: list(v) for k, v in self._changed_at.items()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.meter.load_state_dict(state["meter"])
+        self.probe.load_state_dict(state.get("probe", {}))
+        self.cost_model.load_state_dict(state["cost_model"])
+        self.cost_model.update_link(self.meter.estimate)
+        self.guards.load_state_dict(state["guards"])
+        self.payoff.load_state_dict(state.get("payoff", {}))
+        self.rel_errors = {name: dict(state["rel_errors"].get(name, {})) for name in self.names}
+        self.grad_norms = dict(state["grad_norms"])
+        self.force_none = bool(state["force_none"])
+        self.frozen = bool(state["frozen"])
+        self.operator_pins = [(str(g), str(spec)) for g, spec in state.get("operator_pins", [])]
+        self.warmup_done = bool(state.get("warmup_done", self.warmup_done))
+        self._windows = int(state.get("windows", 0))
+        self._changed_at = {
+            str(k): (int(v[0]), None if v[1] is None else float(v[1]))
+            for k, v in state.get("changed_at", {}).items()
+        }

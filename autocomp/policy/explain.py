@@ -1,0 +1,72 @@
+"""Reasons in words: every layer's decision says what decided it, with the numbers."""
+
+from __future__ import annotations
+
+from autocomp.policy.optimizer import LayerOption
+from autocomp.policy.search import Pending, SearchResult
+from autocomp.policy.types import RULE_KNAPSACK, RULE_SLACK, LayerDecision
+
+__all__ = ["bytes_text", "optimizer_decision", "seconds_text"]
+
+
+def seconds_text(seconds: float) -> str:
+    return f"{seconds:.3g} s"
+
+
+def bytes_text(size: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:.3g} {unit}"
+    return f"{size} B"
+
+
+_HEADS = {
+    "slack": "least error within {slack:.0%} of the fastest plan's step",
+    "target": "least error hiding {target:.0%} of communication behind the backward",
+    "kept": "plan kept (still within {slack:.0%} of the fastest step; the best alternative "
+    "was not {margin:.0%} more accurate)",
+}
+
+
+def optimizer_decision(
+    item: Pending,
+    chosen: LayerOption,
+    runner: LayerOption | None,
+    result: SearchResult,
+    *,
+    slack: float,
+    target: float,
+    margin: float,
+) -> LayerDecision:
+    """The decision of one layer the plan search chose, with its reason."""
+    head = _HEADS[result.method].format(slack=slack, target=target, margin=margin)
+    reason = (
+        f"{item.note}{head}: {chosen.key} predicts {seconds_text(chosen.seconds)}, "
+        f"{bytes_text(chosen.wire_bytes)}, rel. error {item.rel_errors[chosen.key]:.3g}"
+    )
+    if runner is None:
+        reason += "; no other candidate"
+    else:
+        reason += (
+            f"; runner-up {runner.key} {seconds_text(runner.seconds)}, "
+            f"rel. error {item.rel_errors[runner.key]:.3g}"
+        )
+    if item.dropped:
+        dropped = ", ".join(
+            f"{key} (rel. error {item.rel_errors[key]:.2f}; {better} costs under the slack)"
+            for key, better in sorted(item.dropped.items())
+        )
+        reason += f"; not considered: {dropped}"
+    return LayerDecision(
+        name=item.layer.name,
+        spec=chosen.key,
+        reason=reason,
+        rule=RULE_KNAPSACK if result.meets_target else RULE_SLACK,
+        predicted_seconds=chosen.seconds,
+        predicted_work_seconds=chosen.work,
+        predicted_wire_bytes=chosen.wire_bytes,
+        predicted_error=chosen.error,
+        runner_up=None if runner is None else runner.key,
+        runner_up_seconds=None if runner is None else runner.seconds,
+        runner_up_error=None if runner is None else runner.error,
+    )

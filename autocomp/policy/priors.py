@@ -1,0 +1,180 @@
+"""Relative compression errors per layer and option: measured where possible, else priors.
+
+A layer's option has the predicted squared error ``rel_error^2 * grad_norm^2``, so layers
+with large gradients weigh more. ``rel_error`` is the profiler's measured value for that spec
+(smoothed over windows by the caller) when there is one, else the :class:`ErrorPriors` value,
+scaled by how the layer's measured specs of the same family compare with their priors
+(geometric mean of the ratios); failing those, by the layer's other measured specs, but only
+upwards (a layer hard for one family is likely hard for all; one that suits top-k says nothing
+good about PowerSGD). A biased compressor's scaled prior is capped at 1, the error of sending
+nothing.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from autocomp.compressors import (
+    QSGD,
+    BFloat16,
+    Compressor,
+    Float16,
+    Int8,
+    NoCompression,
+    PowerSGD,
+    RandomK,
+    Sign,
+    TopK,
+    build_compressor,
+)
+from autocomp.compressors.powersgd import matrix_shape
+from autocomp.policy.types import LayerProfile
+
+__all__ = ["ErrorPriors", "built", "canonical", "rel_error"]
+
+
+def _interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
+    """Piecewise linear in log(x) through ``points`` (sorted by x), clamped at both ends."""
+    xs = [math.log(p[0]) for p in points]
+    lx = math.log(x)
+    if lx <= xs[0]:
+        return points[0][1]
+    if lx >= xs[-1]:
+        return points[-1][1]
+    i = bisect.bisect_right(xs, lx)
+    t = (lx - xs[i - 1]) / (xs[i] - xs[i - 1])
+    return points[i - 1][1] + t * (points[i][1] - points[i - 1][1])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ErrorPriors:
+    """Relative one-step error ||C(g) - g|| / ||g|| by compressor family, before measurement.
+
+    Rough values measured with ``autocomp.bench.compressors.relative_error`` on its synthetic
+    gradient-like tensors (Gaussian low-rank part with a 1/i spectrum plus Student-t noise,
+    log-normal row/column scales; 512x128 to 4096x1024 and 256x256x3x3). On pure Gaussian
+    noise top-k and PowerSGD do much worse (rank 4 ~0.99); real gradients are closer to the
+    synthetic ones. A profiler measurement for the spec always overrides the prior.
+    """
+
+    fp16: float = 2.5e-4
+    """Round to half precision."""
+    bf16: float = 1.7e-3
+    """Round to bfloat16."""
+    int8_by_chunk: tuple[tuple[float, float], ...] = ((64, 0.009), (256, 0.013), (4096, 0.029))
+    """(chunk, error) points: a larger chunk shares one max-abs scale over more outliers."""
+    qsgd_scale: float = 0.4
+    """QSGD error ~ min(scale * sqrt(chunk) / levels, sqrt_scale * (sqrt(chunk) / levels)^0.5)."""
+    qsgd_sqrt_scale: float = 0.8
+    """Second regime of the QSGD formula, for few levels."""
+    sign: float = 0.8
+    """1-bit sign with the chunk's RMS as its scale (0.77-0.85 on the synthetic tensors at the
+    default chunk; Gaussian noise alone gives sqrt(2 - 2 sqrt(2/pi)) = 0.64)."""
+    topk_by_ratio: tuple[tuple[float, float], ...] = (
+        (1e-4, 0.98),
+        (1e-3, 0.93),
+        (1e-2, 0.79),
+        (3e-2, 0.66),
+        (1e-1, 0.46),
+        (3e-1, 0.24),
+        (1.0, 0.0),
+    )
+    """(ratio, error) points, interpolated in log(ratio)."""
+    powersgd_by_rank: tuple[tuple[float, float], ...] = (
+        (1, 0.72),
+        (2, 0.65),
+        (4, 0.57),
+        (8, 0.52),
+        (16, 0.48),
+        (32, 0.44),
+        (64, 0.38),
+    )
+    """(rank, error) points after warm-up, scaled by sqrt(1 - rank / min(rows, cols))."""
+    unknown: float = 0.5
+    """Any compressor family not listed (user-registered ones)."""
+
+    def rel_error(self, compressor: Compressor, shape: torch.Size) -> float:
+        """The prior relative error of ``compressor`` on a gradient of ``shape``."""
+        config = compressor.config
+        match compressor:
+            case NoCompression():
+                return 0.0
+            case Float16():
+                return self.fp16
+            case BFloat16():
+                return self.bf16
+            case Int8():
+                return _interpolate(self.int8_by_chunk, float(config["chunk"]))
+            case QSGD():
+                spread = math.sqrt(min(int(config["chunk"]), max(1, shape.numel())))
+                spread /= int(config["levels"])
+                return min(self.qsgd_scale * spread, self.qsgd_sqrt_scale * math.sqrt(spread))
+            case Sign():
+                return self.sign
+            case TopK():
+                return _interpolate(self.topk_by_ratio, float(config["ratio"]))
+            case RandomK():
+                ratio = float(config["ratio"])
+                # Unbiased: variance (1/ratio - 1); biased: the unsent fraction is the error.
+                return math.sqrt(1 / ratio - 1) if config["unbiased"] else math.sqrt(1 - ratio)
+            case PowerSGD():
+                if not compressor.compresses(shape):
+                    return 0.0
+                rank = int(config["rank"])
+                smallest = min(matrix_shape(shape))
+                base = _interpolate(self.powersgd_by_rank, float(rank))
+                return base * math.sqrt(max(0.0, 1.0 - rank / smallest))
+            case _:
+                return self.unknown
+
+
+@lru_cache(maxsize=1024)
+def built(spec: str) -> Compressor:
+    """Compressors are immutable configurations: one instance per spec serves every call."""
+    return build_compressor(spec)
+
+
+def canonical(spec: str) -> str:
+    return built(spec).spec
+
+
+def rel_error(compressor: Compressor, layer: LayerProfile, priors: ErrorPriors) -> float:
+    """The relative error of ``compressor`` on ``layer`` (see the module docstring)."""
+    try:
+        measured = {canonical(spec): value for spec, value in layer.rel_error.items()}
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{layer.name}: bad spec in rel_error: {err}") from None
+    if compressor.spec in measured:
+        return float(measured[compressor.spec])
+    prior = priors.rel_error(compressor, layer.shape)
+    if prior <= 0:
+        return prior
+    # The priors' order within a family (rank 16 beats rank 4) holds on real gradients,
+    # their level does not: under error feedback a layer may be much harder to compress
+    # than the synthetic tensors. Without this, an unmeasured option always looks better
+    # than the measured one in use, and the plan hops to it, window after window. The
+    # same family's measurements say most; failing those, the layer's others do.
+    ratios: dict[bool, list[float]] = {True: [], False: []}
+    for spec, value in measured.items():
+        other = built(spec)
+        reference = priors.rel_error(other, layer.shape)
+        if reference > 0 and value > 0:
+            ratios[other.name == compressor.name].append(value / reference)
+    same_family = bool(ratios[True])
+    chosen = ratios[True] or ratios[False]
+    if not chosen:
+        return prior
+    scale = math.exp(math.fsum(math.log(r) for r in chosen) / len(chosen))
+    if not same_family:
+        # Another family's success says little about this one; its failure says the
+        # layer is hard. Only the pessimistic direction crosses families.
+        scale = max(1.0, scale)
+    # Dropping the whole gradient is a relative error of 1: a biased compressor's
+    # calibrated prior never claims worse (unbiased ones may start above 1).
+    return min(prior * scale, max(1.0, prior))

@@ -1,0 +1,456 @@
+"""The plan search: the least compression error among the plans that train fastest.
+
+What a user buys is training progress per second, so the search starts from time. Let T* be
+the predicted step of the fastest plan (every layer on its fastest option), predicted with
+the one exposure model (:mod:`autocomp.exposure`): compute-only step plus what communication
+adds. Plans whose predicted step is within ``time_slack`` of T* are equally fast as far as
+the predictions can tell; among them the one with the least total squared error wins. A plan
+that meets the overlap target (communication hidden behind the backward, the fast-link case)
+is just as acceptable, since hiding is free. Both searches are multiple-choice knapsacks
+(:class:`~autocomp.policy.optimizer.BudgetOptimizer`) over the layers in reverse ready order,
+one running-total cap per bucket group; the caps are a relaxation (a group's constraint also
+depends on the compression work of earlier-ready groups, estimated from the previous
+iterate), so every plan found is checked with the exact model and the caps are tightened
+until it passes (or the fastest plan is taken).
+
+Two more rules keep the plan sensible and steady:
+
+- **No near-useless option when a much better one is affordable.** An option whose relative
+  error is at least ``useless_error`` sends almost nothing of the gradient; it is dropped from
+  a layer's choices when another option's error is ``much_better`` lower and costs that layer
+  at most ``time_slack`` x T* more. The squared-error objective alone would take it, because
+  a layer with a small gradient norm weighs little, yet that layer would then barely train.
+- **Hysteresis.** The optimizer sees each layer's current option ``switch_margin`` cheaper and
+  more accurate (ties keep the plan), and the current plan as a whole is kept while it is
+  still acceptable and the new plan's error is not ``switch_margin`` lower: a switch discards
+  warm starts and pays a few steps of higher error before it wins anything.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from autocomp.exposure import Group, Timeline, simulate
+from autocomp.policy.optimizer import BudgetOptimizer, BudgetSolution, LayerOption
+from autocomp.policy.types import LayerProfile, StepTiming
+
+__all__ = ["BucketGroups", "Pending", "SearchConfig", "SearchResult", "search"]
+
+_TOLERANCE = 1e-9
+
+
+@dataclass(kw_only=True, slots=True)
+class SearchConfig:
+    """Settings of :func:`search` (the engine fills them from its config and the rules)."""
+
+    time_slack: float = 0.03
+    """Plans within this fraction of the fastest plan's step count as equally fast."""
+    target_overlap: float = 0.9
+    """A plan hiding this fraction of its communication is acceptable too."""
+    switch_margin: float = 0.15
+    """Hysteresis of the current plan (see the module docstring)."""
+    useless_error: float = 0.9
+    """Relative error at or above which an option sends almost nothing."""
+    much_better: float = 0.25
+    """How much lower another option's relative error must be to replace a useless one."""
+    resolution: int = 2000
+    """Budget units of the knapsack program."""
+    refinements: int = 4
+    """Tightenings of the relaxed caps before falling back to the fastest plan."""
+
+
+@dataclass(slots=True)
+class Pending:
+    """A layer left to the optimizer, with its options and any back-off note."""
+
+    index: int
+    """Position in the engine's layer list."""
+    layer: LayerProfile
+    options: list[LayerOption]
+    """Undiscounted options, lightest first."""
+    rel_errors: dict[str, float]
+    note: str
+    """Back-off note prefixed to the reason ('' without one)."""
+    current: str | None = None
+    """The spec the layer uses now, if it is among ``options``."""
+    dropped: dict[str, str] = field(default_factory=dict)
+    """Options removed as near-useless, with the option that replaced them."""
+
+    def option(self, key: str) -> LayerOption:
+        return next(o for o in self.options if o.key == key)
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    hideable: float
+    buckets: int
+
+
+@dataclass(frozen=True, slots=True)
+class BucketGroups:
+    """Layers grouped by bucket, in reverse ready order (the last bucket DDP hands over first).
+
+    Buckets ready together (equal measured hideable time) share a group.
+    """
+
+    groups: tuple[_Group, ...]
+    group_of: tuple[int, ...]
+    """Group index of every layer, in the order given to the engine."""
+
+    @staticmethod
+    def build(layers: Sequence[LayerProfile], timing: StepTiming) -> BucketGroups:
+        hideable = timing.hideable_seconds
+        by_bucket = timing.bucket_hideable_seconds
+        known = bool(layers) and all(
+            layer.bucket is not None and layer.bucket in by_bucket for layer in layers
+        )
+        if not known:
+            # No per-bucket timeline: one group, everything ready when the first bucket is.
+            count = len({layer.bucket for layer in layers}) if layers else 0
+            if any(layer.bucket is None for layer in layers):
+                count = 0  # the engine estimates bucket latency from sizes then
+            return BucketGroups((_Group(hideable, count),), (0,) * len(layers))
+        used = sorted({layer.bucket for layer in layers}, key=lambda b: (by_bucket[b], b))  # type: ignore[index]
+        values = [min(by_bucket[b], hideable) for b in used]  # type: ignore[index]
+        values[-1] = hideable  # the first bucket ready has the whole H by definition
+        groups: list[_Group] = []
+        index_of: dict[int, int] = {}
+        for bucket, value in zip(used, values, strict=True):
+            if groups and math.isclose(groups[-1].hideable, value, rel_tol=1e-9, abs_tol=1e-9):
+                groups[-1] = _Group(groups[-1].hideable, groups[-1].buckets + 1)
+            else:
+                groups.append(_Group(value, 1))
+            index_of[bucket] = len(groups) - 1  # type: ignore[index]
+        return BucketGroups(tuple(groups), tuple(index_of[layer.bucket] for layer in layers))  # type: ignore[index]
+
+    def timeline(self, comm: Sequence[float], work: Sequence[float]) -> Timeline:
+        """The exposure model's prediction for per-group communication and work."""
+        ready_order = [
+            Group(hideable_s=g.hideable, comm_s=c, work_s=w)
+            for g, c, w in zip(self.groups, comm, work, strict=True)
+        ][::-1]
+        return simulate(ready_order)
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    """The chosen option per pending layer and how it was chosen."""
+
+    chosen: tuple[LayerOption, ...]
+    """Per pending layer, in the order given."""
+    runner_ups: tuple[LayerOption | None, ...]
+    method: str
+    """'slack', 'target' or 'kept'."""
+    timeline: Timeline
+    fastest_added: float
+    """What the fastest plan adds to the compute-only step (T* - compute)."""
+    budget_added: float
+    """The most a plan may add and still count as fast: T* (1 + slack) - compute."""
+    meets_target: bool
+
+
+@dataclass(slots=True)
+class _Problem:
+    pending: Sequence[Pending]
+    groups: BucketGroups
+    fixed_comm: list[float]
+    fixed_work: list[float]
+
+    def totals(self, chosen: Sequence[LayerOption]) -> tuple[list[float], list[float]]:
+        comm, work = list(self.fixed_comm), list(self.fixed_work)
+        for item, option in zip(self.pending, chosen, strict=True):
+            group = self.groups.group_of[item.index]
+            comm[group] += option.seconds - option.work
+            work[group] += option.work
+        return comm, work
+
+    def timeline(self, chosen: Sequence[LayerOption]) -> Timeline:
+        return self.groups.timeline(*self.totals(chosen))
+
+
+def _fastest(options: Sequence[LayerOption]) -> LayerOption:
+    return min(options, key=lambda o: (o.seconds, o.error, o.key))
+
+
+def _fastest_plan(problem: _Problem, passes: int = 3) -> list[LayerOption]:
+    """The fastest plan found: every layer's fastest option, then improved one layer at a
+    time against the exact model (a layer whose communication hides behind the backward is
+    fastest uncompressed, since its compression work would delay the backward for nothing)."""
+    chosen = [_fastest(item.options) for item in problem.pending]
+    best = problem.timeline(chosen).added_s
+    for _ in range(passes):
+        improved = False
+        for index, item in enumerate(problem.pending):
+            for option in sorted(item.options, key=lambda o: (o.seconds, o.error, o.key)):
+                if option.key == chosen[index].key:
+                    continue
+                trial = [*chosen[:index], option, *chosen[index + 1 :]]
+                added = problem.timeline(trial).added_s
+                if added < best - _TOLERANCE * max(1.0, best):
+                    chosen, best, improved = trial, added, True
+        if not improved:
+            break
+    return chosen
+
+
+def _greedy_accuracy(
+    problem: _Problem, start: Sequence[LayerOption], fits: Callable[[Sequence[LayerOption]], bool]
+) -> list[LayerOption]:
+    """From a plan that fits, switch layers to more accurate options while it still fits,
+    biggest error reduction per added second first: a check on the knapsack, whose rounding
+    to budget units can miss plans when the budget is tight."""
+    chosen = list(start)
+    while True:
+        moves = []
+        for index, item in enumerate(problem.pending):
+            current = chosen[index]
+            for option in item.options:
+                gain = current.error - option.error
+                if gain <= 0:
+                    continue
+                cost = max(option.seconds - current.seconds, 1e-12)
+                moves.append((-gain / cost, index, option.key, option))
+        for _, index, _, option in sorted(moves, key=lambda move: move[:3]):
+            trial = [*chosen[:index], option, *chosen[index + 1 :]]
+            if fits(trial):
+                chosen = trial
+                break
+        else:
+            return chosen
+
+
+def _meets_target(timeline: Timeline, target: float) -> bool:
+    total = timeline.comm_s + timeline.work_s
+    return timeline.exposed_s <= (1.0 - target) * total * (1 + _TOLERANCE) + 1e-12
+
+
+def _drop_useless(item: Pending, allowance: float, config: SearchConfig) -> None:
+    """Remove options that send almost nothing when a much better one is affordable."""
+    keep: list[LayerOption] = []
+    for option in item.options:
+        error = item.rel_errors[option.key]
+        better = [
+            other
+            for other in item.options
+            if error >= config.useless_error
+            and item.rel_errors[other.key] <= error - config.much_better
+            and other.seconds - option.seconds <= allowance
+        ]
+        if better:
+            replacement = min(better, key=lambda o: (o.seconds, item.rel_errors[o.key], o.key))
+            item.dropped[option.key] = replacement.key
+        else:
+            keep.append(option)
+    item.options = keep
+
+
+def _discounted(item: Pending, margin: float) -> list[LayerOption]:
+    if item.current is None or len(item.options) < 2:
+        return list(item.options)
+    keep = 1.0 - margin
+    return [
+        LayerOption(o.key, o.seconds * keep, o.error * keep, o.wire_bytes, o.work * keep)
+        if o.key == item.current
+        else o
+        for o in item.options
+    ]
+
+
+def _caps(
+    problem: _Problem,
+    counts: Sequence[int],
+    allowed: Sequence[float],
+    chosen: Sequence[LayerOption],
+) -> tuple[list[tuple[int, float]], float]:
+    """Running-total caps for the knapsack: group i (reverse ready order) may add at most
+    ``allowed[i]``. The compression work of earlier-ready groups enters every cap; it is taken
+    from ``chosen`` (the previous iterate)."""
+    groups = problem.groups.groups
+    pending_work = [0.0] * len(groups)
+    for item, option in zip(problem.pending, chosen, strict=True):
+        pending_work[problem.groups.group_of[item.index]] += option.work
+    caps: dict[int, float] = {}
+    done = 0
+    fixed_comm_prefix = 0.0
+    for i in range(len(groups)):
+        done += counts[i]
+        fixed_comm_prefix += problem.fixed_comm[i]
+        # Constraint i: C(groups 0..i) + W(groups i..) <= allowed_i. In pending seconds
+        # (comm + work) over groups 0..i, the work of groups 0..i-1 was counted as if it
+        # were communication, and the work of groups after i is missing.
+        work_after = math.fsum(pending_work[i + 1 :]) + math.fsum(problem.fixed_work[i:])
+        work_before = math.fsum(pending_work[:i])
+        cap = allowed[i] - fixed_comm_prefix - work_after + work_before
+        if done > 0:
+            caps[done] = min(cap, caps.get(done, math.inf))
+    total = caps.pop(done) if done in caps else math.inf
+    return sorted(caps.items()), total
+
+
+def _solve_caps(
+    problem: _Problem,
+    counts: Sequence[int],
+    allowed_of: Callable[[Sequence[LayerOption]], list[float]],
+    accept: Callable[[Sequence[LayerOption]], float],
+    start: Sequence[LayerOption],
+    config: SearchConfig,
+    optimizer: BudgetOptimizer,
+) -> tuple[list[LayerOption], BudgetSolution] | None:
+    """The least-error plan whose exact check ``accept`` passes (<= 0), or None.
+
+    The caps depend on the plan itself (the work of earlier-ready groups; the overlap target's
+    allowance grows with the plan's communication), so they are taken from a reference plan,
+    first ``start``, then each plan found: a plan that passes widens the next caps, one that
+    fails tightens them by its excess.
+    """
+    reference = list(start)
+    squeeze = 0.0
+    best: tuple[list[LayerOption], BudgetSolution] | None = None
+    seen: set[tuple[str, ...]] = set()
+    for _ in range(config.refinements):
+        allowed = [a - squeeze for a in allowed_of(reference)]
+        caps, total = _caps(problem, counts, allowed, reference)
+        if total < 0 or any(cap < 0 for _, cap in caps):
+            break
+        layers = [_discounted(item, config.switch_margin) for item in problem.pending]
+        solution = optimizer.solve(layers, total, caps)
+        if not solution.feasible:
+            break
+        chosen = [
+            item.option(choice.option.key)
+            for item, choice in zip(problem.pending, solution.choices, strict=True)
+        ]
+        key = tuple(o.key for o in chosen)
+        excess = accept(chosen)
+        if excess <= 0:
+            error = math.fsum(o.error for o in chosen)
+            if best is None or error < math.fsum(o.error for o in best[0]):
+                best = (chosen, solution)
+            squeeze = 0.0
+        else:
+            squeeze += excess
+        if key in seen and excess <= 0:
+            break
+        seen.add(key)
+        reference = chosen
+    return best
+
+
+def search(
+    pending: Sequence[Pending],
+    groups: BucketGroups,
+    fixed_comm: Sequence[float],
+    fixed_work: Sequence[float],
+    timing: StepTiming,
+    config: SearchConfig,
+) -> SearchResult:
+    """The plan for the pending layers; see the module docstring."""
+    problem = _Problem(pending, groups, list(fixed_comm), list(fixed_work))
+    compute = timing.compute
+    fastest = _fastest_plan(problem)
+    star = compute + problem.timeline(fastest).added_s
+    allowance = config.time_slack * star
+    for item in pending:
+        _drop_useless(item, allowance, config)
+        if item.current is not None and all(o.key != item.current for o in item.options):
+            item.current = None
+    fastest = _fastest_plan(problem)
+    fastest_timeline = problem.timeline(fastest)
+    star = compute + fastest_timeline.added_s
+    budget = (1.0 + config.time_slack) * star - compute
+    optimizer = BudgetOptimizer(BudgetOptimizer.Config(resolution=config.resolution))
+    counts = [0] * len(groups.groups)
+    for item in pending:
+        counts[groups.group_of[item.index]] += 1
+    hideable = [g.hideable for g in groups.groups]
+
+    # Within the time slack of the fastest plan.
+    slack = _solve_caps(
+        problem,
+        counts,
+        lambda _: [budget + h for h in hideable],
+        lambda chosen: problem.timeline(chosen).added_s - budget,
+        fastest,
+        config,
+        optimizer,
+    )
+    candidates: list[tuple[str, list[LayerOption], BudgetSolution | None]] = []
+    if slack is not None:
+        candidates.append(("slack", *slack))
+    greedy = _greedy_accuracy(
+        problem, fastest, lambda plan: problem.timeline(plan).added_s <= budget + _TOLERANCE
+    )
+    candidates.append(("slack", greedy, None))
+
+    # Meeting the overlap target (hiding communication is free), when the fastest plan can.
+    target = config.target_overlap
+    if target <= 0:
+        # Nothing needs hiding: every plan meets the target, each layer its least error.
+        least = [min(item.options, key=lambda o: (o.error, o.seconds, o.key)) for item in pending]
+        candidates.append(("target", least, None))
+    elif _meets_target(fastest_timeline, target):
+
+        def target_allowed(reference: Sequence[LayerOption]) -> list[float]:
+            timeline = problem.timeline(reference)
+            room = (1.0 - target) * (timeline.comm_s + timeline.work_s)
+            # exposed = added - W, so "exposed <= room" is "added <= W + room".
+            return [h + room + timeline.work_s for h in hideable]
+
+        def target_excess(chosen: Sequence[LayerOption]) -> float:
+            timeline = problem.timeline(chosen)
+            return timeline.exposed_s - (1.0 - target) * (timeline.comm_s + timeline.work_s)
+
+        hidden = _solve_caps(
+            problem, counts, target_allowed, target_excess, fastest, config, optimizer
+        )
+        if hidden is not None:
+            candidates.append(("target", *hidden))
+
+    def error(chosen: Sequence[LayerOption]) -> float:
+        return math.fsum(o.error for o in chosen)
+
+    method, chosen, solution = min(candidates, key=lambda c: (error(c[1]), c[0]))
+    timeline = problem.timeline(chosen)
+
+    # Keep the current plan while it is acceptable and the new one is not clearly better.
+    if all(item.current is not None for item in pending) and pending:
+        current = [item.option(item.current) for item in pending]  # type: ignore[arg-type]
+        current_timeline = problem.timeline(current)
+        acceptable = current_timeline.added_s <= budget * (1 + _TOLERANCE) or (
+            _meets_target(current_timeline, target)
+        )
+        changed = any(c.key != o.key for c, o in zip(current, chosen, strict=True))
+        if acceptable and changed and error(chosen) > (1.0 - config.switch_margin) * error(current):
+            method, chosen, solution, timeline = "kept", current, None, current_timeline
+
+    runner_ups = _runner_ups(pending, chosen, solution)
+    return SearchResult(
+        chosen=tuple(chosen),
+        runner_ups=runner_ups,
+        method=method,
+        timeline=timeline,
+        fastest_added=fastest_timeline.added_s,
+        budget_added=budget,
+        meets_target=_meets_target(timeline, target),
+    )
+
+
+def _runner_ups(
+    pending: Sequence[Pending],
+    chosen: Sequence[LayerOption],
+    solution: BudgetSolution | None,
+) -> tuple[LayerOption | None, ...]:
+    out: list[LayerOption | None] = []
+    for index, (item, option) in enumerate(zip(pending, chosen, strict=True)):
+        runner = None
+        if solution is not None and solution.choices[index].runner_up is not None:
+            key = solution.choices[index].runner_up.key  # type: ignore[union-attr]
+            runner = item.option(key)
+        else:
+            others = [o for o in item.options if o.key != option.key]
+            if others:
+                runner = min(others, key=lambda o: (o.error, o.seconds, o.key))
+        out.append(runner)
+    return tuple(out)

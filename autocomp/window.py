@@ -1,0 +1,198 @@
+"""What one adaptive window measured (combined over ranks) and what it decided.
+
+:class:`WindowMeasurement` is everything rank 0's planner needs to decide, with no tensors and
+no process group: the adaptive loop builds it from the boundary's collectives, and tests
+replay recorded sequences of it (``to_dict`` / ``from_dict`` are JSON-safe).
+:class:`WindowRecord` is what the window measured and decided, for ``ctl.history``, the run
+log and the dashboard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from autocomp.compressors import Collective
+
+__all__ = ["LayerWindow", "WindowMeasurement", "WindowRecord"]
+
+TIMING_FIELDS = (
+    "step_seconds",
+    "backward_seconds",
+    "hideable_seconds",
+    "comm_busy_seconds",
+    "compress_seconds",
+    "exposed_seconds",
+)
+"""Per-step medians each rank reports; the measurement holds their mean over ranks."""
+
+
+@dataclass(slots=True)
+class LayerWindow:
+    """One layer over one window, combined over ranks."""
+
+    spec: str
+    """The compressor that ran (canonical spec)."""
+    grad_norm: float | None
+    """RMS over ranks and sampled steps of the gradient norm (None: not sampled)."""
+    residual_norm: float | None
+    """The same for the error-feedback residual."""
+    rel_error: float | None
+    """Mean measured relative error of ``spec`` (None: not sampled or uncompressed)."""
+    hook_seconds: float
+    """Mean hook work per step for this layer, over ranks (0 when uncompressed)."""
+    bucket: int | None
+    """DDP bucket index (None: not seen yet)."""
+    bucket_hideable_seconds: float | None
+    """Backward compute left once the layer's bucket was ready, mean over ranks."""
+
+
+@dataclass(slots=True)
+class WindowMeasurement:
+    """Everything one window boundary hands to the planner (see the module docstring)."""
+
+    step: int
+    """Step at which the next plan takes effect."""
+    world_size: int
+    window_steps: int
+    """Steps the window covered."""
+    profiled_ranks: int
+    """Ranks whose profiler had at least one complete step this window."""
+    timings: dict[str, float]
+    """Means over ranks of the per-step medians, keys :data:`TIMING_FIELDS`."""
+    loss: float | None
+    """Mean loss over the window and ranks (``ctl.observe_loss``), or None."""
+    layers: dict[str, LayerWindow]
+    """Per layer, in the model's parameter order."""
+    busy_min: list[float]
+    """Per step, the link's busy time, minimum over ranks (skew-free)."""
+    collectives: list[list[tuple[Collective, int, float]]]
+    """Rank 0's own collectives per step: (kind, payload bytes, service seconds)."""
+    probe: tuple[int, float] | None = None
+    """Active link probe run at this boundary: (payload bytes, seconds, min over ranks)."""
+    nonfinite: list[str] = field(default_factory=list)
+    """Layers whose decoded average was NaN/Inf since the last boundary (already reset)."""
+    bytes_per_step: float = 0.0
+    """Wire bytes rank 0 sent per step under the plan that ran."""
+    uncompressed_bytes_per_step: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe (collective kinds as their values)."""
+        return {
+            "step": self.step,
+            "world_size": self.world_size,
+            "window_steps": self.window_steps,
+            "profiled_ranks": self.profiled_ranks,
+            "timings": dict(self.timings),
+            "loss": self.loss,
+            "layers": {
+                name: {s: getattr(layer, s) for s in LayerWindow.__slots__}
+                for name, layer in self.layers.items()
+            },
+            "busy_min": list(self.busy_min),
+            "collectives": [
+                [[kind.value, size, seconds] for kind, size, seconds in step]
+                for step in self.collectives
+            ],
+            "probe": None if self.probe is None else list(self.probe),
+            "nonfinite": list(self.nonfinite),
+            "bytes_per_step": self.bytes_per_step,
+            "uncompressed_bytes_per_step": self.uncompressed_bytes_per_step,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WindowMeasurement:
+        probe = data.get("probe")
+        return cls(
+            step=int(data["step"]),
+            world_size=int(data["world_size"]),
+            window_steps=int(data["window_steps"]),
+            profiled_ranks=int(data["profiled_ranks"]),
+            timings={k: float(v) for k, v in data["timings"].items()},
+            loss=None if data["loss"] is None else float(data["loss"]),
+            layers={name: LayerWindow(**layer) for name, layer in data["layers"].items()},
+            busy_min=[float(v) for v in data["busy_min"]],
+            collectives=[
+                [(Collective(kind), int(size), float(seconds)) for kind, size, seconds in step]
+                for step in data["collectives"]
+            ],
+            probe=None if probe is None else (int(probe[0]), float(probe[1])),
+            nonfinite=[str(name) for name in data.get("nonfinite", [])],
+            bytes_per_step=float(data.get("bytes_per_step", 0.0)),
+            uncompressed_bytes_per_step=float(data.get("uncompressed_bytes_per_step", 0.0)),
+        )
+
+
+@dataclass(slots=True)
+class WindowRecord:
+    """What one window measured and decided (rank 0 has the full record)."""
+
+    step: int
+    """Step at which the new plan takes effect."""
+    bandwidth_bytes_per_s: float | None
+    """Live link bandwidth fit (None before the first fit)."""
+    latency_s: float | None
+    """Live per-hop latency fit."""
+    nic_bytes_per_s: float | None
+    """Cross-check: bytes/s sent on the interface torch.distributed uses (psutil)."""
+    step_seconds: float
+    backward_seconds: float
+    hideable_seconds: float
+    comm_busy_seconds: float
+    compress_seconds: float
+    exposed_seconds: float
+    measured_overlap: float
+    """1 - exposed / (comm + compression), :func:`autocomp.exposure.overlap`."""
+    predicted_overlap: float | None
+    """What the previous decision predicted for this window."""
+    bytes_per_step: float
+    """Wire bytes this rank sent per step under the previous plan."""
+    uncompressed_bytes_per_step: float
+    loss: float | None
+    """Mean loss over the window (from ``observe_loss``), all ranks."""
+    changes: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Layer -> (old spec, new spec) switched at this boundary."""
+    decision: dict[str, Any] | None = None
+    """The policy decision (per-layer reasons), rank 0 only."""
+    guard_events: list[dict[str, Any]] = field(default_factory=list)
+    probe_bytes: int = 0
+    """Payload of the active link probe run at this boundary (0: none), per rank."""
+    probe_seconds: float | None = None
+    """Its timed pass, minimum over ranks."""
+    probe_bytes_per_s: float | None = None
+    """Link bytes per second the probe achieved (latency included: a lower bound)."""
+    predicted_step_seconds: float | None = None
+    """What the previous decision predicted for this window's step."""
+
+    def summary(self) -> str:
+        """One log line: bandwidth seen, bytes per step, what changed and why."""
+        bw = (
+            "link n/a"
+            if self.bandwidth_bytes_per_s is None
+            else f"link {self.bandwidth_bytes_per_s * 8 / 1e6:,.0f} Mbit/s"
+        )
+        ratio = self.uncompressed_bytes_per_step / max(self.bytes_per_step, 1.0)
+        head = (
+            f"step {self.step:>6}: {bw}, {self.bytes_per_step / 1e6:,.2f} MB/step "
+            f"({ratio:,.1f}x), step {self.step_seconds * 1e3:,.0f} ms, "
+            f"overlap {self.measured_overlap:.2f}"
+        )
+        if self.probe_bytes and self.probe_seconds is not None:
+            rate = self.probe_bytes_per_s or 0.0
+            head += (
+                f", probe {self.probe_bytes / 1e3:,.0f} kB in {self.probe_seconds * 1e3:,.1f} ms"
+                f" ({rate * 8 / 1e6:,.0f} Mbit/s)"
+            )
+        if not self.changes:
+            return head + "; plan unchanged"
+        reasons = {}
+        if self.decision is not None:
+            reasons = {d["name"]: d["reason"] for d in self.decision["layers"]}
+        parts = [
+            f"{name} {old} -> {new}" + (f" ({reasons[name]})" if name in reasons else "")
+            for name, (old, new) in sorted(self.changes.items())
+        ]
+        return head + "; " + "; ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}

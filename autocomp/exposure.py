@@ -22,9 +22,13 @@ Then, with groups indexed in ready order, ``W_{<=g}`` the work of groups up to g
     overlap = 1 - exposed / (C + W)                               (1 when C + W == 0)
     step    = compute-only step + added
 
-which is exactly what :func:`simulate` computes event by event (bucket by bucket). The
-measured counterpart is :func:`measured_exposed` (the profiler's timestamps) and
-:func:`overlap`.
+(:func:`added_seconds`). Two-round compressors (PowerSGD) add a dependency the closed form
+does not have: the hook launches group g's first round ahead of its other collectives, and
+group g+1's hook call waits for it before launching g's second round. When the link is behind,
+that wait stalls the backward. :func:`simulate` replays all of it event by event and is what
+the policy and the advisor use; it equals the closed form when no group has a second round.
+The measured counterpart is :func:`measured_exposed` (the profiler's timestamps, the stalls
+included) and :func:`overlap`.
 """
 
 from __future__ import annotations
@@ -55,6 +59,12 @@ class Group:
     """Collective service time, latency and decode included."""
     work_s: float = 0.0
     """Compression work on the backward's thread (delays the groups after it)."""
+    first_round_s: float = 0.0
+    """Of ``comm_s``: the first round of two-round layers, launched first; the next group's
+    hook call waits for it."""
+    second_round_s: float = 0.0
+    """Of ``comm_s``: their second round, launched by the next group's hook call (the last
+    group's at once, after waiting for its own first round)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +79,8 @@ class Timeline:
     """Compression work, all of it on the critical path."""
     comm_s: float
     """Sum of the groups' communication time."""
+    stall_s: float = 0.0
+    """Time hook calls blocked the backward waiting for a first round (part of exposed)."""
 
     @property
     def overlap(self) -> float:
@@ -102,25 +114,60 @@ def added_seconds(groups: Sequence[Group]) -> float:
 def simulate(groups: Sequence[Group]) -> Timeline:
     """Replay the groups in ready order on one link (see the module docstring).
 
-    Group g becomes ready at ``first hideable - hideable_g`` on the compute clock, delayed by
-    the work of the groups before it; its own work runs, then its collectives start as soon as
-    the link is free and take ``comm_s``. ``hideable_s`` must not increase along ``groups``.
+    Group g's hook call comes at ``first hideable - hideable_g`` on the compute clock, delayed
+    by the work and the stalls before it. It waits for the previous group's first round if
+    there is one (a stall) and launches that group's second round, then its own first round,
+    then the rest of its collectives; each starts when the link is free. The last group's
+    hook call also waits for its own first round and launches its second round (after the
+    last bucket no backward is left to stall). Exposed time is what runs past the end of the
+    backward, plus the stalls (time the backward stood still for the link). ``hideable_s``
+    must not increase along ``groups``.
     """
     if any(b.hideable_s > a.hideable_s + 1e-12 for a, b in itertools.pairwise(groups)):
         raise ValueError("groups must be in ready order (hideable time not increasing)")
     if not groups:
         return Timeline(0.0, 0.0, 0.0, 0.0)
     first = groups[0].hideable_s
-    delay = 0.0
+    work = 0.0
+    stalls = 0.0
     link_free = -math.inf
+    waiting: tuple[float, float] | None = None  # (first round done, second round seconds)
+    now = 0.0
+
+    def release(now: float) -> float:
+        """Wait for the pending first round (a stall of the backward), launch its second."""
+        nonlocal waiting, stalls, link_free
+        if waiting is None:
+            return now
+        done, second = waiting
+        if done > now:
+            stalls += done - now
+            now = done
+        link_free = max(link_free, now) + second
+        waiting = None
+        return now
+
     for group in groups:
-        delay += group.work_s
-        ready = first - group.hideable_s + delay
-        link_free = max(ready, link_free) + group.comm_s
-    backward_end = first + delay
-    exposed = max(0.0, link_free - backward_end)
+        work += group.work_s
+        now = release(first - group.hideable_s + work + stalls)
+        if group.first_round_s > 0 or group.second_round_s > 0:
+            link_free = max(link_free, now) + group.first_round_s
+            waiting = (link_free, group.second_round_s)
+        single = max(0.0, group.comm_s - group.first_round_s - group.second_round_s)
+        link_free = max(link_free, now) + single
+    backward_end = first + work + stalls
+    if waiting is not None:
+        # The last hook call waits for its own first round, then launches the second. No
+        # backward is left to stall after the last bucket (its hideable time is 0 when the
+        # timeline is measured), so this wait only delays the link.
+        done, second = waiting
+        link_free = max(link_free, done, now) + second
+    tail = max(0.0, link_free - backward_end)
     comm = math.fsum(g.comm_s for g in groups)
-    return Timeline(added_s=delay + exposed, exposed_s=exposed, work_s=delay, comm_s=comm)
+    exposed = tail + stalls
+    return Timeline(
+        added_s=work + exposed, exposed_s=exposed, work_s=work, comm_s=comm, stall_s=stalls
+    )
 
 
 def measured_exposed(

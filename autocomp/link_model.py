@@ -373,14 +373,17 @@ class BandwidthMeter:
         """
         return self._blind
 
-    def end_window(self) -> LinkEstimate | None:
+    def end_window(self, min_samples: int | None = None) -> LinkEstimate | None:
         """Fit the open window, fold it into the estimate and return the estimate.
 
-        With fewer than ``min_samples`` samples (and no probe) nothing is fitted: the samples
-        stay for the next window and the current estimate (possibly None) is returned unchanged.
+        With fewer than ``min_samples`` samples (default: the config's; at least 2) and no
+        probe nothing is fitted: the samples stay for the next window and the current estimate
+        (possibly None) is returned unchanged. The adaptive loop's early first look asks for
+        fewer, to act on a slow link after a few steps.
         """
         has_probe = any(s.probe for s in self._window)
-        if len(self._window) < self.config.min_samples and not has_probe:
+        needed = self.config.min_samples if min_samples is None else max(2, min_samples)
+        if len(self._window) < needed and not has_probe:
             return self._estimate
         samples = list(self._window)
         self._window.clear()

@@ -19,9 +19,9 @@ Steadiness, by design:
 - the engine's own hysteresis keeps an acceptable plan unless the new one is clearly better.
 
 Warm-up: the first ``warmup_steps`` steps are uncompressed, unless the first look at the link
-(a boundary a few steps in) shows communication at least ``slow_link_ratio`` times the
-backward: then every uncompressed step costs that many compressed ones, and the warm-up ends
-there with the first decision.
+(a boundary a few steps in) shows an uncompressed step taking at least ``slow_link_ratio``
+times the compute-only step: then every uncompressed step costs that many compressed ones,
+and the warm-up ends there with the first decision.
 """
 
 from __future__ import annotations
@@ -88,8 +88,9 @@ class WindowPlanner:
         """Steps between decisions."""
         warmup_steps: int = 100
         """Uncompressed steps at the start (cut short on a slow link, see the module doc)."""
-        slow_link_ratio: float = 10.0
-        """Communication at least this many times the backward ends the warm-up at once."""
+        slow_link_ratio: float = 3.0
+        """An uncompressed step at least this many times the compute-only step (so that each
+        costs that many compressed ones) ends the warm-up at once."""
         error_smoothing: float = 0.3
         """EWMA weight of a new window's measured relative error."""
         dwell_windows: int = 5
@@ -275,7 +276,8 @@ class WindowPlanner:
                 link_bytes(Collective.ALL_REDUCE, payload_bytes, world),
                 seconds,
             )
-        return self.meter.end_window()
+        # Before the warm-up ends, a few steps must do (the early first look).
+        return self.meter.end_window(min_samples=None if self.warmup_done else 2)
 
     def _update_layers(self, m: WindowMeasurement) -> tuple[dict[str, float], dict[str, float]]:
         grad_norms: dict[str, float] = {}
@@ -306,17 +308,21 @@ class WindowPlanner:
         if m.step >= self.config.warmup_steps:
             self.warmup_done = True
             return False
-        comm = m.timings["comm_busy_seconds"]
-        backward = m.timings["backward_seconds"]
-        if m.profiled_ranks > 0 and backward > 0 and comm >= self.config.slow_link_ratio * backward:
+        t = m.timings
+        compute = compute_seconds(
+            t["step_seconds"], t["exposed_seconds"], t["compress_seconds"], t["backward_seconds"]
+        )
+        step = t["step_seconds"]
+        if m.profiled_ranks > 0 and compute > 0 and step >= self.config.slow_link_ratio * compute:
             self.warmup_done = True
             logger.info(
-                "autocomp: warm-up ends at step %d: communication %.3g s is %.0fx the backward "
-                "(%.3g s); each uncompressed step costs that many compressed ones",
+                "autocomp: warm-up ends at step %d: an uncompressed step takes %.3g s, %.1fx "
+                "the compute-only %.3g s (communication %.3g s)",
                 m.step,
-                comm,
-                comm / backward,
-                backward,
+                step,
+                step / compute,
+                compute,
+                t["comm_busy_seconds"],
             )
             return True
         return False

@@ -38,7 +38,7 @@ from autocomp.policy.explain import optimizer_decision
 from autocomp.policy.optimizer import LayerOption
 from autocomp.policy.priors import ErrorPriors, built, rel_error
 from autocomp.policy.rules import Pin, PolicyRules
-from autocomp.policy.search import BucketGroups, Pending, SearchConfig, search
+from autocomp.policy.search import BucketGroups, GroupLoad, Pending, SearchConfig, search
 from autocomp.policy.types import (
     NONE_SPEC,
     RULE_DWELL,
@@ -111,6 +111,8 @@ class _Cost:
     comm: float
     work: float
     wire: int
+    first_round: float = 0.0
+    second_round: float = 0.0
 
     @property
     def seconds(self) -> float:
@@ -242,14 +244,8 @@ class PolicyEngine:
             )
 
         final = tuple(d for d in decisions if d is not None)
-        comm = [*latency_by_group]
-        work = [0.0] * len(comm)
-        for index, decided in enumerate(decisions):
-            assert decided is not None
-            group = groups.group_of[index]
-            comm[group] += decided.predicted_seconds - decided.predicted_work_seconds
-            work[group] += decided.predicted_work_seconds
-        timeline = groups.timeline(comm, work)
+        load = self._load(decisions, groups, latency_by_group)
+        timeline = groups.timeline(load.comm, load.work, load.first, load.second)
         total = timeline.comm_s + timeline.work_s
         target = self.target_overlap
         hideable = timing.hideable_seconds
@@ -341,32 +337,25 @@ class PolicyEngine:
         ]
         free += [item for item in pending if item.layer.name in locked and item not in held]
         free.sort(key=lambda p: p.index)
-        comm = list(latency_by_group)
-        work = [0.0] * len(comm)
-        for index, decided in enumerate(decisions):
-            if decided is not None:
-                comm[groups.group_of[index]] += (
-                    decided.predicted_seconds - decided.predicted_work_seconds
-                )
-                work[groups.group_of[index]] += decided.predicted_work_seconds
-        held_comm, held_work = list(comm), list(work)
+        fixed = self._load(decisions, groups, latency_by_group)
+        with_held = fixed.copy()
         for item in held:
-            option = item.option(locked[item.layer.name])
-            held_comm[groups.group_of[item.index]] += option.seconds - option.work
-            held_work[groups.group_of[item.index]] += option.work
+            with_held.add(groups.group_of[item.index], item.option(locked[item.layer.name]))
         result = None
         if free or held:
             if free:
-                result = search(free, groups, held_comm, held_work, timing, config)
+                result = search(free, groups, with_held, timing, config)
             if held:
                 # Locks hold while the locked plan stays near the fastest plan without them.
                 unlocked_items = [self._copy(item) for item in pending]
-                unlocked = search(unlocked_items, groups, comm, work, timing, config)
+                unlocked = search(unlocked_items, groups, fixed, timing, config)
                 fastest = timing.compute + unlocked.fastest_added
                 added = (
                     result.timeline.added_s
                     if result is not None
-                    else groups.timeline(held_comm, held_work).added_s
+                    else groups.timeline(
+                        with_held.comm, with_held.work, with_held.first, with_held.second
+                    ).added_s
                 )
                 if timing.compute + added > fastest * (
                     1 + self.config.dwell_slack * config.time_slack
@@ -385,6 +374,7 @@ class PolicyEngine:
                 rule=RULE_DWELL,
                 predicted_seconds=option.seconds,
                 predicted_work_seconds=option.work,
+                predicted_rounds_seconds=(option.first_round, option.second_round),
                 predicted_wire_bytes=option.wire_bytes,
                 predicted_error=option.error,
             )
@@ -402,6 +392,27 @@ class PolicyEngine:
             )
         solver = result.method + (" (+dwell)" if held else "")
         return solver, timing.compute + result.fastest_added
+
+    @staticmethod
+    def _load(
+        decisions: Sequence[LayerDecision | None],
+        groups: BucketGroups,
+        latency_by_group: Sequence[float],
+    ) -> GroupLoad:
+        """What the decided layers and the per-bucket latency put on each group."""
+        load = GroupLoad.empty(len(groups.groups))
+        for index, latency in enumerate(latency_by_group):
+            load.comm[index] += latency
+        for index, decided in enumerate(decisions):
+            if decided is None:
+                continue
+            group = groups.group_of[index]
+            first, second = decided.predicted_rounds_seconds
+            load.comm[group] += decided.predicted_seconds - decided.predicted_work_seconds
+            load.work[group] += decided.predicted_work_seconds
+            load.first[group] += first
+            load.second[group] += second
+        return load
 
     @staticmethod
     def _copy(item: Pending) -> Pending:
@@ -470,17 +481,20 @@ class PolicyEngine:
         wire = compressor.wire_bytes(layer.shape, layer.dtype)
         collective = compressor.collective
         base = latency.of(collective)
-        comm = 0.0
-        for size in compressor.round_wire_bytes(layer.shape, layer.dtype):
-            comm += max(0.0, latency.comm(collective, size) - base)
-        own_collectives = compressor.rounds_for(layer.shape)
+        work = max(0.0, float(self.cost_model.compress_seconds(compressor, layer.shape)))
+        sizes = compressor.round_wire_bytes(layer.shape, layer.dtype)
+        if len(sizes) > 1:
+            # Each round is a collective of its own (one latency each): the first is what the
+            # next bucket's hook call waits for, the second is launched by it.
+            first = latency.comm(collective, sizes[0])
+            second = math.fsum(latency.comm(collective, size) for size in sizes[1:])
+            return _Cost(first + second, work, wire, first, second)
+        comm = max(0.0, latency.comm(collective, sizes[0]) - base)
         shares_bucket = collective is Collective.ALL_REDUCE and (
             compressor.payload_dtype(layer.dtype) == layer.dtype
         )
-        if shares_bucket and own_collectives == 1:
-            own_collectives = 0
-        comm += base * own_collectives
-        work = max(0.0, float(self.cost_model.compress_seconds(compressor, layer.shape)))
+        if not shares_bucket:
+            comm += base
         return _Cost(comm, work, wire)
 
     def _fixed(
@@ -499,6 +513,7 @@ class PolicyEngine:
             rule=rule,
             predicted_seconds=cost.seconds,
             predicted_work_seconds=cost.work,
+            predicted_rounds_seconds=(cost.first_round, cost.second_round),
             predicted_wire_bytes=cost.wire,
             predicted_error=error,
         )
@@ -526,7 +541,17 @@ class PolicyEngine:
             rel = rel_error(compressor, layer, self.config.priors)
             rel_errors[compressor.spec] = rel
             error = rel**2 * layer.grad_norm**2
-            options.append(LayerOption(compressor.spec, cost.seconds, error, cost.wire, cost.work))
+            options.append(
+                LayerOption(
+                    compressor.spec,
+                    cost.seconds,
+                    error,
+                    cost.wire,
+                    cost.work,
+                    cost.first_round,
+                    cost.second_round,
+                )
+            )
         current = in_use if any(o.key == in_use for o in options) else None
         return Pending(index, layer, options, rel_errors, note, current)
 
@@ -549,6 +574,7 @@ class PolicyEngine:
             rule=RULE_NO_GAIN,
             predicted_seconds=option.seconds,
             predicted_work_seconds=option.work,
+            predicted_rounds_seconds=(option.first_round, option.second_round),
             predicted_wire_bytes=option.wire_bytes,
             predicted_error=option.error,
         )

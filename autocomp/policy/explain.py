@@ -64,6 +64,7 @@ def optimizer_decision(
         rule=RULE_KNAPSACK if result.meets_target else RULE_SLACK,
         predicted_seconds=chosen.seconds,
         predicted_work_seconds=chosen.work,
+        predicted_rounds_seconds=(chosen.first_round, chosen.second_round),
         predicted_wire_bytes=chosen.wire_bytes,
         predicted_error=chosen.error,
         runner_up=None if runner is None else runner.key,

@@ -66,9 +66,13 @@ class LayerOption:
     work: float = 0.0
     """The part of ``seconds`` that is compression work on the backward's thread (the rest is
     communication); the exposure model needs them apart, the program only their sum."""
+    first_round: float = 0.0
+    """Of the communication: a two-round compressor's first round (the next bucket waits)."""
+    second_round: float = 0.0
+    """Of the communication: its second round (launched by the next bucket's hook call)."""
 
     def __post_init__(self) -> None:
-        for name in ("seconds", "error", "work"):
+        for name in ("seconds", "error", "work", "first_round", "second_round"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(

@@ -36,7 +36,7 @@ from autocomp.exposure import Group, Timeline, simulate
 from autocomp.policy.optimizer import BudgetOptimizer, BudgetSolution, LayerOption
 from autocomp.policy.types import LayerProfile, StepTiming
 
-__all__ = ["BucketGroups", "Pending", "SearchConfig", "SearchResult", "search"]
+__all__ = ["BucketGroups", "GroupLoad", "Pending", "SearchConfig", "SearchResult", "search"]
 
 _TOLERANCE = 1e-9
 
@@ -125,11 +125,21 @@ class BucketGroups:
             index_of[bucket] = len(groups) - 1  # type: ignore[index]
         return BucketGroups(tuple(groups), tuple(index_of[layer.bucket] for layer in layers))  # type: ignore[index]
 
-    def timeline(self, comm: Sequence[float], work: Sequence[float]) -> Timeline:
-        """The exposure model's prediction for per-group communication and work."""
+    def timeline(
+        self,
+        comm: Sequence[float],
+        work: Sequence[float],
+        first: Sequence[float] | None = None,
+        second: Sequence[float] | None = None,
+    ) -> Timeline:
+        """The exposure model's prediction for per-group communication, work and two-round
+        traffic (first and second rounds, part of ``comm``)."""
+        zeros = [0.0] * len(self.groups)
         ready_order = [
-            Group(hideable_s=g.hideable, comm_s=c, work_s=w)
-            for g, c, w in zip(self.groups, comm, work, strict=True)
+            Group(hideable_s=g.hideable, comm_s=c, work_s=w, first_round_s=f, second_round_s=r)
+            for g, c, w, f, r in zip(
+                self.groups, comm, work, first or zeros, second or zeros, strict=True
+            )
         ][::-1]
         return simulate(ready_order)
 
@@ -152,22 +162,51 @@ class SearchResult:
 
 
 @dataclass(slots=True)
+class GroupLoad:
+    """Per bucket group (reverse ready order): communication, work and two-round traffic."""
+
+    comm: list[float]
+    work: list[float]
+    first: list[float]
+    second: list[float]
+
+    @classmethod
+    def empty(cls, groups: int) -> GroupLoad:
+        return cls([0.0] * groups, [0.0] * groups, [0.0] * groups, [0.0] * groups)
+
+    def copy(self) -> GroupLoad:
+        return GroupLoad(list(self.comm), list(self.work), list(self.first), list(self.second))
+
+    def add(self, group: int, option: LayerOption) -> None:
+        self.comm[group] += option.seconds - option.work
+        self.work[group] += option.work
+        self.first[group] += option.first_round
+        self.second[group] += option.second_round
+
+
+@dataclass(slots=True)
 class _Problem:
     pending: Sequence[Pending]
     groups: BucketGroups
-    fixed_comm: list[float]
-    fixed_work: list[float]
+    fixed: GroupLoad
 
-    def totals(self, chosen: Sequence[LayerOption]) -> tuple[list[float], list[float]]:
-        comm, work = list(self.fixed_comm), list(self.fixed_work)
+    @property
+    def fixed_comm(self) -> list[float]:
+        return self.fixed.comm
+
+    @property
+    def fixed_work(self) -> list[float]:
+        return self.fixed.work
+
+    def totals(self, chosen: Sequence[LayerOption]) -> GroupLoad:
+        load = self.fixed.copy()
         for item, option in zip(self.pending, chosen, strict=True):
-            group = self.groups.group_of[item.index]
-            comm[group] += option.seconds - option.work
-            work[group] += option.work
-        return comm, work
+            load.add(self.groups.group_of[item.index], option)
+        return load
 
     def timeline(self, chosen: Sequence[LayerOption]) -> Timeline:
-        return self.groups.timeline(*self.totals(chosen))
+        load = self.totals(chosen)
+        return self.groups.timeline(load.comm, load.work, load.first, load.second)
 
 
 def _fastest(options: Sequence[LayerOption]) -> LayerOption:
@@ -251,7 +290,15 @@ def _discounted(item: Pending, margin: float) -> list[LayerOption]:
         return list(item.options)
     keep = 1.0 - margin
     return [
-        LayerOption(o.key, o.seconds * keep, o.error * keep, o.wire_bytes, o.work * keep)
+        LayerOption(
+            o.key,
+            o.seconds * keep,
+            o.error * keep,
+            o.wire_bytes,
+            o.work * keep,
+            o.first_round * keep,
+            o.second_round * keep,
+        )
         if o.key == item.current
         else o
         for o in item.options
@@ -341,13 +388,13 @@ def _solve_caps(
 def search(
     pending: Sequence[Pending],
     groups: BucketGroups,
-    fixed_comm: Sequence[float],
-    fixed_work: Sequence[float],
+    fixed: GroupLoad,
     timing: StepTiming,
     config: SearchConfig,
 ) -> SearchResult:
-    """The plan for the pending layers; see the module docstring."""
-    problem = _Problem(pending, groups, list(fixed_comm), list(fixed_work))
+    """The plan for the pending layers; ``fixed`` is what the rule-decided layers and the
+    per-bucket latency put on each group. See the module docstring."""
+    problem = _Problem(pending, groups, fixed.copy())
     compute = timing.compute
     fastest = _fastest_plan(problem)
     star = compute + problem.timeline(fastest).added_s

@@ -176,6 +176,8 @@ class LayerDecision:
     """The runner-up's predicted squared error for this layer."""
     predicted_work_seconds: float = 0.0
     """The compression work within ``predicted_seconds`` (on the backward's thread)."""
+    predicted_rounds_seconds: tuple[float, float] = (0.0, 0.0)
+    """Of the communication, a two-round compressor's first and second round."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -185,6 +187,7 @@ class LayerDecision:
             "rule": self.rule,
             "predicted_seconds": self.predicted_seconds,
             "predicted_work_seconds": self.predicted_work_seconds,
+            "predicted_rounds_seconds": list(self.predicted_rounds_seconds),
             "predicted_wire_bytes": self.predicted_wire_bytes,
             "predicted_error": self.predicted_error,
             "runner_up": self.runner_up,

@@ -1,0 +1,91 @@
+"""Tier 1: pure unit, no processes.
+
+The one exposure model (``autocomp.exposure``): the event-by-event simulation equals the closed
+form when no group has a second round (random timelines), hand-made timelines give the
+documented numbers, PowerSGD's first round stalls the next bucket's hook call only when the
+link is behind, and the measured counterparts (exposed time, overlap, compute-only step)
+follow the same definitions.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autocomp.exposure import (
+    Group,
+    added_seconds,
+    compute_seconds,
+    measured_exposed,
+    overlap,
+    simulate,
+)
+
+_seconds = st.floats(min_value=0.0, max_value=2.0, allow_nan=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(_seconds, _seconds, _seconds), min_size=1, max_size=8))
+def test_simulation_equals_the_closed_form_without_second_rounds(
+    raw: list[tuple[float, float, float]],
+) -> None:
+    hideable = sorted((h for h, _, _ in raw), reverse=True)
+    hideable[-1] = 0.0
+    groups = [Group(h, c, w) for h, (_, c, w) in zip(hideable, raw, strict=True)]
+    timeline = simulate(groups)
+    assert timeline.added_s == pytest.approx(added_seconds(groups), abs=1e-9)
+    assert timeline.added_s == pytest.approx(timeline.work_s + timeline.exposed_s)
+    assert timeline.work_s >= 0 and timeline.exposed_s >= 0 and timeline.stall_s == 0
+
+
+def test_hand_made_timeline() -> None:
+    # Three groups ready at 0, 1, 2 s (hideable 2, 1, 0), 1.5 s of link each: back to back,
+    # 0-1.5, 1.5-3, 3-4.5, while the backward ends at 2.
+    timeline = simulate([Group(2.0, 1.5), Group(1.0, 1.5), Group(0.0, 1.5)])
+    assert timeline.exposed_s == pytest.approx(2.5)
+    assert timeline.overlap == pytest.approx(1 - 2.5 / 4.5)
+    # Work delays the backward (same thread) and everything after it.
+    worked = simulate([Group(1.0, 0.6, 0.2), Group(0.0, 0.6, 0.2)])
+    assert (worked.work_s, worked.exposed_s, worked.added_s) == pytest.approx((0.4, 0.6, 1.0))
+    with pytest.raises(ValueError, match="ready order"):
+        simulate([Group(0.0, 1.0), Group(1.0, 1.0)])
+
+
+def test_first_round_ahead_of_bulk_traffic_does_not_stall() -> None:
+    """Group 0 launches its small first round before its 60 ms of other traffic; group 1's
+    hook call 100 ms later finds it done: no stall, only the last group's rounds are exposed."""
+    groups = [
+        Group(0.1, comm_s=0.062, first_round_s=0.001, second_round_s=0.001),
+        Group(0.0, comm_s=0.002, first_round_s=0.001, second_round_s=0.001),
+    ]
+    timeline = simulate(groups)
+    assert timeline.stall_s == 0.0
+    assert timeline.exposed_s == pytest.approx(0.003)  # Q_0, P_1, Q_1 after the backward
+
+
+def test_a_first_round_behind_a_backlog_stalls_the_next_hook_call() -> None:
+    """Group 0's bulk traffic (200 ms) queues ahead of group 1's first round; group 2's hook
+    call must wait for it: the backward stands still, and the stall counts as exposed."""
+    groups = [
+        Group(0.2, comm_s=0.2),
+        Group(0.1, comm_s=0.002, first_round_s=0.001, second_round_s=0.001),
+        Group(0.0, comm_s=0.0),
+    ]
+    timeline = simulate(groups)
+    # P_1 launched at 0.1 behind 0.2 s of traffic: done at 0.201; hook 2 due at 0.2.
+    assert timeline.stall_s == pytest.approx(0.001)
+    assert timeline.exposed_s >= timeline.stall_s
+    assert timeline.added_s == pytest.approx(timeline.work_s + timeline.exposed_s)
+
+
+def test_measured_counterparts() -> None:
+    assert measured_exposed(1.0, [0.8, 1.3, 1.1]) == pytest.approx(0.3)
+    assert measured_exposed(1.0, [0.5], waited_s=0.2) == pytest.approx(0.2)
+    assert measured_exposed(1.0, []) == 0.0
+    assert overlap(0.0, 0.0) == 1.0
+    assert overlap(0.5, 1.0, 1.0) == pytest.approx(0.75)
+    assert overlap(3.0, 1.0) == 0.0  # clamped
+    # The compute-only step: the step without what communication added, never below B.
+    assert compute_seconds(1.0, 0.6, 0.1, 0.2) == pytest.approx(0.3)
+    assert compute_seconds(1.0, 0.95, 0.1, 0.2) == pytest.approx(0.2)

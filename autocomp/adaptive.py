@@ -346,7 +346,7 @@ class AdaptiveLoop:
             )
             measurement.bytes_per_step = bytes_per_step
             measurement.uncompressed_bytes_per_step = raw_per_step
-            _record(measurement, current)
+            _record(measurement, current, self.state)
             try:
                 update = self.planner.decide(measurement, current)
             except Exception:
@@ -505,12 +505,15 @@ class AdaptiveLoop:
         self._last_boundary = int(state["last_boundary"])
 
 
-def _record(measurement: WindowMeasurement, current: dict[str, str]) -> None:
+def _record(measurement: WindowMeasurement, current: dict[str, str], state: HookState) -> None:
     """Append the measurement to ``AUTOCOMP_RECORD_WINDOWS``, when set (rank 0)."""
     path = AUTOCOMP_RECORD_WINDOWS.get()
     if not path:
         return
-    line = json.dumps({"measurement": measurement.to_dict(), "current": current})
+    shapes = {name: list(slot.shape) for name, slot in state.slots.items()}
+    line = json.dumps(
+        {"measurement": measurement.to_dict(), "current": current, "shapes": shapes}
+    )
     try:
         with open(path, "a", encoding="utf-8") as out:
             out.write(line + "\n")

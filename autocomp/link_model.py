@@ -388,7 +388,7 @@ class BandwidthMeter:
         samples = list(self._window)
         self._window.clear()
         own = sum(1 for s in samples if not s.probe and self._identifiable(s))
-        self._blind = own < max(2, self.config.min_samples // 2)
+        self._blind = own < max(2, needed // 2)
         if self._blind:
             # Only small transfers: their time is latency and per-call overhead, so fitting
             # them would read a fast link as slow, compress more, shrink transfers further and

@@ -1,0 +1,156 @@
+"""Tier 1: pure unit, no processes.
+
+``autocomp.planner.WindowPlanner`` on synthetic window measurements: the first look ends the
+warm-up when an uncompressed step costs 3x the compute-only step (and not otherwise),
+measured relative errors are smoothed across windows, a layer that switched keeps its
+compressor for ``dwell_windows`` windows unless the link moves 2x, measurements round-trip
+through JSON, and the planner's state survives a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from autocomp.compressors import Collective
+from autocomp.planner import WindowPlanner
+from autocomp.policy.rules import PolicyRules
+from autocomp.window import LayerWindow, WindowMeasurement
+
+SHAPES = {
+    "fc1.weight": torch.Size([1024, 512]),
+    "fc1.bias": torch.Size([1024]),
+    "fc2.weight": torch.Size([512, 1024]),
+}
+NAMES = list(SHAPES)
+MBIT = 1e6 / 8
+
+
+def planner(**overrides: object) -> WindowPlanner:
+    settings = {"window": 10, "warmup_steps": 100, **overrides}
+    rules = PolicyRules(candidates=("none", "fp16", "powersgd:rank=4", "powersgd:rank=16"))
+    return WindowPlanner(
+        rules,
+        NAMES,
+        SHAPES,
+        dict.fromkeys(NAMES, torch.float32),
+        [],
+        WindowPlanner.Config(**settings),  # type: ignore[arg-type]
+        world_size=2,
+    )
+
+
+def measurement(
+    step: int,
+    *,
+    mbit: float,
+    compute: float = 0.1,
+    specs: dict[str, str] | None = None,
+    errors: dict[str, float] | None = None,
+    steps: int = 10,
+) -> WindowMeasurement:
+    """A window of uncompressed-size traffic on a link of ``mbit`` (2 ranks, one bucket)."""
+    specs = specs or dict.fromkeys(NAMES, "none")
+    raw = sum(s.numel() * 4 for s in SHAPES.values())
+    comm = raw / (mbit * MBIT)  # 2 ranks: a ring all-reduce sends the payload once
+    layers = {
+        name: LayerWindow(
+            spec=specs[name],
+            grad_norm=1.0,
+            residual_norm=0.0,
+            rel_error=(errors or {}).get(name),
+            hook_seconds=0.0,
+            bucket=0,
+            bucket_hideable_seconds=0.0,
+        )
+        for name in NAMES
+    }
+    timings = {
+        "step_seconds": compute + comm,
+        "backward_seconds": 0.6 * compute,
+        "hideable_seconds": 0.0,
+        "comm_busy_seconds": comm,
+        "compress_seconds": 0.0,
+        "exposed_seconds": comm,
+    }
+    return WindowMeasurement(
+        step=step,
+        world_size=2,
+        window_steps=steps,
+        profiled_ranks=2,
+        timings=timings,
+        loss=2.0,
+        layers=layers,
+        busy_min=[comm] * steps,
+        collectives=[[(Collective.ALL_REDUCE, raw, comm)]] * steps,
+    )
+
+
+def test_the_first_look_ends_the_warm_up_on_a_slow_link() -> None:
+    slow = planner()
+    update = slow.decide(measurement(4, mbit=50, steps=3), dict.fromkeys(NAMES, "none"))
+    assert slow.warmup_done
+    assert update.plan[NAMES.index("fc1.weight")] != "none"
+    assert update.plan[NAMES.index("fc1.bias")] == "none"  # 1-D
+    warmup = [e for e in update.record.guard_events if e["guard"] == "warmup"]
+    assert warmup and "cut short" in warmup[0]["detail"]
+
+
+def test_the_first_look_keeps_the_warm_up_on_a_fast_link() -> None:
+    fast = planner()
+    update = fast.decide(measurement(4, mbit=20_000, steps=3), dict.fromkeys(NAMES, "none"))
+    assert not fast.warmup_done
+    assert set(update.plan) == {"none"}
+    assert all(d["rule"] == "warmup" for d in update.record.decision["layers"])  # type: ignore[index]
+
+
+def test_measured_errors_are_smoothed_across_windows() -> None:
+    p = planner(warmup_steps=0, error_smoothing=0.3)
+    specs = {**dict.fromkeys(NAMES, "none"), "fc1.weight": "powersgd:rank=4,ef=true"}
+    p.decide(measurement(10, mbit=50, specs=specs, errors={"fc1.weight": 0.5}), specs)
+    p.decide(measurement(20, mbit=50, specs=specs, errors={"fc1.weight": 0.9}), specs)
+    assert p.rel_errors["fc1.weight"]["powersgd:rank=4,ef=true"] == pytest.approx(0.62)
+
+
+def test_a_layer_that_switched_dwells_unless_the_link_moves() -> None:
+    p = planner(warmup_steps=0, dwell_windows=5)
+    current = dict.fromkeys(NAMES, "none")
+    first = p.decide(measurement(10, mbit=50), current)
+    current = dict(zip(NAMES, first.plan, strict=True))
+    assert current["fc1.weight"] != "none"
+    # Measured errors that make another option clearly better: held while dwelling.
+    errors = {"fc1.weight": 0.99, "fc2.weight": 0.99}
+    for window in range(2, 6):
+        update = p.decide(measurement(10 * window, mbit=50, specs=current, errors=errors), current)
+        rules = {d["name"]: d["rule"] for d in update.record.decision["layers"]}  # type: ignore[index]
+        assert rules["fc1.weight"] == "dwell", window
+        assert dict(zip(NAMES, update.plan, strict=True)) == current
+    # A 4x faster link lifts the dwell at once.
+    moved = p.decide(measurement(60, mbit=200, specs=current, errors=errors), current)
+    rules = {d["name"]: d["rule"] for d in moved.record.decision["layers"]}  # type: ignore[index]
+    assert rules["fc1.weight"] != "dwell"
+
+
+def test_measurements_round_trip_through_json() -> None:
+    m = measurement(4, mbit=50, steps=3, errors={"fc1.weight": 0.5})
+    m.probe = (1000, 0.01)
+    m.nonfinite = ["fc2.weight"]
+    again = WindowMeasurement.from_dict(json.loads(json.dumps(m.to_dict())))
+    assert again == m
+
+
+def test_planner_state_survives_a_checkpoint() -> None:
+    p = planner(warmup_steps=0)
+    current = dict.fromkeys(NAMES, "none")
+    update = p.decide(measurement(10, mbit=50), current)
+    current = dict(zip(NAMES, update.plan, strict=True))
+    state = json.loads(json.dumps(p.state_dict(), default=str))
+    restored = planner(warmup_steps=0)
+    restored.load_state_dict(p.state_dict())
+    assert restored.warmup_done and restored.rel_errors == p.rel_errors
+    a = p.decide(measurement(20, mbit=50, specs=current), current)
+    b = restored.decide(measurement(20, mbit=50, specs=current), current)
+    assert a.plan == b.plan
+    assert state["windows"] == 1

@@ -25,6 +25,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "autocomp_bench.link",
         "end-to-end training on 2 ranks over a shaped link: autocomp vs DDP, fp16, PowerSGD",
     ),
+    "tta": (
+        "autocomp_bench.tta",
+        "time to accuracy: validation metric per method in the same wall-clock budget",
+    ),
     "advisor": (
         "autocomp_bench.advisor_accuracy",
         "advisor predictions vs measured step times on the shaped link (50, 200 Mbit/s)",

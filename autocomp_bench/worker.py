@@ -4,8 +4,12 @@
 autocomp_bench.worker CONFIG``), one per host of the network, with the torch.distributed
 environment set. Every method trains a fresh model of one task
 (:mod:`autocomp_bench.tasks`) from the same seed; :func:`attach` puts the method's
-communication on the DDP model. The loop (:func:`train_steps`, ``autocomp-bench link``,
-``advisor``, ``make demo``) runs a fixed number of steps, each timed on its own.
+communication on the DDP model. Two loops:
+
+* ``steps`` (:func:`train_steps`, ``autocomp-bench link``, ``advisor``, ``make demo``): a
+  fixed number of steps, each timed on its own;
+* ``budget`` (:func:`train_budget`, ``autocomp-bench tta``): as many steps as fit in a
+  wall-clock budget, with the validation metric at evenly spaced points of it.
 """
 
 from __future__ import annotations
@@ -67,8 +71,10 @@ def powersgd_wire_bytes(shapes: Sequence[Sequence[int]], rank: int, min_rate: fl
 
 
 def send_nothing(_state, bucket):  # type: ignore[no-untyped-def]
-    """A comm hook that communicates nothing: each rank keeps its own gradient (the quality
-    benchmark's ``nothing``: what training without communication learns)."""
+    """A comm hook that communicates nothing: each rank keeps its own gradient.
+
+    Training with it costs only compute, the limit every compressor approaches.
+    """
     # No annotations: DDP checks them and rejects the strings ``from __future__`` makes.
     import torch
 
@@ -121,6 +127,10 @@ def attach(method: str, model: Any, cfg: dict[str, Any]) -> Attached:
         shapes = [list(p.shape) for p in model.parameters()]
         wire = powersgd_wire_bytes(shapes, POWERSGD_RANK, POWERSGD_MIN_COMPRESSION_RATE)
         return Attached(ddp, None, float(wire))
+    if method == "limit":
+        ddp = DDP(model, init_sync=False)
+        ddp.register_comm_hook(state=None, hook=send_nothing)
+        return Attached(ddp, None, 0.0)
     if method == "autocomp":
         # The link benchmark's controller: target_overlap 0.9, its own window and warm-up
         # (None: the policy preset's).
@@ -133,10 +143,16 @@ def attach(method: str, model: Any, cfg: dict[str, Any]) -> Attached:
             run_dir=Path(cfg.get("autocomp_run_dir") or Path(cfg["run_dir"]) / "autocomp-run"),
         )
         return Attached(ddp, ctl, None)
-    if method == "static":
-        # A fixed per-layer plan (the advisor-accuracy benchmark runs the advisor's plans).
+    if method == "adaptive":
+        # The time-to-accuracy benchmark's controller: exactly the user's call.
         ddp = DDP(model, init_sync=False)
-        return Attached(ddp, autocomp.wrap(ddp, plan=cfg["plan"]), None)
+        return Attached(ddp, autocomp.wrap(ddp, **cfg["adaptive_kwargs"]), None)
+    if method == "static":
+        # A fixed per-layer plan (the advisor's plans, the tta oracle's grid).
+        ddp = DDP(model, init_sync=False)
+        warmup = cfg.get("plan_warmup_steps")
+        kwargs = {} if warmup is None else {"warmup_steps": warmup}
+        return Attached(ddp, autocomp.wrap(ddp, plan=cfg["plan"], **kwargs), None)
     raise ValueError(f"unknown method {method!r}")
 
 
@@ -330,8 +346,105 @@ def train_steps(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
     return result
 
 
+# ---- loop: a wall-clock budget ---------------------------------------------------------------
+
+
+def eval_points(budget_s: float, evals: int) -> list[float]:
+    """Training seconds at which to evaluate before the end: ``evals`` evenly spaced points."""
+    return [budget_s * k / (evals + 1) for k in range(1, evals + 1)]
+
+
+def train_budget(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
+    """Train until ``budget_s`` seconds of training (evaluation excluded) have passed.
+
+    Both ranks must stop at the same step, so after every ``optimizer.step()`` each rank
+    all-reduces (MAX) its own training seconds: both then see the same clock, evaluate at the
+    same steps (every rank, clock paused) and stop at the same step. The clock's 8-byte
+    all-reduce is part of every method's step time alike.
+    """
+    import torch
+    import torch.distributed as dist
+
+    method: str = cfg["method"]
+    budget: float = cfg["budget_s"]
+    seed: int = cfg["seed"]
+    task, model, attached, opt = _build(cfg)
+    ddp, ctl = attached.ddp, attached.ctl
+    numel = sum(p.numel() for p in model.parameters())
+    points = eval_points(budget, cfg["evals"])
+    curve: list[dict[str, float]] = []
+    clock: list[float] = []
+    recent: list[float] = []
+    paused = 0.0
+
+    def evaluate(steps: int, at: float) -> None:
+        nonlocal paused
+        began = time.perf_counter()
+        metrics = task.evaluate(model)
+        window = recent[-FINAL_LOSS_STEPS:]
+        train_loss = statistics.fmean(window) if window else math.nan
+        curve.append({"step": steps, "train_seconds": at, "train_loss": train_loss, **metrics})
+        paused += time.perf_counter() - began
+
+    started = time.perf_counter()
+    step = 0
+    next_point = 0
+    agreed = 0.0
+    while agreed < budget:
+        x, y = task.batch(rank, step, seed)
+        loss = task.loss(ddp(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        value = float(loss.item())
+        if method == "adaptive":
+            ctl.observe_loss(value)
+        elapsed = torch.tensor([time.perf_counter() - started - paused], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        agreed = float(elapsed.item())
+        step += 1
+        clock.append(agreed)
+        recent = [*recent[-FINAL_LOSS_STEPS + 1 :], value]
+        if next_point < len(points) and agreed >= points[next_point]:
+            while next_point < len(points) and agreed >= points[next_point]:
+                next_point += 1  # a slow step may pass several points: one evaluation
+            if agreed < budget:
+                evaluate(step, agreed)
+    evaluate(step, agreed)
+
+    step_times = [clock[0], *(b - a for a, b in itertools.pairwise(clock))]
+    info: dict[str, Any] = {}
+    bytes_per_step = attached.bytes_per_step
+    if ctl is not None:
+        bytes_per_step = ctl.stats()["bytes_sent"] / step
+        info["plan"] = ctl.plan
+        if method == "adaptive":
+            info["decisions"] = len(ctl.history)
+            info["first_decision_step"] = ctl.history[0].step if ctl.history else None
+        ctl.close()
+    elif method == "powersgd" and bytes_per_step is not None:
+        # powerSGD_hook all-reduces the raw gradient for its first start_powerSGD_iter steps.
+        raw_steps = min(POWERSGD_START_ITER, step)
+        bytes_per_step = (raw_steps * 4.0 * numel + (step - raw_steps) * bytes_per_step) / step
+    return {
+        "rank": rank,
+        **_paths(),
+        "method": method,
+        "task": task.name,
+        "numel": numel,
+        "steps": step,
+        "step_times": step_times,
+        "train_seconds": agreed,
+        "eval_seconds": paused,
+        "bytes_per_step": bytes_per_step,
+        "curve": curve,
+        "info": info,
+    }
+
+
 LOOPS: dict[str, Callable[[dict[str, Any], int], dict[str, Any]]] = {
     "steps": train_steps,
+    "budget": train_budget,
 }
 
 

@@ -34,7 +34,6 @@ import json
 import logging
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import tempfile
@@ -50,6 +49,7 @@ from autocomp_bench.harness import (
     Rate,
     Runner,
     ShapedNetwork,
+    exit_on_sigterm,
     parse_rates,
     snapshot_code,
 )
@@ -405,10 +405,6 @@ def _profile_summary(path: Path) -> str:
     )
 
 
-def _terminate(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
@@ -429,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     if reason is not None:
         print(f"autocomp-bench advisor needs the shaped link: {reason}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _terminate)
+    exit_on_sigterm()
     command = shlex.join(["autocomp-bench", "advisor", *argv])
     print(f"advisor accuracy benchmark: {command}", flush=True)
     started = time.monotonic()

@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -48,6 +49,7 @@ __all__ = [
     "Rate",
     "Runner",
     "ShapedNetwork",
+    "exit_on_sigterm",
     "machine_summary",
     "open_network",
     "parse_rates",
@@ -169,6 +171,16 @@ def machine_summary(network: Network, threads: int) -> dict[str, Any]:
     )
     info["torch"] = torch.__version__
     return info
+
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit, so a killed benchmark still kills its workers and removes
+    its namespaces and temporary files on the way out."""
+
+    def terminate(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
 
 
 def _free_port() -> int:

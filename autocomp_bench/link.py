@@ -31,7 +31,6 @@ import argparse
 import json
 import logging
 import shlex
-import signal
 import sys
 import tempfile
 import time
@@ -50,6 +49,7 @@ from autocomp_bench.harness import (
     Network,
     Rate,
     Runner,
+    exit_on_sigterm,
     machine_summary,
     open_network,
     parse_rates,
@@ -238,10 +238,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _terminate(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
@@ -276,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         document = json.loads(args.from_json.read_text(encoding="utf-8"))
         print_report(document)
         return _write_outputs(document, args)
-    signal.signal(signal.SIGTERM, _terminate)
+    exit_on_sigterm()
 
     command = shlex.join(["python", "-m", "autocomp_bench.link", *argv])
     reason = shaped_link_unavailable_reason()

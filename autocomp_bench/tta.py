@@ -26,7 +26,6 @@ import inspect
 import json
 import logging
 import shlex
-import signal
 import sys
 import tempfile
 import time
@@ -40,6 +39,7 @@ from autocomp_bench.harness import (
     Network,
     Rate,
     Runner,
+    exit_on_sigterm,
     machine_summary,
     open_network,
     parse_rates,
@@ -363,10 +363,6 @@ def _quick(args: argparse.Namespace, key: str) -> Any:
     return QUICK[key] if args.quick else defaults[key]
 
 
-def _terminate(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
@@ -396,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         rates = [Rate("unshaped (loopback)", None)]
-    signal.signal(signal.SIGTERM, _terminate)
+    exit_on_sigterm()
     started = time.monotonic()
     document: dict[str, Any] = {"benchmark": "autocomp_bench.tta", "command": command}
     with tempfile.TemporaryDirectory(prefix="autocomp-tta-") as tmp:

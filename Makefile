@@ -17,10 +17,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m autocomp.demo
+	$(PY) -m autocomp_bench.demo
 
 test: $(STAMP) chromium
-	$(PY) -m ruff check autocomp tests examples
+	$(PY) -m ruff check autocomp autocomp_bench tests examples
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # The dashboard's browser test needs Debian's chromium; installed when missing and possible
@@ -31,15 +31,15 @@ chromium:
 		|| echo "chromium not installed: the dashboard browser test will be skipped"; }
 
 lint: $(STAMP)
-	$(PY) -m ruff check autocomp tests examples
-	$(PY) -m ruff format --check autocomp tests examples
+	$(PY) -m ruff check autocomp autocomp_bench tests examples
+	$(PY) -m ruff format --check autocomp autocomp_bench tests examples
 
 format: $(STAMP)
-	$(PY) -m ruff format autocomp tests examples
-	$(PY) -m ruff check --fix autocomp tests examples
+	$(PY) -m ruff format autocomp autocomp_bench tests examples
+	$(PY) -m ruff check --fix autocomp autocomp_bench tests examples
 
 bench: $(STAMP)
-	$(PY) -m autocomp.bench.compressors
+	$(PY) -m autocomp_bench.compressors
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

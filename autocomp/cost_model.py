@@ -114,7 +114,7 @@ class Prior:
 
 # Measured on 2026-11-22 on "Intel(R) Xeon(R) Processor @ 2.80GHz" (Ice Lake, 2 vCPUs under
 # KVM), torch 2.13.0+cpu, 2 torch threads, float32 near-square gradients of 4Ki..4Mi elements
-# (autocomp.bench.compressors.gradient_like), default parameters, PowerSGD at ranks 1, 4, 16.
+# (autocomp_bench.compressor_cost.gradient_like), default parameters, PowerSGD at ranks 1, 4, 16.
 # Protocol: the hook's per-layer work replayed without the collective; local part (cast copy,
 # residual add, compress, error-feedback decompress and subtract, write-back, commit) and the
 # decode of one received payload timed separately; all 60 cases interleaved round-robin over
@@ -208,7 +208,7 @@ class CostSample:
 def samples_from_bench(
     document: Mapping[str, Any] | Sequence[Mapping[str, Any]],
 ) -> list[CostSample]:
-    """Cost samples from ``python -m autocomp.bench.compressors --json`` output, for warm_start.
+    """Cost samples from ``python -m autocomp_bench.compressors --json`` output, for warm_start.
 
     Uses each result's ``hook_ms_min`` when present (least disturbed by other load), else
     ``hook_ms``, and the world size the benchmark modelled (``settings.world_size``, else 2).

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from autocomp.workloads import DigitsCNN, digits, digits_batch
+from autocomp_bench.workloads import DigitsCNN, digits, digits_batch
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autocomp
-from autocomp.workloads import MLPLanguageModel, text_batch, text_split
+from autocomp_bench.workloads import MLPLanguageModel, text_batch, text_split
 
 
 def main() -> None:

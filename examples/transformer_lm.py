@@ -6,7 +6,7 @@
 A byte-level model (vocabulary of 256): token and learned position embeddings, an
 ``nn.TransformerEncoder`` run with a causal mask (so it is a decoder-only LM), a final
 LayerNorm and a linear head; every position predicts the next byte. The corpus is the
-standard library's own ``.py`` files (``autocomp.workloads.text_split``), so nothing is
+standard library's own ``.py`` files (``autocomp_bench.workloads.text_split``), so nothing is
 downloaded. Runs on CPU (gloo) or GPU (NCCL, one process per GPU); no autocomp needed.
 """
 
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from autocomp.workloads import VOCAB_SIZE, text_split
+from autocomp_bench.workloads import VOCAB_SIZE, text_split
 
 
 class TransformerLM(nn.Module):

@@ -772,7 +772,7 @@ def test_profile_missing_script_is_a_one_line_error(
 def test_profile_and_recommend_the_digits_example_end_to_end(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from autocomp.workloads import DigitsCNN
+    from autocomp_bench.workloads import DigitsCNN
 
     out = tmp_path / "profile.json"
     done = run_advisor(

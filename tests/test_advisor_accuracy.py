@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from autocomp.bench import advisor_accuracy as acc
-from autocomp.bench import link as bench_link
-from autocomp.shaped_link import ShapedLink, shaped_link_unavailable_reason
+from autocomp_bench import advisor_accuracy as acc
+from autocomp_bench.harness import Rate, Runner, ShapedNetwork, snapshot_code
+from autocomp_bench.shaped_link import ShapedLink, shaped_link_unavailable_reason
 
 LOOSE_TOLERANCE = 0.45
 _UNAVAILABLE = shaped_link_unavailable_reason()
@@ -59,13 +59,13 @@ def test_comparison_rows_pair_each_option_with_its_run() -> None:
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"ShapedLink unavailable: {_UNAVAILABLE}")
 def test_predictions_match_the_shaped_link_within_a_loose_bound() -> None:
-    rate = bench_link.Rate("200mbit", 200.0)
+    rate = Rate("200mbit", 200.0)
     with tempfile.TemporaryDirectory(prefix="autocomp-acc-test-") as tmp:
         root = Path(tmp)
-        code_dir, _ = bench_link.snapshot_code(root)
+        code_dir, _ = snapshot_code(root)
         with ShapedLink(ShapedLink.Config(hosts=2, rate_mbit=None)) as link:
-            network = bench_link.ShapedNetwork(link)
-            runner = bench_link.Runner(network, root, 120.0, code_dir)
+            network = ShapedNetwork(link)
+            runner = Runner(network, root, Runner.Config(gloo_timeout_s=120.0, code_dir=code_dir))
             profile = acc.profile_workload(
                 network, root, code_dir, steps=5, threads=1, compressor_budget_s=10.0
             )

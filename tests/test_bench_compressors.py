@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from autocomp.bench import cli
-from autocomp.bench.compressors import main, parse_shape
+from autocomp_bench import cli
+from autocomp_bench.compressor_cost import parse_shape
+from autocomp_bench.compressors import main
 
 RESULT_KEYS = {
     "tensor",

@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
-from autocomp.bench import link
+from autocomp_bench import convergence, link
+from autocomp_bench.report import jsonable
+from autocomp_bench.worker import POWERSGD_START_ITER
 
 STEPS = 10
 NUMEL = 1000
@@ -68,15 +70,15 @@ def _section(workload: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
         "steps": STEPS,
         "autocomp_settings": "autocomp: synthetic",
         "reference_note": "reference: synthetic",
-        "definition": link.convergence_definition(workload),
+        "definition": convergence.convergence_definition(workload),
         "results": runs,
     }
-    section["check"] = link.convergence_check(section)
+    section["check"] = convergence.convergence_check(section)
     return section
 
 
 def test_summary_counts_compressed_steps_and_mean_bytes() -> None:
-    auto = link.convergence_summary(_run("autocomp", 0.1, compressed_from=4))
+    auto = convergence.convergence_summary(_run("autocomp", 0.1, compressed_from=4))
     assert auto["compressed_steps"] == 6
     assert auto["first_compressed_step"] == 4
     assert auto["mean_bytes_per_step"] == pytest.approx((4 * RAW + 6 * (RAW // 100)) / STEPS)
@@ -84,13 +86,13 @@ def test_summary_counts_compressed_steps_and_mean_bytes() -> None:
     assert auto["train_seconds"] == pytest.approx(2.0)  # evaluation time left out
     assert "powersgd:rank=4,ef=true: fc.weight" in auto["plan"]
 
-    powersgd = link.convergence_summary(_run("powersgd", 0.1))
-    assert powersgd["compressed_steps"] == STEPS - link.POWERSGD_START_ITER
-    raw_steps = link.POWERSGD_START_ITER
+    powersgd = convergence.convergence_summary(_run("powersgd", 0.1))
+    assert powersgd["compressed_steps"] == STEPS - POWERSGD_START_ITER
+    raw_steps = POWERSGD_START_ITER
     expected = (raw_steps * RAW + (STEPS - raw_steps) * RAW / 50) / STEPS
     assert powersgd["mean_bytes_per_step"] == pytest.approx(expected)
 
-    reference = link.convergence_summary(_run("allreduce", 0.1))
+    reference = convergence.convergence_summary(_run("allreduce", 0.1))
     assert reference["compressed_steps"] == 0
     assert reference["mean_bytes_per_step"] == RAW
 
@@ -138,9 +140,9 @@ def test_check_not_evaluated_without_compression_or_runs() -> None:
 
 
 def test_first_compression_step() -> None:
-    assert link.first_compression_step(100, 50) == 100
-    assert link.first_compression_step(20, 15) == 30
-    assert link.first_compression_step(0, 5) == 5
+    assert convergence.first_compression_step(100, 50) == 100
+    assert convergence.first_compression_step(20, 15) == 30
+    assert convergence.first_compression_step(0, 5) == 5
 
 
 def test_report_renders_live_and_from_saved_json() -> None:
@@ -151,10 +153,10 @@ def test_report_renders_live_and_from_saved_json() -> None:
         {"method": "fp16", "link": "50mbit", "error": "timed out"},
     ]
     section = _section("digits", runs)
-    live = link.convergence_lines(section)
-    # A saved document holds the check as a dict (see _jsonable); the report must not differ.
-    saved = json.loads(json.dumps(link._jsonable(section)))
-    assert link.convergence_lines(saved) == live
+    live = convergence.convergence_lines(section)
+    # A saved document holds the check as a dict (see report.jsonable); the report must not differ.
+    saved = json.loads(json.dumps(jsonable(section)))
+    assert convergence.convergence_lines(saved) == live
     text = "\n".join(live)
     assert "PASS: 50mbit: autocomp within 1% of uncompressed" in text
     assert "98.00%" in text and "97.80%" in text
@@ -162,7 +164,7 @@ def test_report_renders_live_and_from_saved_json() -> None:
     assert "FAILED" in text
     assert "validation accuracy after step" in text
 
-    markdown = link.convergence_lines(saved, markdown=True)
+    markdown = convergence.convergence_lines(saved, markdown=True)
     assert any(line.startswith("| method | link | steps | valid acc |") for line in markdown)
     assert markdown.count("```") == 2
 
@@ -175,7 +177,7 @@ def test_saved_document_rerenders_and_sets_the_exit_status(
         "digits", [_run("allreduce", 0.05, 0.98), _run("autocomp", 0.07, 0.95, compressed_from=4)]
     )
     document = {
-        "command": "python -m autocomp.bench.link --scenario convergence",
+        "command": "python -m autocomp_bench.link --scenario convergence",
         "code_digest": "0123456789abcdef",
         "model": "digits (see the convergence section)",
         "machine": {
@@ -189,7 +191,7 @@ def test_saved_document_rerenders_and_sets_the_exit_status(
         "runtime_s": 60.0,
         "convergence": section,
     }
-    saved = json.loads(json.dumps(link._jsonable(document)))
+    saved = json.loads(json.dumps(jsonable(document)))
     markdown = tmp_path / "out.md"
     args = argparse.Namespace(markdown=markdown, plot=None)
     assert link._write_outputs(saved, args) == 1  # 3 points below the reference: FAIL

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from autocomp.bench.overhead import MODES, summarize
+from autocomp_bench.overhead import MODES, summarize
 
 
 def _round(ddp: float, static: float, adaptive: float, boundary_s: float) -> dict:

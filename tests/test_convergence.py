@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autocomp
 from autocomp.link_model import LinkEstimate
-from autocomp.workloads import DigitsCNN, digits, digits_batch
+from autocomp_bench.workloads import DigitsCNN, digits, digits_batch
 from tests.multirank import run_ranks
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(400)]

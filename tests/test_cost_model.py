@@ -201,7 +201,7 @@ def test_manual_refit_only() -> None:
 
 def test_warm_start_from_bench_document() -> None:
     document = {
-        "benchmark": "autocomp.bench.compressors",
+        "benchmark": "autocomp_bench.compressors",
         "results": [
             {"spec": "none", "shape": [1024, 1024], "hook_ms": 0.0},
             *[

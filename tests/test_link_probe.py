@@ -31,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import autocomp
 from autocomp.adaptive import WindowRecord
 from autocomp.link_model import LinkEstimate, LinkProbe
-from autocomp.shaped_link import ShapedLink, shaped_link_unavailable_reason
+from autocomp_bench.shaped_link import ShapedLink, shaped_link_unavailable_reason
 from tests.models import MultiBucketNet, classification_batch
 from tests.multirank import run_ranks
 

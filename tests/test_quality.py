@@ -9,7 +9,7 @@ Two kinds of checks:
   averaged gradient up to floating-point order (relative difference under 1e-3 after 20
   steps, measured ~1e-6 at first and ~1e-4 after 40 steps as rounding differences grow
   through training). fp16 must agree to fp16 rounding.
-- **Learning per step against plain DDP** (``autocomp.bench.quality`` on the digits MLP, SGD
+- **Learning per step against plain DDP** (``autocomp_bench.quality`` on the digits MLP, SGD
   with momentum, 400 steps, mean of seeds 0 and 1, every tensor on the compressor after 2
   uncompressed steps). Stated tolerance: within 2 points of DDP's validation accuracy (DDP
   itself varies by 1.4 points between seeds; measured gaps on 2026-11-23 were within
@@ -32,9 +32,9 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_p
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autocomp
-from autocomp.bench.quality import QualityRun, run_quality, summarize
-from autocomp.bench.tasks import build_task
 from autocomp.hook import autocomp_hook
+from autocomp_bench.quality import QualityRun, run_quality, summarize
+from autocomp_bench.tasks import build_task
 from tests.multirank import run_ranks
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]

@@ -1,4 +1,4 @@
-"""Tests for autocomp.shaped_link.
+"""Tests for autocomp_bench.shaped_link.
 
 Tier 3: needs root + iproute2; skipped with the reason otherwise. The
 parse_rate tests are pure unit tests and always run.
@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from autocomp import shaped_link
-from autocomp.shaped_link import ShapedLink, parse_rate, shaped_link_unavailable_reason
+from autocomp_bench import shaped_link
+from autocomp_bench.shaped_link import ShapedLink, parse_rate, shaped_link_unavailable_reason
 
 _UNAVAILABLE = shaped_link_unavailable_reason()
 

@@ -1,11 +1,11 @@
 """The link benchmark's workload as a plain DDP training script, for ``autocomp-advisor profile``.
 
-The advisor-accuracy benchmark (:mod:`autocomp.bench.advisor_accuracy`) profiles this file
+The advisor-accuracy benchmark (:mod:`autocomp_bench.advisor_accuracy`) profiles this file
 the way a user profiles their own script, then compares the advisor's predictions with the
-step times :mod:`autocomp.bench.link` measures for the same model, optimizer, batches and
-threads. Run it under torchrun (or let the advisor spawn the ranks)::
+step times :mod:`autocomp_bench.link` measures for the same task (``mlp-lm-large``: model,
+optimizer, batches) and threads. Run it under torchrun (or let the advisor spawn the ranks)::
 
-    torchrun --nproc_per_node 2 autocomp/bench/lm_script.py --steps 20
+    torchrun --nproc_per_node 2 autocomp_bench/lm_script.py --steps 20
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ import argparse
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from autocomp.bench.link import BATCH, LR, MODEL_CONFIG, SEED
-from autocomp.workloads import MLPLanguageModel, text_batch, text_split
+from autocomp_bench.harness import SEED
+from autocomp_bench.tasks import build_task
+
+TASK = "mlp-lm-large"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -30,14 +31,14 @@ def main(argv: list[str] | None = None) -> None:
     if not dist.is_initialized():
         dist.init_process_group("gloo")
     rank = dist.get_rank()
+    task = build_task(TASK)
     torch.manual_seed(SEED)
-    model = MLPLanguageModel(**MODEL_CONFIG)
+    model = task.build_model()
     ddp = DDP(model)
-    opt = torch.optim.Adam(ddp.parameters(), lr=LR)
-    split = text_split()
+    opt = task.make_optimizer(ddp.parameters())
     for step in range(args.steps):
-        x, y = text_batch(split.train, MODEL_CONFIG["context"], BATCH, rank, step, seed=SEED)
-        loss = F.cross_entropy(ddp(x), y)
+        x, y = task.batch(rank, step, SEED)
+        loss = task.loss(ddp(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -5,11 +5,11 @@ Run as::
     autocomp-bench advisor [--rates 50mbit,200mbit] [--profile-steps 20] [--steps N]
         [--json out.json] [--markdown out.md]
 
-(or ``python -m autocomp.bench.advisor_accuracy``). Needs root and iproute2: it uses the
-2-namespace tbf-shaped veth of :mod:`autocomp.shaped_link`, like ``autocomp-bench link``.
+(or ``python -m autocomp_bench.advisor_accuracy``). Needs root and iproute2: it uses the
+2-namespace tbf-shaped veth of :mod:`autocomp_bench.shaped_link`, like ``autocomp-bench link``.
 
 What a user would do, end to end, on the link benchmark's workload (16.5M-parameter MLP LM,
-Adam, batch 64, one torch thread per rank, 2 ranks; :mod:`autocomp.bench.lm_script`):
+Adam, batch 64, one torch thread per rank, 2 ranks; :mod:`autocomp_bench.lm_script`):
 
 1. **Profile** the plain DDP script with ``autocomp-advisor profile --steps S``, one rank per
    namespace, on the *unshaped* veth (the user profiles on the machine they have).
@@ -34,7 +34,6 @@ import json
 import logging
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import tempfile
@@ -43,8 +42,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autocomp.bench import link as bench_link
-from autocomp.shaped_link import ShapedLink, shaped_link_unavailable_reason
+from autocomp_bench.harness import (
+    SEED,
+    WORLD_SIZE,
+    Network,
+    Rate,
+    Runner,
+    ShapedNetwork,
+    exit_on_sigterm,
+    parse_rates,
+    snapshot_code,
+)
+from autocomp_bench.machine import tail
+from autocomp_bench.rates import default_schedule, estimate_run_seconds
+from autocomp_bench.report import MB, plan_summary
+from autocomp_bench.shaped_link import ShapedLink, shaped_link_unavailable_reason
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +136,7 @@ def compare(
                 predicted_s=predicted[key],
                 measured_s=interval,
                 gated=option != LIVE,
-                measured_plan=bench_link.plan_summary(plan) if plan else "",
+                measured_plan=plan_summary(plan) if plan else "",
                 error=error,
             )
         )
@@ -177,7 +189,7 @@ def table_lines(rows: list[Comparison], *, markdown: bool = False) -> list[str]:
 
 
 def profile_workload(
-    network: bench_link.Network,
+    network: Network,
     root: Path,
     code_dir: Path,
     steps: int,
@@ -187,7 +199,7 @@ def profile_workload(
     """Run ``autocomp-advisor profile`` on the LM script, one rank per host; the profile path."""
     network.set_rate(None)
     out = root / "profile.json"
-    script = code_dir / "autocomp" / "bench" / "lm_script.py"
+    script = code_dir / "autocomp_bench" / "lm_script.py"
     argv = [
         sys.executable,
         "-m",
@@ -215,7 +227,7 @@ def profile_workload(
     procs, logs = [], []
     started = time.monotonic()
     try:
-        for host in range(bench_link.WORLD_SIZE):
+        for host in range(WORLD_SIZE):
             log = open(root / f"profile-rank{host}.log", "w", encoding="utf-8")  # noqa: SIM115
             logs.append(log)
             env = {**network.env(host, port), **extra}
@@ -232,8 +244,8 @@ def profile_workload(
                     ", ".join(f"rank {r} exited with {c}" for r, c in failed)
                     or f"timed out after {PROFILE_TIMEOUT_S:.0f} s"
                 )
-                tail = bench_link._tail(root / "profile-rank0.log", 25)
-                raise RuntimeError(f"profiling failed: {why}\n{tail}")
+                log = tail(root / "profile-rank0.log", 25)
+                raise RuntimeError(f"profiling failed: {why}\n{log}")
             time.sleep(0.2)
     finally:
         for proc in procs:
@@ -259,7 +271,7 @@ def predict(profile_path: Path, rate_mbit: float) -> tuple[dict[str, float], dic
     scenario = Scenario(
         bandwidth_bytes_per_s=rate_mbit * 1e6 / 8,
         latency_s=profile.link.latency_s,
-        world_size=bench_link.WORLD_SIZE,
+        world_size=WORLD_SIZE,
         payload_efficiency=TCP_ETHERNET_EFFICIENCY,  # recommend's default: tbf counts frames
     )
     evaluation = model.evaluate(scenario)
@@ -269,8 +281,8 @@ def predict(profile_path: Path, rate_mbit: float) -> tuple[dict[str, float], dic
 
 
 def measure(
-    runner: bench_link.Runner,
-    rate: bench_link.Rate,
+    runner: Runner,
+    rate: Rate,
     plans: dict[str, dict],
     *,
     steps: int | None = None,
@@ -280,7 +292,7 @@ def measure(
     """Run plain DDP, the advisor's plans as static plans and the live controller at one rate."""
     from autocomp.advisor.planout import escape_glob
 
-    warmup, measured = bench_link.default_schedule(rate.mbit, quick=False)
+    warmup, measured = default_schedule(rate.mbit, quick=False)
     if steps is not None:
         measured = steps
     # (row, worker config, untimed steps, share of a full gradient sent per step)
@@ -300,15 +312,15 @@ def measure(
         total = warm + measured + 1
         first = warm if option == LIVE else 0  # the live run's first window is uncompressed
         gradients = first + (total - first) * share
-        estimate = bench_link.estimate_run_seconds(total, gradients, rate.mbit)
-        timeout = 3 * bench_link.estimate_run_seconds(total, total, rate.mbit) + 240
+        estimate = estimate_run_seconds(total, gradients, rate.mbit)
+        timeout = 3 * estimate_run_seconds(total, total, rate.mbit) + 240
         cfg = {
             "rate": rate.label,
             "rate_mbit": rate.mbit,
             "total_steps": total,
             "warmup_steps": warm,
             "window": LIVE_WINDOW,
-            "seed": bench_link.SEED,
+            "seed": SEED,
             "threads": threads,
             **extra,
         }
@@ -320,7 +332,7 @@ def measure(
         else:
             print(
                 f" median {result['median_interval_s']:.3f} s/step, "
-                f"{result['bytes_per_step'] / bench_link.MB:.2f} MB/step",
+                f"{result['bytes_per_step'] / MB:.2f} MB/step",
                 flush=True,
             )
     return out
@@ -393,10 +405,6 @@ def _profile_summary(path: Path) -> str:
     )
 
 
-def _terminate(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
@@ -406,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps is not None and args.steps < 2:
         parser.error("--steps must be >= 2")
     try:
-        rates = bench_link.parse_rates(args.rates)
+        rates = parse_rates(args.rates)
     except ValueError as err:
         parser.error(str(err))
     if any(rate.mbit is None for rate in rates):
@@ -417,19 +425,19 @@ def main(argv: list[str] | None = None) -> int:
     if reason is not None:
         print(f"autocomp-bench advisor needs the shaped link: {reason}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _terminate)
+    exit_on_sigterm()
     command = shlex.join(["autocomp-bench", "advisor", *argv])
     print(f"advisor accuracy benchmark: {command}", flush=True)
     started = time.monotonic()
     rows: list[Comparison] = []
-    document: dict[str, Any] = {"benchmark": "autocomp.bench.advisor_accuracy", "command": command}
+    document: dict[str, Any] = {"benchmark": "autocomp_bench.advisor_accuracy", "command": command}
     with tempfile.TemporaryDirectory(prefix="autocomp-advisor-acc-") as tmp:
         root = Path(tmp)
-        code_dir, digest = bench_link.snapshot_code(root)
+        code_dir, digest = snapshot_code(root)
         document["code_digest"] = digest
-        with ShapedLink(ShapedLink.Config(hosts=bench_link.WORLD_SIZE, rate_mbit=None)) as link:
-            network = bench_link.ShapedNetwork(link)
-            runner = bench_link.Runner(network, root, bench_link.GLOO_TIMEOUT_S, code_dir)
+        with ShapedLink(ShapedLink.Config(hosts=WORLD_SIZE, rate_mbit=None)) as link:
+            network = ShapedNetwork(link)
+            runner = Runner(network, root, Runner.Config(code_dir=code_dir))
             print(f"1. profiling {args.profile_steps} steps on the unshaped veth ...", flush=True)
             profile_path = profile_workload(
                 network, root, code_dir, args.profile_steps, args.threads
@@ -451,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
                 document.setdefault("measured", {})[rate.label] = measured
                 document.setdefault("predicted", {})[rate.label] = predicted
                 document.setdefault("plans", {})[rate.label] = {
-                    k: bench_link.plan_summary(v) for k, v in plans.items()
+                    k: plan_summary(v) for k, v in plans.items()
                 }
                 rows += compare(rate.label, predicted, measured)
     passed, line = check_line(rows)

@@ -18,23 +18,27 @@ _Entry = Callable[[list[str] | None], int]
 # name -> (module whose main(argv) runs it, one-line help).
 COMMANDS: dict[str, tuple[str, str]] = {
     "compressors": (
-        "autocomp.bench.compressors",
+        "autocomp_bench.compressors",
         "per-compressor compute cost on this machine and break-even link bandwidth",
     ),
     "link": (
-        "autocomp.bench.link",
+        "autocomp_bench.link",
         "end-to-end training on 2 ranks over a shaped link: autocomp vs DDP, fp16, PowerSGD",
     ),
+    "tta": (
+        "autocomp_bench.tta",
+        "time to accuracy: validation metric per method in the same wall-clock budget",
+    ),
     "advisor": (
-        "autocomp.bench.advisor_accuracy",
+        "autocomp_bench.advisor_accuracy",
         "advisor predictions vs measured step times on the shaped link (50, 200 Mbit/s)",
     ),
     "quality": (
-        "autocomp.bench.quality",
+        "autocomp_bench.quality",
         "per-step quality of compressors against PyTorch's hooks and plain DDP (loopback)",
     ),
     "overhead": (
-        "autocomp.bench.overhead",
+        "autocomp_bench.overhead",
         "cost of the comm hook and the profiler when nothing is compressed (loopback)",
     ),
 }

@@ -18,7 +18,7 @@ reports the validation metric every ``--eval-every`` steps. Methods:
 Each ``autocomp:SPEC`` row is compared with its reference: PyTorch's hook of the same kind
 where one exists (PowerSGD at the same rank, fp16), else ``ddp``.
 
-    python -m autocomp.bench.quality --task gpt --steps 150 --seeds 0,1,2 \\
+    python -m autocomp_bench.quality --task gpt --steps 150 --seeds 0,1,2 \\
         --methods ddp,torch-powersgd:4,autocomp:powersgd:rank=4
 """
 
@@ -39,6 +39,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+from autocomp_bench.worker import send_nothing
 
 logger = logging.getLogger(__name__)
 
@@ -82,13 +84,6 @@ def _validate_method(method: str) -> None:
     )
 
 
-def _send_nothing(_state, bucket):  # type: ignore[no-untyped-def]
-    # No annotations: DDP checks them and rejects the strings ``from __future__`` makes.
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    fut.set_result(bucket.buffer())
-    return fut
-
-
 def _attach(method: str, model: torch.nn.Module, seed: int) -> tuple[DDP, Any]:
     """DDP around ``model`` with the method's comm hook; returns (ddp, controller or None)."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
@@ -111,7 +106,7 @@ def _attach(method: str, model: torch.nn.Module, seed: int) -> tuple[DDP, Any]:
     if method == "torch-fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif method == "nothing":
-        ddp.register_comm_hook(None, _send_nothing)
+        ddp.register_comm_hook(None, send_nothing)
     elif method.startswith("autocomp:"):
         spec = method.split(":", 1)[1]
         return ddp, autocomp.wrap(
@@ -123,7 +118,7 @@ def _attach(method: str, model: torch.nn.Module, seed: int) -> tuple[DDP, Any]:
 def _train(
     task_name: str, method: str, seed: int, steps: int, eval_every: int, rank: int
 ) -> list[dict[str, float]]:
-    from autocomp.bench.tasks import build_task
+    from autocomp_bench.tasks import build_task
 
     task = build_task(task_name)
     torch.manual_seed(seed)
@@ -183,7 +178,7 @@ class QualityRun:
 
 def run_quality(run: QualityRun) -> list[dict[str, Any]]:
     """Train every (seed, method) on two local gloo ranks; one result per pair."""
-    from autocomp.bench.tasks import build_task
+    from autocomp_bench.tasks import build_task
 
     build_task(run.task)  # unknown task: ValueError before any process starts
     for method in run.methods:
@@ -249,7 +244,7 @@ def _markdown(run: QualityRun, rows: list[dict[str, Any]], metric: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from autocomp.bench.tasks import TASKS
+    from autocomp_bench.tasks import TASKS
 
     parser = argparse.ArgumentParser(
         prog="autocomp-bench quality", description=__doc__.split("\n\n")[0]
@@ -287,7 +282,7 @@ def _split_methods(text: str) -> tuple[str, ...]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    from autocomp.bench.tasks import build_task
+    from autocomp_bench.tasks import build_task
 
     try:
         seeds = tuple(int(s) for s in args.seeds.split(",") if s.strip())

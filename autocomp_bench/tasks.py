@@ -6,8 +6,11 @@ the same data in the same order. The tasks differ in the ways that matter for gr
 compression:
 
 - ``mlp-lm``: a byte-level MLP LM, a few large dense matrices (low-rank friendly);
+- ``mlp-lm-large``: the same LM at 16.5M parameters (hidden 3072) with Adam: the link
+  benchmark's LM (``autocomp-bench link``, the advisor-accuracy benchmark, ``make demo``);
 - ``gpt``: a GPT-style byte LM, tied input/output embedding and ``nn.MultiheadAttention``;
-- ``cnn``: a small CNN on the digits images, conv kernels and a dense head;
+- ``cnn``: a small CNN on the digits images, conv kernels and a dense head (the link
+  benchmark's ``digits`` convergence workload);
 - ``ngram``: hashed n-gram embeddings, a large table of which each step touches few rows;
 - ``gpt-small``: the GPT LM at a size the test suite can train in seconds;
 - ``digits-mlp``: an MLP classifier on the digits images (SGD with momentum), the small model
@@ -23,11 +26,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autocomp import workloads
+from autocomp_bench import workloads
 
 __all__ = ["TASKS", "Task", "build_task"]
 
 VALID_SEED = 99
+LM_VALID_WINDOWS = 2048
+"""Held-out windows the MLP and n-gram LMs are validated on."""
+
+MLP_LM_LARGE: dict[str, int] = {"context": 32, "embed": 64, "hidden": 3072}
+"""``mlp-lm-large``'s model (16.5M parameters, a 66 MB float32 gradient)."""
+MLP_LM_LARGE_BATCH = 64
+MLP_LM_LARGE_LR = 1e-3
+DIGITS_CNN: dict[str, int] = {"channels": 32, "hidden": 256}
+"""``cnn``'s model."""
+DIGITS_BATCH = 32
+DIGITS_LR = 0.05
+DIGITS_MOMENTUM = 0.9
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,19 +75,24 @@ def _sequence_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
 
 
+def _adamw(lr: float) -> Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]:
+    return lambda params: torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+
+
 def _lm_task(
     name: str,
     description: str,
     build: Callable[[], nn.Module],
     context: int,
     batch: int,
-    lr: float,
+    make_optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
     sequence: bool,
 ) -> Task:
     split = workloads.text_split()
     make = workloads.sequence_batch if sequence else workloads.text_batch
     loss = _sequence_loss if sequence else F.cross_entropy
-    valid_x, valid_y = make(split.valid, context, 256 if sequence else 2048, 0, 0, VALID_SEED)
+    windows = 256 if sequence else LM_VALID_WINDOWS
+    valid_x, valid_y = make(split.valid, context, windows, 0, 0, VALID_SEED)
 
     def evaluate(model: nn.Module) -> dict[str, float]:
         was_training = model.training
@@ -86,7 +106,7 @@ def _lm_task(
         name=name,
         description=description,
         build_model=build,
-        make_optimizer=lambda params: torch.optim.AdamW(params, lr=lr, weight_decay=0.0),
+        make_optimizer=make_optimizer,
         batch=lambda rank, step, seed: make(split.train, context, batch, rank, step, seed),
         loss=loss,
         evaluate=evaluate,
@@ -116,7 +136,7 @@ def _digits_task(
         name=name,
         description=description,
         build_model=build,
-        make_optimizer=lambda params: torch.optim.SGD(params, lr=lr, momentum=0.9),
+        make_optimizer=lambda params: torch.optim.SGD(params, lr=lr, momentum=DIGITS_MOMENTUM),
         batch=make_batch,
         loss=F.cross_entropy,
         evaluate=evaluate,
@@ -132,7 +152,19 @@ def _build(name: str) -> Task:
             lambda: workloads.MLPLanguageModel(context=32, embed=64, hidden=1024),
             context=32,
             batch=64,
-            lr=1e-3,
+            make_optimizer=_adamw(1e-3),
+            sequence=False,
+        )
+    if name == "mlp-lm-large":
+        return _lm_task(
+            name,
+            "byte-level MLP LM (context 32, embedding 64, hidden 3072; 16.5M parameters), "
+            f"Adam {MLP_LM_LARGE_LR:g}, batch {MLP_LM_LARGE_BATCH}",
+            lambda: workloads.MLPLanguageModel(**MLP_LM_LARGE),
+            context=MLP_LM_LARGE["context"],
+            batch=MLP_LM_LARGE_BATCH,
+            # Adam, not AdamW: the link benchmark's published numbers were measured with it.
+            make_optimizer=lambda params: torch.optim.Adam(params, lr=MLP_LM_LARGE_LR),
             sequence=False,
         )
     if name == "gpt":
@@ -143,7 +175,7 @@ def _build(name: str) -> Task:
             lambda: workloads.GPTLanguageModel(context=64, d_model=192, heads=4, layers=3),
             context=64,
             batch=16,
-            lr=1e-3,
+            make_optimizer=_adamw(1e-3),
             sequence=True,
         )
     if name == "gpt-small":
@@ -154,7 +186,7 @@ def _build(name: str) -> Task:
             lambda: workloads.GPTLanguageModel(context=32, d_model=64, heads=4, layers=2),
             context=32,
             batch=16,
-            lr=2e-3,
+            make_optimizer=_adamw(2e-3),
             sequence=True,
         )
     if name == "ngram":
@@ -164,16 +196,16 @@ def _build(name: str) -> Task:
             lambda: workloads.HashedNgramModel(context=8, buckets=1 << 17, dim=64),
             context=8,
             batch=64,
-            lr=1e-3,
+            make_optimizer=_adamw(1e-3),
             sequence=False,
         )
     if name == "cnn":
         return _digits_task(
             name,
             "digits CNN (2 conv layers, hidden 256), SGD 0.05 momentum 0.9, batch 32",
-            lambda: workloads.DigitsCNN(channels=32, hidden=256),
-            lr=0.05,
-            batch=32,
+            lambda: workloads.DigitsCNN(**DIGITS_CNN),
+            lr=DIGITS_LR,
+            batch=DIGITS_BATCH,
         )
     if name == "digits-mlp":
         return _digits_task(
@@ -186,7 +218,15 @@ def _build(name: str) -> Task:
     raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
 
 
-TASKS: tuple[str, ...] = ("mlp-lm", "gpt", "gpt-small", "cnn", "ngram", "digits-mlp")
+TASKS: tuple[str, ...] = (
+    "mlp-lm",
+    "mlp-lm-large",
+    "gpt",
+    "gpt-small",
+    "cnn",
+    "ngram",
+    "digits-mlp",
+)
 
 
 def build_task(name: str) -> Task:

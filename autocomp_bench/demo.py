@@ -22,18 +22,12 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from autocomp.bench.link import (
-    MB,
-    MODEL_CONFIG,
-    SEED,
-    LoopbackNetwork,
-    Network,
-    Runner,
-    ShapedNetwork,
-)
 from autocomp.env import AUTOCOMP_TOKEN
 from autocomp.runlog import new_run_id
-from autocomp.shaped_link import ShapedLink, parse_rate, shaped_link_unavailable_reason
+from autocomp_bench.harness import SEED, LoopbackNetwork, Network, Runner, ShapedNetwork
+from autocomp_bench.report import MB
+from autocomp_bench.shaped_link import ShapedLink, parse_rate, shaped_link_unavailable_reason
+from autocomp_bench.tasks import MLP_LM_LARGE
 
 logger = logging.getLogger(__name__)
 
@@ -113,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             why = reason or "no rate given"
             where = f"loopback, UNSHAPED ({why}): a fast link, where autocomp should not compress"
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="autocomp-demo-")))
-        runner = Runner(network, tmp, GLOO_TIMEOUT_S)
-        hidden = MODEL_CONFIG["hidden"]
+        runner = Runner(network, tmp, Runner.Config(gloo_timeout_s=GLOO_TIMEOUT_S))
+        hidden = MLP_LM_LARGE["hidden"]
         print(f"autocomp demo: 2 gloo ranks on {where}")
         print(f"model: byte-level MLP LM (hidden {hidden}), 16.5M parameters, stdlib source text")
 

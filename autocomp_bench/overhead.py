@@ -17,7 +17,7 @@ the adaptive loop accounts its own window-boundary time (``AdaptiveLoop.boundary
 reported per step as a share of the step: the part of the overhead that does not hide in the
 noise of the hook's per-bucket timestamps.
 
-    python -m autocomp.bench.overhead --steps 40 --rounds 5
+    python -m autocomp_bench.overhead --steps 40 --rounds 5
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autocomp
-from autocomp.workloads import MLPLanguageModel, text_batch, text_split
+from autocomp_bench.workloads import MLPLanguageModel, text_batch, text_split
 
 logger = logging.getLogger(__name__)
 

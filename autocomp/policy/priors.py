@@ -56,7 +56,7 @@ def _interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
 class ErrorPriors:
     """Relative one-step error ||C(g) - g|| / ||g|| by compressor family, before measurement.
 
-    Rough values measured with ``autocomp.bench.compressors.relative_error`` on its synthetic
+    Rough values measured with ``autocomp_bench.compressor_cost.relative_error`` on its synthetic
     gradient-like tensors (Gaussian low-rank part with a 1/i spectrum plus Student-t noise,
     log-normal row/column scales; 512x128 to 4096x1024 and 256x256x3x3). On pure Gaussian
     noise top-k and PowerSGD do much worse (rank 4 ~0.99); real gradients are closer to the

@@ -511,9 +511,7 @@ def _record(measurement: WindowMeasurement, current: dict[str, str], state: Hook
     if not path:
         return
     shapes = {name: list(slot.shape) for name, slot in state.slots.items()}
-    line = json.dumps(
-        {"measurement": measurement.to_dict(), "current": current, "shapes": shapes}
-    )
+    line = json.dumps({"measurement": measurement.to_dict(), "current": current, "shapes": shapes})
     try:
         with open(path, "a", encoding="utf-8") as out:
             out.write(line + "\n")

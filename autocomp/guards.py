@@ -9,10 +9,10 @@ drop a layer's error-feedback residual, and to relax again once things stay quie
   layer; a non-finite residual norm -> EF reset; a non-finite loss -> ignored.
 * ``loss_divergence``: the loss EWMA stays above ``loss_divergence_ratio`` x the warm-up
   baseline and rises, for ``loss_patience`` observations -> every layer backs off one level.
-* ``critical_regime`` (Accordion, Agarwal et al. 2021): a layer's gradient norm differs by more
-  than ``critical_change`` (relative) from its reference in ``critical_patience`` windows in a
-  row -> that layer backs off one level. The reference is a smoothed norm of the calm windows
-  before; one noisy window neither fires nor moves it.
+* ``critical_regime`` (Accordion, Agarwal et al. 2021): the median gradient norm of an
+  interval of ``critical_block`` windows differs by more than ``critical_change`` (relative)
+  from the reference built from the calm intervals before, in ``critical_patience`` intervals
+  in a row -> that layer backs off one level. One noisy window neither fires nor moves it.
 * ``loss_scale``: every layer's gradient norm moved by the same power of two at once, which is
   what AMP's GradScaler does to gradients when it changes its scale -> the references are
   rescaled by that factor (no back-off): the guards' statistics do not move with the scale.
@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -173,6 +174,12 @@ class ConvergenceGuards:
         one window's norms come from a couple of sampled steps and can be noise."""
         norm_smoothing: float = 0.5
         """EWMA weight of a calm window's norm in the reference."""
+        critical_block: int = 1
+        """Windows per Accordion interval: the test compares the median norm of one interval
+        with the reference built from the intervals before, once per interval. Accordion
+        compares gradient norms over long intervals (epochs); the adaptive loop makes an
+        interval about 100 steps, since a short window holds a couple of sampled steps whose
+        norms are mostly noise, and a median ignores one window's spike."""
         loss_scale_tolerance: float = 0.1
         """A common change of all layers' norms within this of a power of two (in log2 units)
         is taken for a loss-scale change (GradScaler), not a critical regime."""
@@ -194,6 +201,7 @@ class ConvergenceGuards:
                 ("critical_change", self.critical_change > 0.0, "> 0"),
                 ("critical_patience", self.critical_patience >= 1, ">= 1"),
                 ("norm_smoothing", 0.0 < self.norm_smoothing <= 1.0, "in (0, 1]"),
+                ("critical_block", self.critical_block >= 1, ">= 1"),
                 ("loss_scale_tolerance", 0.0 <= self.loss_scale_tolerance < 0.5, "in [0, 0.5)"),
                 ("residual_factor", self.residual_factor > 0.0, "> 0"),
                 ("max_backoff", self.max_backoff >= 0, ">= 0"),
@@ -225,6 +233,8 @@ class ConvergenceGuards:
         self._layer_quiet: dict[str, int] = {}
         self._prev_grad_norm: dict[str, float] = {}
         """Reference gradient norm per layer (smoothed over calm windows)."""
+        self._block_norms: dict[str, list[float]] = {}
+        """The window norms of each layer's current Accordion interval."""
         self._critical_streak: dict[str, int] = {}
         """Consecutive windows over the Accordion threshold (signed: + up, - down)."""
         self._warmup_end = self.config.warmup_steps
@@ -447,6 +457,7 @@ class ConvergenceGuards:
             "layer_quiet": dict(self._layer_quiet),
             "prev_grad_norm": dict(self._prev_grad_norm),
             "critical_streak": dict(self._critical_streak),
+            "block_norms": {k: list(v) for k, v in self._block_norms.items()},
             "warmup_end": self._warmup_end,
             "pending_resets": sorted(self._pending_resets),
             "uncompressed_steps": sorted(self._uncompressed_steps),
@@ -488,6 +499,9 @@ class ConvergenceGuards:
         self._prev_grad_norm = {str(k): float(v) for k, v in state["prev_grad_norm"].items()}
         self._critical_streak = {
             str(k): int(v) for k, v in state.get("critical_streak", {}).items()
+        }
+        self._block_norms = {
+            str(k): [float(x) for x in v] for k, v in state.get("block_norms", {}).items()
         }
         self._warmup_end = int(state.get("warmup_end", self.config.warmup_steps))
         self._pending_resets = {str(name) for name in state["pending_resets"]}
@@ -535,19 +549,25 @@ class ConvergenceGuards:
         self._record(step, guard, name, f"{detail}; level now {after}", action)
 
     def _check_critical(self, step: int, name: str, grad: float, compressing: bool) -> bool:
-        """Accordion test against the reference; True if the layer backed off."""
+        """Accordion test of an interval against the reference; True if the layer backed off."""
         if not math.isfinite(grad):
             return False  # keep the last finite norm as the reference
         cfg = self.config
+        block = [*self._block_norms.get(name, []), grad]
+        if len(block) < cfg.critical_block:
+            self._block_norms[name] = block
+            return False
+        self._block_norms[name] = []
+        level = statistics.median(block)
         reference = self._prev_grad_norm.get(name)
         if reference is None or reference <= 0.0:
-            self._prev_grad_norm[name] = grad
+            self._prev_grad_norm[name] = level
             self._critical_streak[name] = 0
             return False
-        change = (grad - reference) / reference
+        change = (level - reference) / reference
         if abs(change) <= cfg.critical_change or not compressing:
             # Calm (or not compressing yet): the reference follows, smoothed.
-            self._prev_grad_norm[name] = reference + cfg.norm_smoothing * (grad - reference)
+            self._prev_grad_norm[name] = reference + cfg.norm_smoothing * (level - reference)
             self._critical_streak[name] = 0
             return False
         direction = 1 if change > 0 else -1
@@ -555,12 +575,13 @@ class ConvergenceGuards:
         streak = streak + direction if streak * direction > 0 else direction
         self._critical_streak[name] = streak
         if abs(streak) < cfg.critical_patience:
-            return False  # the reference stays where the calm windows left it
-        self._prev_grad_norm[name] = grad  # the new regime is the next reference
+            return False  # the reference stays where the calm intervals left it
+        self._prev_grad_norm[name] = level  # the new regime is the next reference
         self._critical_streak[name] = 0
+        unit = "intervals" if cfg.critical_block > 1 else "windows"
         detail = (
             f"|d|g||/|g| = {abs(change):.3g} > {cfg.critical_change:g} for {abs(streak)} "
-            f"windows (|g| {reference:.4g} -> {grad:.4g})"
+            f"{unit} (|g| {reference:.4g} -> {level:.4g})"
         )
         self._back_off_layer(step, CRITICAL_REGIME, name, detail, reset=False)
         return True
@@ -571,13 +592,16 @@ class ConvergenceGuards:
         for name, grad in grad_norms.items():
             reference = self._prev_grad_norm.get(name)
             if reference and reference > 0 and math.isfinite(grad) and grad > 0:
-                ratios.append(grad / reference)
+                ratio = grad / reference
+                if math.isfinite(ratio) and ratio > 0:
+                    ratios.append(ratio)
         if len(ratios) < 2:
             return
         ratios.sort()
         median = ratios[len(ratios) // 2]
         exponent = round(math.log2(median))
-        if exponent == 0 or abs(math.log2(median) - exponent) > self.config.loss_scale_tolerance:
+        too_far = abs(math.log2(median) - exponent) > self.config.loss_scale_tolerance
+        if exponent == 0 or abs(exponent) > 64 or too_far:
             return
         # Every layer must share the factor (a loss scale multiplies all gradients alike).
         shared = sum(1 for r in ratios if abs(math.log2(r) - exponent) <= 0.25)
@@ -586,6 +610,8 @@ class ConvergenceGuards:
         factor = 2.0**exponent
         for name in self._prev_grad_norm:
             self._prev_grad_norm[name] *= factor
+        for name, block in self._block_norms.items():
+            self._block_norms[name] = [value * factor for value in block]
         detail = f"all gradient norms moved by {factor:g}x at once (loss scale change)"
         self._record(step, LOSS_SCALE, None, detail, ACTION_RESCALED)
 

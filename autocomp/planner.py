@@ -145,6 +145,12 @@ class WindowPlanner:
                 loss_ewma_alpha=min(1.0, window / guard_rules.loss_window),
                 loss_patience=max(2, math.ceil(guard_rules.loss_window / window)),
                 critical_change=guard_rules.accordion_threshold,
+                # Accordion compares intervals of about 100 steps (a window of 5 steps holds a
+                # couple of sampled steps, noise-dominated); an interval's median is robust, so
+                # one interval over the threshold is enough.
+                critical_block=max(1, math.ceil(100 / window)),
+                critical_patience=1 if window < 100 else 2,
+                norm_smoothing=1.0,
                 residual_factor=guard_rules.residual_factor,
                 max_backoff=guard_rules.max_backoff_levels,
                 recovery_windows=max(1, math.ceil(guard_rules.backoff_recovery_steps / window)),
@@ -372,7 +378,7 @@ class WindowPlanner:
                 and max(rate, bandwidth) / max(min(rate, bandwidth), 1e-30)
                 >= self.config.link_change
             )
-            if not moved and current[name] != NONE_SPEC:
+            if not moved:
                 locked[name] = current[name]
         return locked
 

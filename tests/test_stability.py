@@ -8,10 +8,16 @@ is the plan in use for the next window), with a steady link every layer changes 
 most once in any 5 consecutive windows after the first decision. The same holds when the
 recorded errors and timings are perturbed with seeded noise (errors +-30%, step timings
 +-15%): noise must not move the plan.
+
+One kind of change is exempt: a guard back-off that removes the compressor in use (a real
+critical regime, judged on 100-step intervals; ``tests/test_guards.py`` shows the guards do
+not fire on one noisy window). The recording holds a few such events, and the test also
+bounds them: at most one per layer per 100-step interval.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from pathlib import Path
@@ -39,7 +45,9 @@ def _load() -> tuple[list[WindowMeasurement], dict[str, torch.Size]]:
     return [WindowMeasurement.from_dict(line["measurement"]) for line in lines], shapes
 
 
-def _replay(noise: random.Random | None) -> list[dict[str, str]]:
+def _replay(noise: random.Random | None) -> tuple[list[dict[str, str]], list[set[str]]]:
+    """The plan after every window, and per window the layers a guard forced off their
+    compressor."""
     measurements, shapes = _load()
     names = list(shapes)
     planner = WindowPlanner(
@@ -53,6 +61,7 @@ def _replay(noise: random.Random | None) -> list[dict[str, str]]:
     )
     current = dict.fromkeys(names, "none")
     plans = []
+    forced: list[set[str]] = []
     for m in measurements:
         if noise is not None:
             for layer in m.layers.values():
@@ -61,36 +70,59 @@ def _replay(noise: random.Random | None) -> list[dict[str, str]]:
             for key in ("step_seconds", "backward_seconds", "hideable_seconds"):
                 m.timings[key] *= noise.uniform(0.85, 1.15)
         update = planner.decide(m, current)
+        reasons = {d["name"]: d["reason"] for d in update.record.decision["layers"]}  # type: ignore[index]
+        forced.append(
+            {
+                name
+                for name in names
+                if "guard back-off" in reasons[name]
+                and current[name] in reasons[name].split("excludes", 1)[-1].split(")")[0]
+            }
+        )
         current = dict(zip(names, update.plan, strict=True))
         plans.append(current)
-    return plans
+    return plans, forced
 
 
-def _changes(plans: list[dict[str, str]]) -> dict[str, list[int]]:
+def _changes(plans: list[dict[str, str]], forced: list[set[str]]) -> dict[str, list[int]]:
     """Per layer, the window indices at which its compressor changed (after the first
-    decision that compressed anything)."""
+    decision that compressed anything), guard-forced changes left out."""
     first = next(i for i, plan in enumerate(plans) if any(s != "none" for s in plan.values()))
     out: dict[str, list[int]] = {}
     for i in range(first + 1, len(plans)):
         for name, spec in plans[i].items():
-            if spec != plans[i - 1][name]:
+            if spec != plans[i - 1][name] and name not in forced[i]:
                 out.setdefault(name, []).append(i)
     return out
 
 
 @pytest.mark.parametrize("seed", [None, 0, 1, 2])
 def test_a_layer_changes_at_most_once_in_five_windows(seed: int | None) -> None:
-    plans = _replay(None if seed is None else random.Random(seed))
+    plans, forced = _replay(None if seed is None else random.Random(seed))
     assert len(plans) >= 20
     assert any(s != "none" for s in plans[-1].values()), "the slow link must be compressed"
-    for name, windows in _changes(plans).items():
-        for a, b in zip(windows, windows[1:], strict=False):
+    for name, windows in _changes(plans, forced).items():
+        for a, b in itertools.pairwise(windows):
             assert b - a >= SPAN, (name, windows)
+    interval = 100 // WINDOW
+    for name in plans[0]:
+        hits = [i for i, layers in enumerate(forced) if name in layers]
+        for a, b in itertools.pairwise(hits):
+            assert b - a >= interval, (name, hits)
 
 
 def test_the_recording_is_a_steady_slow_link() -> None:
+    """What the test relies on: many windows, one link rate throughout (50 Mbit/s +-20%, from
+    the step's bytes over the busy time of the step's collectives), ranks in step."""
     measurements, _ = _load()
-    rates = [
-        sum(m.busy_min) / len(m.busy_min) for m in measurements if m.busy_min
-    ]
-    assert len(measurements) >= 20 and rates
+    assert len(measurements) >= 40
+    rates = []
+    for m in measurements:
+        for step, busy in zip(m.collectives, m.busy_min, strict=False):
+            total = sum(size for _, size, _ in step)
+            if total > 100_000 and busy > 0:  # enough bytes to show the bandwidth
+                rates.append(total * 8 / busy / 1e6)
+    rates.sort()
+    median = rates[len(rates) // 2]
+    assert 40 < median < 60, median
+    assert all(m.world_size == 2 and m.profiled_ranks == 2 for m in measurements)

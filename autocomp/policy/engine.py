@@ -141,9 +141,9 @@ class PolicyEngine:
         much_better: float = 0.25
         """A near-useless option is dropped when another is this much more accurate
         (absolute relative error) and costs the layer at most the time slack more."""
-        dwell_slack: float = 2.0
-        """Dwell locks are dropped when the locked plan's step exceeds the fastest unlocked
-        plan's by more than this many time slacks (the situation changed too much)."""
+        dwell_max_slowdown: float = 0.5
+        """Dwell locks are dropped when the locked plan's predicted step exceeds the fastest
+        unlocked plan's by more than this fraction (the situation changed too much)."""
 
     def __init__(
         self,
@@ -357,9 +357,7 @@ class PolicyEngine:
                         with_held.comm, with_held.work, with_held.first, with_held.second
                     ).added_s
                 )
-                if timing.compute + added > fastest * (
-                    1 + self.config.dwell_slack * config.time_slack
-                ):
+                if timing.compute + added > fastest * (1 + self.config.dwell_max_slowdown):
                     held, free, result = [], unlocked_items, unlocked
         for item in held:
             option = item.option(locked[item.layer.name])

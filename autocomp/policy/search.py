@@ -21,9 +21,10 @@ Two more rules keep the plan sensible and steady:
   at most ``time_slack`` x T* more. The squared-error objective alone would take it, because
   a layer with a small gradient norm weighs little, yet that layer would then barely train.
 - **Hysteresis.** The optimizer sees each layer's current option ``switch_margin`` cheaper and
-  more accurate (ties keep the plan), and the current plan as a whole is kept while it is
-  still acceptable and the new plan's error is not ``switch_margin`` lower: a switch discards
-  warm starts and pays a few steps of higher error before it wins anything.
+  more accurate (ties keep the plan), and the current plan as a whole is kept while its step
+  is within twice the slack of T* (or it meets the target) and the new plan's error is not
+  ``switch_margin`` lower: a switch discards warm starts and pays a few steps of higher error
+  before it wins anything, and T* itself moves with the measurement noise.
 """
 
 from __future__ import annotations
@@ -465,7 +466,9 @@ def search(
     if all(item.current is not None for item in pending) and pending:
         current = [item.option(item.current) for item in pending]  # type: ignore[arg-type]
         current_timeline = problem.timeline(current)
-        acceptable = current_timeline.added_s <= budget * (1 + _TOLERANCE) or (
+        # The plan in use gets twice the slack: noise in T* alone must not evict it.
+        keep_budget = (1.0 + 2.0 * config.time_slack) * star - compute
+        acceptable = current_timeline.added_s <= keep_budget * (1 + _TOLERANCE) or (
             _meets_target(current_timeline, target)
         )
         changed = any(c.key != o.key for c, o in zip(current, chosen, strict=True))

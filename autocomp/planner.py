@@ -88,9 +88,10 @@ class WindowPlanner:
         """Steps between decisions."""
         warmup_steps: int = 100
         """Uncompressed steps at the start (cut short on a slow link, see the module doc)."""
-        slow_link_ratio: float = 3.0
-        """An uncompressed step at least this many times the compute-only step (so that each
-        costs that many compressed ones) ends the warm-up at once."""
+        slow_link_ratio: float = 2.0
+        """An uncompressed step at least this many times the compute-only step (communication
+        takes at least as long as the compute, and each uncompressed step costs about two
+        compressed ones) ends the warm-up at once."""
         error_smoothing: float = 0.3
         """EWMA weight of a new window's measured relative error."""
         dwell_windows: int = 5
@@ -145,11 +146,11 @@ class WindowPlanner:
                 loss_ewma_alpha=min(1.0, window / guard_rules.loss_window),
                 loss_patience=max(2, math.ceil(guard_rules.loss_window / window)),
                 critical_change=guard_rules.accordion_threshold,
-                # Accordion compares intervals of about 100 steps (a window of 5 steps holds a
-                # couple of sampled steps, noise-dominated); an interval's median is robust, so
-                # one interval over the threshold is enough.
-                critical_block=max(1, math.ceil(100 / window)),
-                critical_patience=1 if window < 100 else 2,
+                # Accordion compares intervals of ~accordion_interval_steps (a window of 5 steps
+                # holds a couple of sampled steps, noise-dominated); an interval's median of
+                # several windows is robust, so one interval over the threshold is enough.
+                critical_block=max(1, math.ceil(guard_rules.accordion_interval_steps / window)),
+                critical_patience=1 if guard_rules.accordion_interval_steps > window else 2,
                 norm_smoothing=1.0,
                 residual_factor=guard_rules.residual_factor,
                 max_backoff=guard_rules.max_backoff_levels,

@@ -41,6 +41,7 @@ candidates = ["none", "fp16", "int8", "topk:ratio=0.1", "powersgd:rank=2"]
 loss_spike_ratio = 1.5
 loss_window = 8
 accordion_threshold = 0.5
+accordion_interval_steps = 8
 residual_factor = 32.0
 backoff_recovery_steps = 400
 max_backoff_levels = 3
@@ -61,7 +62,7 @@ def _setup(
     if slow and rank == 0:
         # An injected link: loopback steps do not get faster with compression, which the
         # payoff check (tests/test_payoff.py) would rightly notice; here it is out of play.
-        ctl.adaptive.meter.end_window = lambda: SLOW_LINK  # type: ignore[method-assign]
+        ctl.adaptive.meter.end_window = lambda **_: SLOW_LINK  # type: ignore[method-assign]
         ctl.adaptive.payoff.hold_reason = lambda *_: None  # type: ignore[method-assign]
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     return model, ddp, opt, ctl

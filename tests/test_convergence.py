@@ -44,7 +44,7 @@ def _train(rank: int, compressed: bool) -> dict[str, Any]:
     if compressed:
         ctl = autocomp.wrap(ddp, target_overlap=0.9, window=10, warmup_steps=20)
         if rank == 0 and ctl.adaptive is not None:
-            ctl.adaptive.meter.end_window = lambda: LINK_50MBIT  # type: ignore[method-assign]
+            ctl.adaptive.meter.end_window = lambda **_: LINK_50MBIT  # type: ignore[method-assign]
             # Loopback steps do not get faster with compression: no payoff check here.
             ctl.adaptive.payoff.hold_reason = lambda *_: None  # type: ignore[method-assign]
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)

@@ -1,7 +1,7 @@
 """Tier 1: pure unit, no processes.
 
 ``autocomp.planner.WindowPlanner`` on synthetic window measurements: the first look ends the
-warm-up when an uncompressed step costs 3x the compute-only step (and not otherwise),
+warm-up when an uncompressed step costs 2x the compute-only step (and not otherwise),
 measured relative errors are smoothed across windows, a layer that switched keeps its
 compressor for ``dwell_windows`` windows unless the link moves 2x, measurements round-trip
 through JSON, and the planner's state survives a checkpoint.

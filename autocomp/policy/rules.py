@@ -27,6 +27,7 @@ the controller at the copy. Schema, version 1 (``policies/default.toml`` carries
     loss_spike_ratio = 1.5          # float > 1
     loss_window = 50                # int >= 1
     accordion_threshold = 0.5       # float > 0
+    accordion_interval_steps = 100  # int >= 1: steps per Accordion interval
     residual_factor = 32.0          # float > 0
     backoff_recovery_steps = 500    # int >= 1
     max_backoff_levels = 3          # int >= 0
@@ -150,6 +151,7 @@ _GUARD_KEYS: dict[str, _Key] = {
     "loss_spike_ratio": _Key(float, low=1.0, low_open=True),
     "loss_window": _Key(int, low=1),
     "accordion_threshold": _Key(float, low=0.0, low_open=True),
+    "accordion_interval_steps": _Key(int, low=1),
     "residual_factor": _Key(float, low=0.0, low_open=True),
     "backoff_recovery_steps": _Key(int, low=1),
     "max_backoff_levels": _Key(int, low=0),
@@ -237,8 +239,11 @@ class GuardRules:
     loss_window: int = 50
     """Steps in the loss running mean."""
     accordion_threshold: float = 0.5
-    """Accordion: a relative change of the gradient norm between two decision windows above
-    this marks a critical regime."""
+    """Accordion: a relative change of the gradient norm between two intervals above this
+    marks a critical regime."""
+    accordion_interval_steps: int = 100
+    """Steps per Accordion interval (the median window norm of each is compared with the
+    reference): shorter intervals react faster and to more noise."""
     residual_factor: float = 32.0
     """An error-feedback residual norm above this multiple of the gradient norm is a trigger."""
     backoff_recovery_steps: int = 500

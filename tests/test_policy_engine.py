@@ -240,7 +240,7 @@ def test_out_of_reach_target_takes_the_least_error_near_the_fastest_plan() -> No
     assert not decision.feasible
     assert decision.solver == "slack"
     slack = load_policy("default").time_slack
-    assert decision.time_slack == slack == 0.03
+    assert decision.time_slack == slack == 0.1
     assert decision.fastest_step_seconds is not None
     assert decision.predicted_step_seconds <= (1 + slack) * decision.fastest_step_seconds * (
         1 + 1e-9
@@ -248,7 +248,7 @@ def test_out_of_reach_target_takes_the_least_error_near_the_fastest_plan() -> No
     for name in BIG:
         layer = decision.layer(name)
         assert layer.rule == "slack"
-        assert layer.reason.startswith("least error within 3% of the fastest plan's step")
+        assert layer.reason.startswith("least error within 10% of the fastest plan's step")
         assert layer.spec != "none"
     assert decision.predicted_overlap < TARGET
 
@@ -574,8 +574,7 @@ def test_compression_must_beat_the_time_slack() -> None:
     """The last bucket's ~20 ms of exposure: on a 2 s step compressing it saves under 1%,
     inside the 3% slack, so the least-error plan (all none) is as fast as any and wins. On a
     150 ms step the same exposure is over 10%: the late layer is compressed."""
-    rules = PolicyRules(candidates=("none", "fp16", "powersgd:rank=4"))
-    assert rules.time_slack == 0.03
+    rules = PolicyRules(candidates=("none", "fp16", "powersgd:rank=4"), time_slack=0.03)
     layers, timing = _two_buckets(hideable_last=0.0)
     eng = engine(10_000, rules)
     long_step = eng.decide(layers, dataclasses.replace(timing, step_seconds=2.0), AFTER_WARMUP, 4)
@@ -643,7 +642,7 @@ def test_a_near_useless_option_is_dropped_when_a_much_better_one_fits_the_slack(
     slack (~15 ms) of a 500 ms step: rank 1 (error 0.93) is not considered, and the reason says
     so. The squared-error objective alone would take it: its 3 ms let the MLP weight (100x the
     gradient norm) move up to rank 4 (+13.5 ms) within the slack."""
-    rules = PolicyRules(candidates=("none", "powersgd:rank=1", "powersgd:rank=4"))
+    rules = PolicyRules(candidates=("none", "powersgd:rank=1", "powersgd:rank=4"), time_slack=0.03)
     timing = StepTiming(backward_seconds=0.3, hideable_seconds=1e-4, step_seconds=0.5)
     decision = engine(50, rules).decide(_attention_and_mlp(), timing, AFTER_WARMUP, WORLD)
     attn = decision.layer("attn")
@@ -661,7 +660,7 @@ def test_a_near_useless_option_is_dropped_when_a_much_better_one_fits_the_slack(
 
 def test_a_near_useless_option_stays_when_the_better_one_costs_more_than_the_slack() -> None:
     """At 5 Mbit/s rank 4 costs ~30 ms more, beyond the ~16 ms slack: rank 1 is allowed."""
-    rules = PolicyRules(candidates=("none", "powersgd:rank=1", "powersgd:rank=4"))
+    rules = PolicyRules(candidates=("none", "powersgd:rank=1", "powersgd:rank=4"), time_slack=0.03)
     timing = StepTiming(backward_seconds=0.3, hideable_seconds=1e-4, step_seconds=0.5)
     decision = engine(5, rules).decide(_attention_and_mlp(), timing, AFTER_WARMUP, WORLD)
     assert decision.layer("attn").spec == "powersgd:rank=1,ef=true"

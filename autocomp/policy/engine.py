@@ -141,7 +141,7 @@ class PolicyEngine:
         much_better: float = 0.25
         """A near-useless option is dropped when another is this much more accurate
         (absolute relative error) and costs the layer at most the time slack more."""
-        dwell_max_slowdown: float = 0.5
+        dwell_max_slowdown: float = 1.0
         """Dwell locks are dropped when the locked plan's predicted step exceeds the fastest
         unlocked plan's by more than this fraction (the situation changed too much)."""
 

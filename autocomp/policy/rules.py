@@ -14,7 +14,7 @@ the controller at the copy. Schema, version 1 (``policies/default.toml`` carries
     compress_1d = false             # bool: whether biases and norm scales may be compressed
     fast_link_gbit = 25.0           # float > 0 (or inf): at or above this bandwidth, all 'none'
     min_gain = 0.05                 # 0..1: a compressed window must measure this much faster
-    time_slack = 0.03               # 0..1: plans this close to the fastest count as equally fast
+    time_slack = 0.1                # 0..1: plans this close to the fastest count as equally fast
     target_overlap = 0.9            # 0..1: fraction of communication to hide behind backward
     replan_interval = 50            # int >= 1: steps between two decisions
     candidates = ["none", "fp16", "powersgd:rank=4", "topk:ratio=0.01"]  # 'none' always added
@@ -290,7 +290,7 @@ class PolicyRules:
     """A compressed window must measure at least this much faster than an uncompressed one on
     a similar link, else compression is held off for a while (the payoff check: predictions
     near break-even are not to be trusted)."""
-    time_slack: float = 0.03
+    time_slack: float = 0.1
     """Plans whose predicted step is within this fraction of the fastest plan's count as
     equally fast; the least compression error among them wins (progress per second)."""
     target_overlap: float = 0.9

@@ -46,7 +46,7 @@ _TOLERANCE = 1e-9
 class SearchConfig:
     """Settings of :func:`search` (the engine fills them from its config and the rules)."""
 
-    time_slack: float = 0.03
+    time_slack: float = 0.1
     """Plans within this fraction of the fastest plan's step count as equally fast."""
     target_overlap: float = 0.9
     """A plan hiding this fraction of its communication is acceptable too."""

@@ -26,8 +26,11 @@ __version__ = "0.1.0"
 os.environ.setdefault("MKL_CBWR", "AUTO")
 
 _EXPORTS = {
+    "AutocompConfig": "autocomp.config",
+    "AutocompState": "autocomp.attach",
     "Controller": "autocomp.controller",
-    "wrap": "autocomp.controller",
+    "make_hook": "autocomp.attach",
+    "wrap": "autocomp.attach",
     "Plan": "autocomp.plan",
     "load_plan": "autocomp.plan",
     "available_compressors": "autocomp.compressors",
@@ -36,18 +39,23 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "AutocompConfig",
+    "AutocompState",
     "Controller",
     "Plan",
     "available_compressors",
     "build_compressor",
     "load_plan",
+    "make_hook",
     "register_compressor",
     "wrap",
 ]
 
 if TYPE_CHECKING:
+    from autocomp.attach import AutocompState, make_hook, wrap
     from autocomp.compressors import available_compressors, build_compressor, register_compressor
-    from autocomp.controller import Controller, wrap
+    from autocomp.config import AutocompConfig
+    from autocomp.controller import Controller
     from autocomp.plan import Plan, load_plan
 
 

@@ -17,8 +17,11 @@ Boundaries fall at every multiple of ``window``, at the end of the warm-up, and 
 (``first_look_steps``), so that a link far slower than the backward is acted on after a few
 steps instead of a whole window. The schedule is a pure function of the hook's step counter
 (one per synchronizing backward) and the configuration, which ``wrap`` checks is identical on
-every rank, so all ranks reach every boundary at the same step. Forwards without gradient
-sync (eval, ``no_sync`` accumulation) do not count and never trigger a collective.
+every rank, so all ranks reach every boundary at the same step. A boundary runs inside the
+comm hook, at the first bucket of the step, before any of its collectives: no forward hook
+issues collectives, so ``torch.compile`` cannot trace or reorder them, and frameworks that
+own the DDP wrapper need nothing but the (state, hook) pair. Backwards without gradient sync
+(``no_sync`` accumulation) never reach the hook and never trigger a collective.
 
 When the plan's own transfers are too small to show the bandwidth (heavy compression), rank 0
 asks for an active probe: at the next boundary, right after the measurement all-reduce, every
@@ -39,7 +42,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 from autocomp.compressors import Collective, build_compressor
 from autocomp.cost_model import CostModel
@@ -80,9 +82,10 @@ class AdaptiveLoop:
         warmup_steps: int = 100
         """Uncompressed steps at the start (the policy preset's value unless overridden);
         cut short when the first look shows a link much slower than the backward."""
-        first_look_steps: int = 4
-        """Step of the early boundary: DDP rebuilds its buckets at step 1, so 4 leaves a few
-        measured steps (the decision comes then if the link is slow)."""
+        first_look_steps: int = 2
+        """Step of the early boundary: after two measured steps (the first includes DDP's
+        bucket rebuild), so that a slow link costs as few uncompressed steps as PyTorch's
+        PowerSGD hook takes (the decision comes then if the link is slow)."""
         history: int = 1000
         """Window records kept in memory."""
         sampled_steps: int = 2
@@ -110,7 +113,7 @@ class AdaptiveLoop:
 
     def __init__(
         self,
-        ddp: DistributedDataParallel,
+        ddp: torch.nn.Module | None,
         state: HookState,
         rules: PolicyRules,
         pins: Sequence[tuple[str, str]],
@@ -160,13 +163,15 @@ class AdaptiveLoop:
         self.boundary_seconds = 0.0
         """Wall time this rank spent at window boundaries (measurement all-reduce, decision,
         plan broadcast, probe): the window loop's own cost, reported by the overhead bench."""
-        self._loss_sum = 0.0
+        self._loss_sum: float | torch.Tensor = 0.0
         self._loss_count = 0
         self._bytes_mark = self._bytes_totals()
-        self._handles = [
-            ddp.register_forward_pre_hook(self._on_forward),
-            ddp.register_forward_hook(self._on_forward_done),
-        ]
+        state.step_listener = self.on_step_start
+        # Forward ends mark where backwards begin (timing only; no collective here, and
+        # compiled code must not trace it: boundaries run in the comm hook instead).
+        self._handles = (
+            [] if ddp is None else [ddp.register_forward_hook(_forward_hook(self._on_forward_done))]
+        )
 
     # ---- the planner's parts, for inspection and tests ------------------------------------------
 
@@ -213,22 +218,18 @@ class AdaptiveLoop:
     # ---- training-loop side -------------------------------------------------------------------
 
     def observe_loss(self, loss: float | torch.Tensor) -> None:
-        """Record this step's loss for the divergence guard."""
+        """Record this step's loss for the divergence guard. A tensor is accumulated where it
+        lives, without a host sync; the window's sum is read once, at the boundary."""
         if isinstance(loss, torch.Tensor):
-            loss = float(loss.detach().float().mean())
-        self._loss_sum += float(loss)
+            value = loss.detach().float().mean()
+            total = self._loss_sum
+            self._loss_sum = value if isinstance(total, float) and total == 0.0 else total + value
+        else:
+            self._loss_sum = self._loss_sum + float(loss)
         self._loss_count += 1
 
-    def _syncs(self, module: torch.nn.Module) -> bool:
-        return (
-            torch.is_grad_enabled()
-            and module.training
-            and bool(getattr(module, "require_backward_grad_sync", True))
-            and self.state.enabled
-        )
-
     def is_boundary(self, step: int) -> bool:
-        """Whether a boundary runs before the forward of ``step`` (same on every rank)."""
+        """Whether a boundary runs before the backward of ``step`` (same on every rank)."""
         cfg = self.config
         if step <= 0:
             return False
@@ -244,10 +245,11 @@ class AdaptiveLoop:
                 following = special
         return following
 
-    def _on_forward(self, module: torch.nn.Module, args: Any) -> None:
-        if not self._syncs(module):
+    def on_step_start(self, step: int) -> None:
+        """The comm hook's first bucket of ``step`` (every rank, before any collective of the
+        step): close the previous step's timeline, and run a boundary when one is due."""
+        if not self.state.enabled:
             return
-        step = self.state.step
         # Begin first: it closes the previous step, so the window below includes it (and the
         # boundary's own cost is charged to the step it delays).
         sample = self.next_boundary(step) - step <= self.config.sampled_steps
@@ -259,7 +261,7 @@ class AdaptiveLoop:
             self.boundary_seconds += time.perf_counter() - started
 
     def _on_forward_done(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if self._syncs(module):
+        if torch.is_grad_enabled() and module.training:
             self.profiler.forward_done()
 
     def close(self) -> None:
@@ -267,6 +269,7 @@ class AdaptiveLoop:
             handle.remove()
         self._handles.clear()
         self.state.profiler = None
+        self.state.step_listener = None
         if self.runlog is not None:
             self.runlog.close()
 
@@ -279,7 +282,8 @@ class AdaptiveLoop:
     def _local_vector(self, profile: WindowProfile | None) -> torch.Tensor:
         """This rank's window as a fixed-size vector (same layout on every rank, summed)."""
         values = [0.0] * (_HEADER + _PER_LAYER * len(self.names))
-        values[_HEADER - 2] = self._loss_sum
+        loss_sum = self._loss_sum
+        values[_HEADER - 2] = float(loss_sum)  # the window's one read of a device loss
         values[_HEADER - 1] = float(self._loss_count)
         if profile is not None:
             values[0] = 1.0
@@ -503,6 +507,13 @@ class AdaptiveLoop:
         self.planner.load_state_dict(state)
         self._probe_next = int(state.get("probe_next_bytes", 0))
         self._last_boundary = int(state["last_boundary"])
+
+
+def _forward_hook(function: Any) -> Any:
+    """``function`` as a forward hook compiled code leaves alone (runs eagerly, untraced)."""
+    compiler = getattr(torch, "compiler", None)
+    disable = getattr(compiler, "disable", None)
+    return disable(function) if disable is not None else function
 
 
 def _record(measurement: WindowMeasurement, current: dict[str, str], state: HookState) -> None:

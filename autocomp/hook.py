@@ -37,6 +37,7 @@ registration and rejects string annotations.)
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +120,11 @@ class HookState:
         """False after ``close()``: the hook then does a plain averaging all-reduce."""
         self.profiler: StepProfiler | None = None
         """Set by the adaptive controller; None in static mode (no timing overhead)."""
+        self.step_listener: Callable[[int], None] | None = None
+        """Called at the first bucket of every step, before any of its collectives, with the
+        step about to run: the adaptive loop's window boundaries happen there, inside the comm
+        hook, where every rank is at the same point and compiled code cannot reorder them."""
+        self._in_step = False
         self.nonfinite_events: list[tuple[int, str]] = []
         """(step, layer) of every non-finite average seen; drained by the controller."""
         self.pending_round: _BucketWork | None = None
@@ -365,9 +371,13 @@ class _BucketWork:
 
 def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook applying each parameter's compressor; see the module docstring."""
+    state.resolve_nonfinite()
+    if not state._in_step:
+        state._in_step = True
+        if state.step_listener is not None:
+            state.step_listener(state.step)
     profiler = state.profiler
     entered = profiler.hook_entered(bucket.index()) if profiler is not None else 0.0
-    state.resolve_nonfinite()
     pending, state.pending_round = state.pending_round, None
     if pending is not None:
         if pending.step != state.step:
@@ -399,6 +409,7 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
             profiler.hook_exited(entered)
         if is_last:
             state.step += 1
+            state._in_step = False
         return fut.then(lambda f: f.value()[0])
 
     work = _BucketWork(step=state.step, buffer=buffer)
@@ -446,6 +457,7 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
             profiler.collective(Collective.ALL_GATHER, local.numel(), fut)
     if is_last:
         state.step += 1
+        state._in_step = False
 
     if not work.round_parts:
         if profiler is not None:

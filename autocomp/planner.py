@@ -75,6 +75,19 @@ class PlanUpdate:
     record: WindowRecord
 
 
+def _compute(timings: dict[str, float]) -> float:
+    """The window's compute-only step: measured per step (minimum), or from the medians."""
+    measured = timings.get("compute_seconds")
+    if measured:
+        return measured
+    return compute_seconds(
+        timings["step_seconds"],
+        timings["exposed_seconds"],
+        timings["compress_seconds"],
+        timings["backward_seconds"],
+    )
+
+
 class WindowPlanner:
     """Decision state of one wrapped model (see the module docstring)."""
 
@@ -316,9 +329,7 @@ class WindowPlanner:
             self.warmup_done = True
             return False
         t = m.timings
-        compute = compute_seconds(
-            t["step_seconds"], t["exposed_seconds"], t["compress_seconds"], t["backward_seconds"]
-        )
+        compute = _compute(t)
         step = t["step_seconds"]
         if m.profiled_ranks > 0 and compute > 0 and step >= self.config.slow_link_ratio * compute:
             self.warmup_done = True
@@ -340,12 +351,7 @@ class WindowPlanner:
         for layer in m.layers.values():
             if layer.bucket is not None and layer.bucket_hideable_seconds is not None:
                 bucket_hideable[layer.bucket] = max(0.0, layer.bucket_hideable_seconds)
-        compute = compute_seconds(
-            t["step_seconds"],
-            t["exposed_seconds"],
-            t["compress_seconds"],
-            t["backward_seconds"],
-        )
+        compute = _compute(t)
         return StepTiming(
             backward_seconds=t["backward_seconds"],
             hideable_seconds=t["hideable_seconds"],

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from autocomp.compressors import Collective
-from autocomp.exposure import measured_exposed, overlap
+from autocomp.exposure import compute_seconds, measured_exposed, overlap
 
 now = time.perf_counter
 
@@ -95,6 +95,10 @@ class StepTimes:
     bucket_hideable_seconds: dict[int, float] = field(default_factory=dict)
     """Per bucket index: backward compute left once that bucket is ready (the last one: 0).
     What its communication can hide behind; the first bucket's is ``hideable_seconds``."""
+    compute_seconds: float = 0.0
+    """The step without what communication added (:func:`autocomp.exposure.compute_seconds`);
+    for a window, the minimum over its steps: anything else that lands in a step (an
+    evaluation, a checkpoint, a slow data batch) only makes steps longer."""
 
     @property
     def overlap(self) -> float:
@@ -147,6 +151,7 @@ class StepProfiler:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._current: _Step | None = None
+        self._forward_done: float | None = None
         self._finished: list[tuple[_Step, float]] = []
         self._layer_seconds: dict[str, float] = defaultdict(float)
         self._layer_samples: dict[str, list[LayerSample]] = {}
@@ -156,17 +161,22 @@ class StepProfiler:
     # ---- controller side ------------------------------------------------------------------
 
     def begin_step(self, sample: bool = False) -> None:
-        """Called at the start of every training forward."""
+        """Called when a step's first gradient bucket reaches the comm hook (before any of its
+        collectives): it closes the previous step, whose length is the time between the two
+        calls. The last forward that ended before it (if the caller reports forwards) marks
+        where this step's backward began."""
         t = now()
         with self._lock:
             if self._current is not None and self._current.last_ready is not None:
                 self._finished.append((self._current, t))
-            self._current = _Step(started=t)
+            forward_done = self._forward_done
+            self._current = _Step(started=t, forward_done=forward_done)
+            self._forward_done = None
         self.sample_this_step = sample
 
     def forward_done(self) -> None:
-        if self._current is not None:
-            self._current.forward_done = now()
+        """A training forward ended (the backward that follows belongs to the next step)."""
+        self._forward_done = now()
 
     # ---- hook side ------------------------------------------------------------------------
 
@@ -235,7 +245,8 @@ class StepProfiler:
     def _summarize(self, step: _Step, next_start: float) -> StepTimes | None:
         if step.first_ready is None or step.last_ready is None:
             return None
-        forward_done = step.forward_done or step.started
+        # Without a reported forward end, the backward counts from the first bucket ready.
+        forward_done = step.forward_done or step.first_ready
         last_exit = step.last_hook_exit or step.last_ready
         backward = max(0.0, step.last_ready - forward_done - step.hook_seconds_before_last)
         hideable = max(0.0, step.last_ready - step.first_ready - step.hook_seconds_before_last)
@@ -247,12 +258,15 @@ class StepProfiler:
         exposed = measured_exposed(last_exit, ends, step.wait_seconds)
         hook_work = step.hook_seconds_before_last + step.last_hook_seconds - step.wait_seconds
         last_compute = step.last_ready - step.hook_seconds_before_last
+        step_seconds = next_start - step.started
+        work = max(0.0, hook_work) + step.finish_seconds
         return StepTimes(
-            step_seconds=next_start - step.started,
+            compute_seconds=compute_seconds(step_seconds, exposed, work, backward),
+            step_seconds=step_seconds,
             backward_seconds=backward,
             hideable_seconds=hideable,
             comm_busy_seconds=busy,
-            compress_seconds=max(0.0, hook_work) + step.finish_seconds,
+            compress_seconds=work,
             exposed_seconds=exposed,
             bucket_hideable_seconds={
                 index: max(0.0, last_compute - ready) for index, ready in step.ready_compute.items()
@@ -287,6 +301,7 @@ class StepProfiler:
             comm_busy_seconds=median("comm_busy_seconds"),
             compress_seconds=median("compress_seconds"),
             exposed_seconds=median("exposed_seconds"),
+            compute_seconds=min(s.compute_seconds for s in summaries),
             bucket_hideable_seconds={
                 index: statistics.median(
                     s.bucket_hideable_seconds[index]

@@ -23,8 +23,10 @@ TIMING_FIELDS = (
     "comm_busy_seconds",
     "compress_seconds",
     "exposed_seconds",
+    "compute_seconds",
 )
-"""Per-step medians each rank reports; the measurement holds their mean over ranks."""
+"""Per-step medians (the compute-only step: the minimum) each rank reports; the measurement
+holds their mean over ranks."""
 
 
 @dataclass(slots=True)
@@ -163,6 +165,8 @@ class WindowRecord:
     """Link bytes per second the probe achieved (latency included: a lower bound)."""
     predicted_step_seconds: float | None = None
     """What the previous decision predicted for this window's step."""
+    compute_seconds: float = 0.0
+    """The window's compute-only step (minimum over its steps, mean over ranks)."""
 
     def summary(self) -> str:
         """One log line: bandwidth seen, bytes per step, what changed and why."""

@@ -57,7 +57,10 @@ def _setup(
     torch.manual_seed(0)
     model = MultiBucketNet()
     ddp = DDP(model, bucket_cap_mb=0.02)
-    ctl = autocomp.wrap(ddp, target_overlap=0.9, policy=policy_path, window=WINDOW, **kwargs)
+    config = autocomp.AutocompConfig(
+        target_overlap=0.9, policy=policy_path, window=WINDOW, **kwargs
+    )
+    ctl = autocomp.wrap(ddp, config=config)
     assert ctl.adaptive is not None
     if slow and rank == 0:
         # An injected link: loopback steps do not get faster with compression, which the
@@ -122,7 +125,8 @@ def test_every_rank_holds_the_same_plan_and_switches_at_the_same_step(
     assert compressed, plans[max(plans)]
     assert all(not n.endswith(".bias") for n in compressed)  # 1-D never compressed
     first_switch = next(step for step, changes in reference["switches"] if changes)
-    assert first_switch % WINDOW == 0 and first_switch >= 4
+    # At the first look (step 2: the link is slow, the warm-up ends) or at a boundary.
+    assert first_switch == 2 or first_switch % WINDOW == 0
     reasons = reference["reasons"]
     assert reasons is not None and all(reasons.values())
     optimizer_heads = ("knapsack", "infeasible", "fastest", "target out of reach")
@@ -319,7 +323,8 @@ def test_runaway_residual_is_reset_and_backed_off(tmp_path: Path) -> None:
 
 
 def _warmup_and_resume(rank: int, world_size: int, policy_path: str, ckpt: str) -> dict[str, Any]:
-    model, ddp, opt, ctl = _setup(rank, policy_path)
+    # No early look before the end of the 4-step warm-up: the warm-up is what is tested here.
+    model, ddp, opt, ctl = _setup(rank, policy_path, first_look_steps=4)
     warm_plans = []
     for step in range(5 * WINDOW):
         _train_step(ctl, ddp, opt, rank, step)
@@ -330,7 +335,7 @@ def _warmup_and_resume(rank: int, world_size: int, policy_path: str, ckpt: str) 
     torch.save({"ac": ctl.state_dict(), "model": model.state_dict()}, path)
     events = [e.to_dict() for e in ctl.adaptive.guards.events] if ctl.adaptive else []
 
-    model2, _, _, ctl2 = _setup(rank, policy_path)
+    model2, _, _, ctl2 = _setup(rank, policy_path, first_look_steps=4)
     blob = torch.load(path, weights_only=False)
     model2.load_state_dict(blob["model"])
     ctl2.load_state_dict(blob["ac"])

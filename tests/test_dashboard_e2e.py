@@ -58,14 +58,15 @@ def _train(rank: int, world_size: int, sync: str, port: int, kill_sidecar: bool)
     torch.manual_seed(0)
     model = MultiBucketNet()
     ddp = DDP(model, bucket_cap_mb=0.02)
-    ctl = autocomp.wrap(
-        ddp,
+    config = autocomp.AutocompConfig(
         target_overlap=0.9,
         window=WINDOW,
         warmup_steps=WINDOW,
+        first_look_steps=WINDOW,  # boundaries every WINDOW steps only
         run_dir=Path(sync) / "run",
         dashboard=port if rank == 0 else False,
     )
+    ctl = autocomp.wrap(ddp, config=config)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     plans: dict[int, dict[str, str]] = {}
     for step in range(STEPS):

@@ -66,7 +66,11 @@ def _stuck_slow(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:
     torch.manual_seed(0)
     model = MultiBucketNet()
     ddp = DDP(model, bucket_cap_mb=0.02)
-    ctl = autocomp.wrap(ddp, target_overlap=0.9, policy=policy_path, window=WINDOW)
+    # No early look: the warm-up (4 steps) ends at the first boundary, as the test expects.
+    config = autocomp.AutocompConfig(
+        target_overlap=0.9, policy=policy_path, window=WINDOW, first_look_steps=WARMUP
+    )
+    ctl = autocomp.wrap(ddp, config=config)
     loop = ctl.adaptive
     assert loop is not None
     loop.probe = LinkProbe(GENEROUS)
@@ -152,7 +156,10 @@ def shaped_worker(policy_path: str, out_dir: str) -> None:
         torch.nn.Linear(1024, 10),
     )
     ddp = DDP(model, bucket_cap_mb=1)
-    ctl = autocomp.wrap(ddp, policy=policy_path, window=WINDOW, run_dir=False)
+    config = autocomp.AutocompConfig(
+        policy=policy_path, window=WINDOW, run_dir=False, first_look_steps=WARMUP
+    )
+    ctl = autocomp.wrap(ddp, config=config)
     assert ctl.adaptive is not None
     # Compressed steps take tens of ms here, so 1% of a window buys no informative probe: a
     # large budget (capped payload) probes every blind window, as a long window would.

@@ -54,9 +54,10 @@ def test_one_step_timeline(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = Clock()
     monkeypatch.setattr(profiler_module, "now", clock)
     prof = StepProfiler()
-    prof.begin_step()  # t = 0
     clock.t = 0.10
-    prof.forward_done()
+    prof.forward_done()  # the training forward ends; the backward that follows is this step's
+    clock.t = 0.15
+    prof.begin_step()  # the first bucket reaches the hook: the step begins
     # Bucket 0 ready at 0.15; the hook works 0.01 s and launches a 20 ms collective.
     f0 = _hook_call(prof, clock, 0, 0.15, 0.16, Collective.ALL_REDUCE, 1000)
     # Bucket 2 ready at 0.20 (0.19 of compute after the forward's end + 0.01 of hook work).
@@ -68,8 +69,8 @@ def test_one_step_timeline(monkeypatch: pytest.MonkeyPatch) -> None:
     _done(clock, f1, 0.36)
     clock.t = 0.37
     prof.bucket_finished(0.004)
-    clock.t = 0.40
-    prof.begin_step()  # closes the step
+    clock.t = 0.55
+    prof.begin_step()  # the next step's first bucket closes this one
     window = prof.end_window()
     assert window is not None and window.steps == 1
     times = window.times
@@ -88,6 +89,8 @@ def test_one_step_timeline(monkeypatch: pytest.MonkeyPatch) -> None:
         {0: last - 0.15, 2: last - (0.20 - 0.01), 1: 0.0}
     )
     assert times.bucket_hideable_seconds[0] == pytest.approx(times.hideable_seconds)
+    # The compute-only step: the step without exposed time and compression work.
+    assert times.compute_seconds == pytest.approx(0.40 - (0.37 - 0.31) - times.compress_seconds)
 
 
 def test_window_medians_per_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,8 +99,8 @@ def test_window_medians_per_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
     prof = StepProfiler()
     for start, gap in ((0.0, 0.05), (1.0, 0.07), (2.0, 0.06)):
         clock.t = start
-        prof.begin_step()
         prof.forward_done()
+        prof.begin_step()
         for bucket, offset in ((0, 0.0), (1, gap)):
             clock.t = start + 0.1 + offset
             prof.hook_exited(prof.hook_entered(bucket))

@@ -1,0 +1,397 @@
+"""Attaching autocomp to a model: ``wrap(ddp)``, and ``make_hook(config)`` for frameworks.
+
+Both end in :func:`bind`: parameter slots keyed by name, the cross-rank check that every rank
+holds the same model and configuration, the adaptive loop (rank 0's run log and calibration
+included) and the :class:`~autocomp.controller.Controller`. ``wrap`` binds at once and
+registers the hook itself. ``make_hook`` returns a ``(state, hook)`` pair a framework
+registers on the DDP model it builds (``ddp.register_comm_hook(state, hook)``, Lightning's
+``DDPStrategy(ddp_comm_state=state, ddp_comm_hook=hook)``); the state binds at the hook's
+first call, finding the model that registered it, or earlier with ``state.bind(ddp)``.
+
+Every step that can fail on one rank only (a run log rank 0 cannot create, calibration)
+ends in :func:`~autocomp.distributed.raise_together`, so a local failure is raised on every
+rank before any collective could be left waiting for it.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import warnings
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from autocomp.adaptive import AdaptiveLoop
+from autocomp.compressors import Compressor, build_compressor
+from autocomp.config import AutocompConfig, ResolvedConfig
+from autocomp.controller import Controller
+from autocomp.distributed import raise_together, require_same_on_all_ranks
+from autocomp.env import (
+    AUTOCOMP_CHECK_WIRE_BYTES,
+    AUTOCOMP_DISABLE,
+    AUTOCOMP_RUN_DIR,
+    AUTOCOMP_SEED,
+)
+from autocomp.hook import HookState, LayerSlot, autocomp_hook
+from autocomp.plan import Plan, assignment_digest
+from autocomp.policy.rules import PolicyRules
+from autocomp.runlog import RunLog, default_run_dir, new_run_id
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["AutocompState", "autocomp_comm_hook", "bind", "make_hook", "wrap"]
+
+_WRAPPED_ATTR = "_autocomp_controller"
+
+
+def layer_seed(base_seed: int, name: str) -> int:
+    """Seed shared by all ranks for one parameter (crc32: stable across processes)."""
+    return (base_seed * 0x9E3779B1 + zlib.crc32(name.encode())) % (1 << 62)
+
+
+def _require_distributed() -> None:
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "torch.distributed is not initialized; call dist.init_process_group(...) (torchrun "
+            "sets the environment) before creating DDP and calling autocomp.wrap"
+        )
+
+
+def _check_model(model: object) -> DistributedDataParallel:
+    if isinstance(model, DistributedDataParallel):
+        return model
+    raise TypeError(
+        f"autocomp.wrap expects a DistributedDataParallel model, got {type(model).__name__}; "
+        "wrap your module in DistributedDataParallel first: "
+        "ddp = torch.nn.parallel.DistributedDataParallel(model); ctl = autocomp.wrap(ddp)"
+    )
+
+
+def _open_run_log(
+    run_dir: str | Path | bool | None,
+    params: dict[str, torch.nn.Parameter],
+    rules: PolicyRules,
+    config: AdaptiveLoop.Config,
+    world_size: int,
+) -> RunLog:
+    run_id = new_run_id()
+    if run_dir is None or run_dir is True:
+        configured = AUTOCOMP_RUN_DIR.get()
+        directory = Path(configured) / run_id if configured else default_run_dir(run_id)
+    else:
+        directory = Path(run_dir)
+    meta = {
+        "world_size": world_size,
+        "policy": rules.name,
+        "target_overlap": config.target_overlap,
+        "window": config.window,
+        "warmup_steps": config.warmup_steps,
+        "layers": [
+            {"name": n, "shape": list(p.shape), "numel": p.numel(), "dtype": str(p.dtype)}
+            for n, p in params.items()
+        ],
+    }
+    log = RunLog.open(directory, run_id=run_id, meta=meta)
+    logger.info("autocomp: run log at %s", directory / "run.db")
+    return log
+
+
+def _refuse_join(ddp: torch.nn.Module) -> None:
+    """DDP's join() shadows a finished rank's all-reduces with plain ones of each bucket's
+    full size; the compressed hook issues other collectives, so they would mismatch."""
+
+    def refused(*_: Any, **__: Any) -> Any:
+        raise RuntimeError(
+            "DDP join() (uneven inputs) cannot be used with autocomp: a rank that has joined "
+            "shadows the others' gradient all-reduces with uncompressed ones of each bucket's "
+            "size, which do not match the compressed collectives. Give every rank the same "
+            "number of batches (e.g. DistributedSampler(drop_last=True)), or close() the "
+            "controller before join()."
+        )
+
+    if isinstance(ddp, DistributedDataParallel):
+        ddp.join = refused  # type: ignore[method-assign]
+        ddp.join_hook = refused  # type: ignore[method-assign]
+
+
+def bind(
+    model: torch.nn.Module,
+    resolved: ResolvedConfig,
+    process_group: dist.ProcessGroup | None,
+) -> Controller:
+    """Build the hook state and controller of ``model`` (a collective: every rank, in order).
+
+    ``model`` is the DDP wrapper or the module whose parameters it reduces; names come from
+    its ``named_parameters()`` (the DDP wrapper's ``module.`` prefix is dropped).
+    """
+    source = resolved.source
+    rank = dist.get_rank(process_group)
+    world_size = dist.get_world_size(process_group)
+    module = model.module if isinstance(model, DistributedDataParallel) else model
+    params = {n: p for n, p in module.named_parameters() if p.requires_grad}
+    problem: Exception | None = None
+    if not params:
+        problem = ValueError("the model has no parameters that require gradients; nothing to wrap")
+    raise_together(problem, process_group, "autocomp setup")
+    rules = resolved.rules
+    for pattern in rules.unmatched_patterns(params):
+        message = f"autocomp plan: glob {pattern!r} matches no parameter of the model"
+        warnings.warn(message, UserWarning, stacklevel=3)
+        logger.warning(message)
+    base_seed = AUTOCOMP_SEED.get() if source.seed is None else int(source.seed)
+    disabled = AUTOCOMP_DISABLE.get()
+    if disabled:
+        logger.warning("AUTOCOMP_DISABLE is set: every layer uses plain all-reduce")
+    adaptive = resolved.adaptive and not disabled
+    if resolved.adaptive or disabled:
+        # Adaptive mode starts uncompressed (warm-up); the policy switches layers later.
+        assignment: dict[str, Compressor] = {name: build_compressor("none") for name in params}
+    else:
+        assignment = rules.resolve(params)
+
+    shapes: dict[str, object] = {n: p.shape for n, p in params.items()}
+    # Everything else ranks must agree on rides along as pseudo-entries of the digest.
+    settings = {
+        "\0seed": (base_seed, world_size),
+        "\0config": (*resolved.digest_fields(), disabled),
+    }
+    digest = assignment_digest(
+        {**assignment, **{key: build_compressor("none") for key in settings}},
+        {**shapes, **settings},
+    )
+    require_same_on_all_ranks(digest, process_group, "the autocomp configuration (or the model)")
+
+    slots = {
+        name: LayerSlot(name=name, shape=p.shape, dtype=p.dtype, seed=layer_seed(base_seed, name))
+        for name, p in params.items()
+    }
+    state = HookState(
+        process_group,
+        slots,
+        {id(p): name for name, p in params.items()},
+        rank=rank,
+        world_size=world_size,
+        check_wire_bytes=AUTOCOMP_CHECK_WIRE_BYTES.get(),
+    )
+    state.assign(assignment)
+    if not resolved.adaptive and resolved.warmup_steps:
+        for slot in slots.values():
+            slot.uncompressed_until = resolved.warmup_steps
+    loop = None
+    if adaptive:
+        loop = _adaptive_loop(model, state, resolved, params, process_group)
+    controller = Controller(model, state, rules, params, loop)
+    if loop is not None and source.dashboard and rank == 0 and loop.runlog is not None:
+        port = 8765 if source.dashboard is True else int(source.dashboard)
+        controller._start_dashboard(loop.runlog.path.parent, port)
+    _refuse_join(model)
+    if rank == 0:
+        compressed = sum(1 for c in assignment.values() if c.name != "none")
+        detail = (
+            f" (policy {loop.rules.name}, target overlap {loop.config.target_overlap}, "
+            f"window {loop.config.window}, warm-up {loop.config.warmup_steps} steps)"
+            if loop is not None
+            else f", {compressed} compressed"
+        )
+        logger.info(
+            "autocomp: wrapped %d parameters across %d ranks, %s mode%s",
+            len(assignment),
+            world_size,
+            controller.mode,
+            detail,
+        )
+    return controller
+
+
+def _adaptive_loop(
+    model: torch.nn.Module,
+    state: HookState,
+    resolved: ResolvedConfig,
+    params: dict[str, torch.nn.Parameter],
+    process_group: dist.ProcessGroup | None,
+) -> AdaptiveLoop:
+    """The window loop; rank 0's run log and calibration fail together with the others."""
+    policy = resolved.policy
+    assert policy is not None and resolved.window is not None
+    assert resolved.target_overlap is not None
+    source = resolved.source
+    config = AdaptiveLoop.Config(
+        target_overlap=resolved.target_overlap,
+        window=resolved.window,
+        warmup_steps=policy.warmup_steps,
+        first_look_steps=source.first_look_steps,
+        sampled_steps=source.sampled_steps,
+    )
+    AdaptiveLoop.validate(config)
+    pins = [(r.pattern, r.compressor.spec) for r in resolved.rules.rules]
+    runlog = None
+    loop = None
+    problem: Exception | None = None
+    try:
+        if state.rank == 0 and source.run_dir is not False:
+            runlog = _open_run_log(source.run_dir, params, policy, config, state.world_size)
+        loop = AdaptiveLoop(model, state, policy, pins, config, runlog=runlog)
+    except Exception as err:  # rank-local (disk, calibration): every rank must hear of it
+        problem = err
+        if runlog is not None:
+            runlog.close()
+    raise_together(problem, process_group, "autocomp's adaptive setup (run log, calibration)")
+    assert loop is not None
+    return loop
+
+
+def wrap(
+    model: DistributedDataParallel,
+    plan: Plan | Mapping[str, str] | list[tuple[str, str]] | str | None = None,
+    *,
+    target_overlap: float | None = None,
+    policy: str | Path | PolicyRules | None = None,
+    window: int | None = None,
+    warmup_steps: int | None = None,
+    seed: int | None = None,
+    run_dir: str | Path | bool | None = None,
+    dashboard: bool | int = False,
+    config: AutocompConfig | None = None,
+) -> Controller:
+    """Register autocomp's comm hook on ``model`` (in place) and return its controller.
+
+    Two modes:
+
+    * **adaptive** (``wrap(ddp)`` or ``wrap(ddp, target_overlap=0.9)``): at every window
+      boundary the controller measures the link and the backward timeline, and the policy
+      picks a compressor per layer: the least compression error among the plans that train
+      fastest (``docs/policy.md``). ``plan`` rules become pins.
+    * **static** (``wrap(ddp, plan=...)`` without ``target_overlap`` or ``policy``): the plan
+      is applied as given and never changes.
+
+    The keyword arguments are the fields of :class:`~autocomp.config.AutocompConfig` (see it
+    for each one); pass ``config=`` instead to hand over a whole configuration.
+
+    All settings must be equal on every rank; this is checked.
+
+    Raises:
+        TypeError: ``model`` is not DDP, or an argument has the wrong type.
+        ValueError: a spec, policy or numeric argument is invalid (the message says what is).
+        RuntimeError: the model is already wrapped or has another comm hook, or the
+            configuration differs between ranks, or a rank-local setup step failed (raised on
+            every rank, before any training collective).
+    """
+    ddp = _check_model(model)
+    _require_distributed()
+    if getattr(ddp, _WRAPPED_ATTR, None) is not None:
+        raise RuntimeError(
+            "this DDP model is already wrapped by autocomp; DDP allows one comm hook per model. "
+            "Use the controller returned by the first wrap() call."
+        )
+    given = {
+        "plan": plan,
+        "target_overlap": target_overlap,
+        "policy": policy,
+        "window": window,
+        "warmup_steps": warmup_steps,
+        "seed": seed,
+        "run_dir": run_dir,
+    }
+    if config is not None:
+        if any(v is not None for v in given.values()) or dashboard:
+            raise ValueError("pass either config= or the individual settings to wrap, not both")
+    else:
+        config = AutocompConfig(**given, dashboard=dashboard)
+    resolved = config.resolve()
+    controller = bind(ddp, resolved, ddp.process_group)
+    try:
+        ddp.register_comm_hook(controller._state, autocomp_hook)
+    except RuntimeError as err:
+        controller.close()
+        raise RuntimeError(
+            "could not register autocomp's comm hook: this DDP model already has a comm hook "
+            f"(DDP allows only one). Remove the other register_comm_hook call. ({err})"
+        ) from None
+    setattr(ddp, _WRAPPED_ATTR, controller)
+    return controller
+
+
+class AutocompState:
+    """The state of the ``(state, hook)`` pair :func:`make_hook` returns.
+
+    It binds to the model at the hook's first call (finding the DDP model it was registered
+    on), or when :meth:`bind` is called; ``controller`` is the model's
+    :class:`~autocomp.controller.Controller` from then on.
+    """
+
+    def __init__(self, config: AutocompConfig, process_group: dist.ProcessGroup | None) -> None:
+        self.config = config
+        self.resolved = config.resolve()  # bad settings fail here, not mid-backward
+        self.process_group = process_group
+        self.controller: Controller | None = None
+        """The bound model's controller (None until the first backward or :meth:`bind`)."""
+
+    def bind(self, model: torch.nn.Module) -> Controller:
+        """Bind to ``model`` (the DDP model, or the module whose parameters it reduces) now.
+
+        A collective: call it on every rank, before the first backward.
+        """
+        if self.controller is not None:
+            return self.controller
+        _require_distributed()
+        group = self.process_group
+        if group is None and isinstance(model, DistributedDataParallel):
+            group = model.process_group
+        self.controller = bind(model, self.resolved, group)
+        return self.controller
+
+    def _find_model(self) -> DistributedDataParallel | None:
+        """The DDP model this state was registered on (one scan of the GC's objects)."""
+        for obj in gc.get_objects():
+            if isinstance(obj, DistributedDataParallel):
+                hooks = getattr(obj, "_comm_hooks", ())
+                if any(state is self for _, state in hooks):
+                    return obj
+        return None
+
+    def bind_registered(self) -> Controller:
+        """Bind to the DDP model that registered this state (the hook's first call)."""
+        model = self._find_model()
+        problem = None
+        if model is None:
+            problem = RuntimeError(
+                "autocomp: cannot find the DDP model this hook state was registered on; call "
+                "state.bind(model) on every rank before the first backward"
+            )
+        group = self.process_group if self.process_group is not None else None
+        raise_together(problem, group, "autocomp's binding to the model")
+        assert model is not None
+        return self.bind(model)
+
+
+def autocomp_comm_hook(state, bucket):  # type: ignore[no-untyped-def]
+    """The hook of :func:`make_hook`: binds ``state`` at its first call, then autocomp's hook.
+
+    (Unannotated: DDP checks a hook's annotations and rejects the strings this module's
+    ``from __future__ import annotations`` would make of them.)
+    """
+    controller = state.controller
+    if controller is None:
+        controller = state.bind_registered()
+    return autocomp_hook(controller._state, bucket)
+
+
+def make_hook(
+    config: AutocompConfig | None = None,
+    process_group: dist.ProcessGroup | None = None,
+) -> tuple[AutocompState, Any]:
+    """A ``(state, hook)`` pair for ``ddp.register_comm_hook(state, hook)`` or a framework's
+    comm-hook slot (Lightning: ``DDPStrategy(ddp_comm_state=state, ddp_comm_hook=hook)``).
+
+    ``config`` defaults to ``AutocompConfig()`` (adaptive, default policy). Settings are
+    validated here; binding to the model happens at the first backward (or with
+    ``state.bind(model)``), after which ``state.controller`` is the usual controller.
+    """
+    state = AutocompState(config or AutocompConfig(), process_group)
+    return state, autocomp_comm_hook

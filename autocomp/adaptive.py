@@ -496,15 +496,11 @@ class AdaptiveLoop:
 
     # ---- checkpointing ------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            **self.planner.state_dict(),
-            "probe_next_bytes": self._probe_next,
-            "last_boundary": self._last_boundary,
-        }
+    def loop_state_dict(self) -> dict[str, Any]:
+        """The counters every rank holds alike (the planner's state is saved apart)."""
+        return {"probe_next_bytes": self._probe_next, "last_boundary": self._last_boundary}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.planner.load_state_dict(state)
+    def load_loop_state_dict(self, state: dict[str, Any]) -> None:
         self._probe_next = int(state.get("probe_next_bytes", 0))
         self._last_boundary = int(state["last_boundary"])
 

@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from autocomp.adaptive import AdaptiveLoop, WindowRecord
-from autocomp.compressors import build_compressor
+from autocomp.checkpoint import export_state, import_state
+from autocomp.distributed import collective_device, raise_together
 from autocomp.env import (
     AUTOCOMP_TOKEN,
 )
@@ -27,7 +29,6 @@ from autocomp.policy.engine import PolicyDecision
 
 logger = logging.getLogger(__name__)
 
-STATE_DICT_VERSION = 2
 
 
 class Controller:
@@ -68,12 +69,14 @@ class Controller:
 
         token = AUTOCOMP_TOKEN.get() or secrets.token_urlsafe(24)
         host = "127.0.0.1"
-        self._sidecar = start_sidecar_process(run_dir, host=host, port=port, token=token)
-        atexit.register(self._stop_dashboard)
         url = f"http://{host}:{port}"
         try:
+            self._sidecar = start_sidecar_process(run_dir, host=host, port=port, token=token)
+            atexit.register(self._stop_dashboard)
             wait_until_healthy(url, timeout=30.0, process=self._sidecar)
-        except SidecarError as err:
+        except (SidecarError, OSError, ImportError) as err:
+            # Rank 0 alone starts it, so it must never raise: the other ranks would be left
+            # waiting in the first collective.
             # The dashboard is a convenience: training goes on without it.
             logger.warning("autocomp: the dashboard did not start, training continues: %s", err)
             self._stop_dashboard()
@@ -169,78 +172,27 @@ class Controller:
     # ---- checkpointing --------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """All compression state of this rank (error feedback, warm starts, generators).
+        """All compression state of this rank, in a structure fixed from ``wrap`` on.
 
-        Error-feedback residuals differ between ranks: save one file per rank, like optimizer
-        state under ZeRO, and load each rank's own file for a bit-identical resume.
+        Works with ``torch.save`` (one file per rank: error feedback is per rank) and with
+        ``torch.distributed.checkpoint`` (rank-specific entries are namespaced by rank; the
+        controller is a ``Stateful``). Format and the rules for resuming elsewhere:
+        :mod:`autocomp.checkpoint`.
         """
-        layers = {}
-        for name, slot in self._state.slots.items():
-            layers[name] = {
-                "compressor": slot.compressor.spec,
-                "residual": None if slot.residual is None else slot.residual.detach().clone(),
-                "state": _export_state(slot.state),
-            }
-        return {
-            "version": STATE_DICT_VERSION,
-            "mode": self.mode,
-            "rank": self._state.rank,
-            "world_size": self._state.world_size,
-            "step": self._state.step,
-            "layers": layers,
-            "adaptive": None if self.adaptive is None else self.adaptive.state_dict(),
-        }
+        return export_state(self)
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict` output; raise ValueError if it belongs to another job."""
-        if not isinstance(state_dict, Mapping) or "layers" not in state_dict:
-            raise ValueError("not an autocomp state dict (missing 'layers')")
-        version = state_dict.get("version")
-        if version != STATE_DICT_VERSION:
-            raise ValueError(
-                f"autocomp state dict version {version!r}; expected {STATE_DICT_VERSION} "
-                "(version 1 held PowerSGD's alternating phase and the old window loop)"
-            )
-        for key, mine in (("world_size", self._state.world_size), ("rank", self._state.rank)):
-            if state_dict.get(key) != mine:
-                raise ValueError(
-                    f"state dict was saved with {key}={state_dict.get(key)}, this process has "
-                    f"{key}={mine}; error-feedback residuals are per rank and scaled by the world "
-                    "size, so each rank must load its own file from a job of the same size"
-                )
-        saved = state_dict["layers"]
-        mine_names = set(self._state.slots)
-        if set(saved) != mine_names:
-            missing = sorted(mine_names - set(saved))[:5]
-            extra = sorted(set(saved) - mine_names)[:5]
-            raise ValueError(
-                f"state dict does not match this model: missing {missing}, unexpected {extra}"
-            )
-        if state_dict.get("mode", "static") != self.mode:
-            raise ValueError(
-                f"state dict is from a {state_dict.get('mode')} controller, this one is {self.mode}"
-            )
-        if self.adaptive is not None:
-            # The plan is part of the adaptive state: switch to the saved one first.
-            self._state.assign(
-                {name: build_compressor(entry["compressor"]) for name, entry in saved.items()}
-            )
-            self.adaptive.load_state_dict(state_dict["adaptive"])
-        for name, entry in saved.items():
-            spec = build_compressor(entry["compressor"]).spec
-            if spec != self._state.slots[name].compressor.spec:
-                raise ValueError(
-                    f"{name}: state dict was saved with compressor {spec}, this job uses "
-                    f"{self._state.slots[name].compressor.spec}; wrap with the same plan to resume"
-                )
-        for name, entry in saved.items():
-            slot = self._state.slots[name]
-            device = self._params[name].device
-            residual = entry["residual"]
-            slot.residual = None if residual is None else residual.detach().to(device).clone()
-            slot.state = slot.compressor.init_state(slot.shape, slot.seed, self._state.rank)
-            slot.state.update(_import_state(entry["state"]))
-        self._state.step = int(state_dict["step"])
+        """Restore :meth:`state_dict` output; ValueError if it belongs to another job.
+
+        A collective when any rank may refuse: call it on every rank. A rank that refuses
+        makes every rank raise, so none trains on with a different plan.
+        """
+        problem: Exception | None = None
+        try:
+            import_state(self, state_dict)
+        except Exception as err:  # rank-local: every rank must hear of it
+            problem = err
+        raise_together(problem, self._state.process_group, "autocomp's load_state_dict")
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -248,11 +200,23 @@ class Controller:
         """Stop compressing and free compression memory.
 
         DDP cannot unregister a comm hook, so after ``close()`` the hook stays in place and
-        performs a plain averaging all-reduce. Idempotent. Call it on every rank at the same
-        step boundary, as with any change to what ranks send.
+        performs a plain averaging all-reduce. A collective: call it on every rank between
+        the same two steps (it checks that they do: a rank that closed alone would send plain
+        all-reduces against the others' compressed collectives). Idempotent.
         """
         if self._closed:
             return
+        group = self._state.process_group
+        if dist.is_available() and dist.is_initialized():
+            steps = torch.tensor([self._state.step, -self._state.step], dtype=torch.int64)
+            steps = steps.to(collective_device(group))
+            dist.all_reduce(steps, op=dist.ReduceOp.MAX, group=group)
+            high, low = int(steps[0]), -int(steps[1])
+            if high != low:
+                raise RuntimeError(
+                    f"autocomp close(): ranks are at different steps ({low} to {high}); call "
+                    "close() on every rank between the same two steps"
+                )
         if self.adaptive is not None:
             self.adaptive.close()
         self._stop_dashboard()
@@ -272,31 +236,3 @@ class Controller:
             f"<autocomp.Controller step={self.step} layers={len(self.plan)} "
             f"compressed={compressed}{' closed' if self._closed else ''}>"
         )
-
-
-def _export_state(state: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in state.items():
-        if key.startswith("_"):
-            continue  # transient, recomputed within a step
-        if isinstance(value, torch.Generator):
-            out[key] = {"generator_state": value.get_state()}
-        elif isinstance(value, torch.Tensor):
-            out[key] = value.detach().clone()
-        else:
-            out[key] = value
-    return out
-
-
-def _import_state(saved: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in saved.items():
-        if isinstance(value, Mapping) and "generator_state" in value:
-            generator = torch.Generator()
-            generator.set_state(value["generator_state"])
-            out[key] = generator
-        elif isinstance(value, torch.Tensor):
-            out[key] = value.clone()
-        else:
-            out[key] = value
-    return out

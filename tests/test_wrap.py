@@ -3,7 +3,8 @@
 Every bad input gets a clear error, raised on every rank and never a hang: a model that is
 not DDP, wrapping twice, a foreign comm hook, bad specs, globs that match nothing, and plans
 or seeds that differ between ranks. ``state_dict``/``load_state_dict`` resume training
-bit-identically and refuse state from another rank, world size or plan.
+bit-identically, refuse state from another rank or plan (on every rank), and resume at
+another world size with residuals started afresh.
 """
 
 from __future__ import annotations
@@ -155,14 +156,27 @@ def _resume(rank: int, world_size: int, ckpt_dir: str) -> dict[str, Any]:
     resumed = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
     errors = {}
-    other_rank = dict(saved["ac"], rank=1 - rank)
+    # Another rank's file: its entry is namespaced by that rank.
+    mine = saved["ac"][f"rank{rank}"]
+    other_rank = {k: v for k, v in saved["ac"].items() if k != f"rank{rank}"}
+    other_rank[f"rank{1 - rank}"] = dict(mine, rank=1 - rank)
     errors["rank"] = _error_of(lambda: ctl.load_state_dict(other_rank))
-    errors["world"] = _error_of(lambda: ctl.load_state_dict(dict(saved["ac"], world_size=8)))
-    changed = {**saved["ac"], "layers": dict(saved["ac"]["layers"])}
-    changed["layers"]["fc2.weight"] = dict(changed["layers"]["fc2.weight"], compressor="int8")
+    tampered = dict(saved["ac"], **{f"rank{rank}": dict(mine, rank=1 - rank)})
+    errors["entry"] = _error_of(lambda: ctl.load_state_dict(tampered))
+    plan = json.loads(saved["ac"]["plan"])
+    changed = dict(saved["ac"], plan=json.dumps(dict(plan, **{"fc2.weight": "int8"})))
     errors["plan"] = _error_of(lambda: ctl.load_state_dict(changed))
     errors["foreign"] = _error_of(lambda: ctl.load_state_dict({"weights": 1}))
-    return {"uninterrupted": uninterrupted, "resumed": resumed, "errors": errors}
+    # Another world size is not an error: plan and step carry over, residuals start afresh.
+    ctl.load_state_dict(dict(saved["ac"], world_size=8))
+    residuals_after_world_change = [s.residual for s in ctl._state.slots.values()]
+    return {
+        "uninterrupted": uninterrupted,
+        "resumed": resumed,
+        "errors": errors,
+        "dropped": all(r is None for r in residuals_after_world_change),
+        "step": ctl.step,
+    }
 
 
 def test_resume_is_bit_identical(tmp_path: Path) -> None:
@@ -172,10 +186,11 @@ def test_resume_is_bit_identical(tmp_path: Path) -> None:
     for out in results:
         assert torch.equal(out["uninterrupted"], out["resumed"])
         errors = out["errors"]
-        assert errors["rank"].startswith("ValueError") and "rank" in errors["rank"]
-        assert errors["world"].startswith("ValueError") and "world_size" in errors["world"]
+        assert errors["rank"].startswith("ValueError") and "load each rank's own" in errors["rank"]
+        assert errors["entry"].startswith("ValueError") and "rank=" in errors["entry"]
         assert errors["plan"].startswith("ValueError") and "fc2.weight" in errors["plan"]
         assert errors["foreign"].startswith("ValueError")
+        assert out["dropped"] and out["step"] == RESUME_AT
     assert not torch.equal(results[0]["resumed"], torch.zeros_like(results[0]["resumed"]))
 
 

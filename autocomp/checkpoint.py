@@ -1,0 +1,209 @@
+"""The controller's checkpoint format: one structure for ``torch.save`` and for DCP.
+
+``Controller.state_dict()`` has the same keys from ``wrap`` on, with every tensor allocated
+(a residual that does not exist yet is a zero tensor with a 0 in ``has_residual``), so a fresh
+controller's state dict is a valid load template for ``torch.distributed.checkpoint``, and the
+controller itself is a DCP ``Stateful``::
+
+    dcp.save({"model": ..., "autocomp": ctl}, checkpoint_id=path)
+    dcp.load({"model": ..., "autocomp": ctl}, checkpoint_id=path)
+
+Layout (version 3)::
+
+    version, mode, world_size, step     shared by every rank
+    plan                                JSON of every layer's spec (shared)
+    loop                                window-loop counters (shared, adaptive)
+    rank{r}/rank, rank{r}/world_size    whose entry this is
+    rank{r}/planner                     decision state (adaptive; rank 0's is the one in use)
+    rank{r}/residual/<layer>            error-feedback residual, float32, the layer's shape
+    rank{r}/has_residual                uint8 per layer (0: the residual is not in use)
+    rank{r}/compressor_state            warm starts, generators, counters (opaque bytes)
+
+Rank-specific entries are namespaced by rank: DCP saves identical keys once, so without the
+namespace rank 0 would have loaded rank 1's residuals. An entry whose ``rank`` or
+``world_size`` is not this process's is refused. **Resuming at a different world size**
+carries the plan, the step and each surviving rank's decision state (rank 0's link fit, cost
+model, measured errors and guards are the ones that decide) over, and starts residuals and
+warm starts afresh: residuals are per rank and
+scaled by 1/world size, and there is no rank to give another rank's memory to (a one-time
+loss of at most one step's compression error per layer). With DCP, load such a checkpoint
+with ``DefaultLoadPlanner(allow_partial_load=True)``: ranks that did not exist before have
+no entry.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from autocomp.compressors import build_compressor
+
+if TYPE_CHECKING:
+    from autocomp.controller import Controller
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["VERSION", "export_state", "import_state"]
+
+VERSION = 3
+
+
+def _pack(value: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def _unpack(blob: Any) -> Any:
+    if isinstance(blob, io.BytesIO):
+        blob = blob.getvalue()
+    if not isinstance(blob, (bytes, bytearray)):
+        raise ValueError("autocomp state dict: expected packed bytes")
+    return torch.load(io.BytesIO(bytes(blob)), weights_only=False)
+
+
+def _export_compressor_state(state: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in state.items():
+        if key.startswith("_"):
+            continue  # transient, recomputed within a step
+        if isinstance(value, torch.Generator):
+            out[key] = {"generator_state": value.get_state(), "device": str(value.device)}
+        elif isinstance(value, torch.Tensor):
+            out[key] = value.detach().cpu().clone()
+        else:
+            out[key] = value
+    return out
+
+
+def _import_compressor_state(saved: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in saved.items():
+        if isinstance(value, Mapping) and "generator_state" in value:
+            generator = torch.Generator(device=value.get("device", "cpu"))
+            generator.set_state(value["generator_state"])
+            out[key] = generator
+        elif isinstance(value, torch.Tensor):
+            out[key] = value.to(device).clone()
+        else:
+            out[key] = value
+    return out
+
+
+def export_state(controller: Controller) -> dict[str, Any]:
+    """The controller's state dict (see the module docstring)."""
+    state = controller._state
+    rank, world = state.rank, state.world_size
+    residuals: dict[str, torch.Tensor] = {}
+    present = []
+    private = {}
+    for name, slot in state.slots.items():
+        device = controller._params[name].device
+        if slot.residual is None:
+            residuals[name] = torch.zeros(slot.shape, dtype=torch.float32, device=device)
+            present.append(0)
+        else:
+            residuals[name] = slot.residual.detach().clone()
+            present.append(1)
+        private[name] = _export_compressor_state(slot.state)
+    out: dict[str, Any] = {
+        "version": VERSION,
+        "mode": controller.mode,
+        "world_size": world,
+        "step": state.step,
+        "plan": json.dumps({name: slot.compressor.spec for name, slot in state.slots.items()}),
+        f"rank{rank}": {
+            "rank": rank,
+            "world_size": world,
+            "residual": residuals,
+            "has_residual": torch.tensor(present, dtype=torch.uint8),
+            "compressor_state": _pack(private),
+        },
+    }
+    loop = controller.adaptive
+    if loop is not None:
+        out["loop"] = json.dumps(loop.loop_state_dict())
+        out[f"rank{rank}"]["planner"] = _pack(loop.planner.state_dict())
+    return out
+
+
+def import_state(controller: Controller, saved: Mapping[str, Any]) -> None:
+    """Restore :func:`export_state` output; ValueError when it belongs to another job."""
+    state = controller._state
+    rank, world = state.rank, state.world_size
+    if not isinstance(saved, Mapping) or "plan" not in saved:
+        raise ValueError("not an autocomp state dict (missing 'plan')")
+    version = saved.get("version")
+    if version != VERSION:
+        raise ValueError(
+            f"autocomp state dict version {version!r}; expected {VERSION} (older versions held "
+            "per-rank residuals under shared keys)"
+        )
+    if saved.get("mode") != controller.mode:
+        raise ValueError(
+            f"state dict is from a {saved.get('mode')} controller, this one is {controller.mode}"
+        )
+    plan = json.loads(saved["plan"])
+    names = set(state.slots)
+    if set(plan) != names:
+        missing = sorted(names - set(plan))[:5]
+        extra = sorted(set(plan) - names)[:5]
+        raise ValueError(
+            f"state dict does not match this model: missing {missing}, unexpected {extra}"
+        )
+    saved_world = int(saved["world_size"])
+    entry = saved.get(f"rank{rank}")
+    if entry is None and saved_world == world:
+        others = sorted(k for k in saved if k.startswith("rank"))
+        raise ValueError(
+            f"this state dict holds {', '.join(others) or 'no rank entry'}, not rank{rank}: "
+            "error-feedback residuals belong to one rank; load each rank's own entry"
+        )
+    if entry is not None and saved_world == world:
+        for key, mine in (("rank", rank), ("world_size", world)):
+            if int(entry[key]) != mine:
+                raise ValueError(
+                    f"the rank entry of this state dict was saved with {key}={entry[key]}, this "
+                    f"process has {key}={mine}: error-feedback residuals belong to one rank of "
+                    "one job; load each rank's own entry"
+                )
+    loop = controller.adaptive
+    if loop is not None:
+        # The plan is part of the adaptive state: switch to the saved one first.
+        state.assign({name: build_compressor(spec) for name, spec in plan.items()})
+        if "loop" in saved:
+            loop.load_loop_state_dict(json.loads(saved["loop"]))
+        if entry is not None and "planner" in entry:
+            loop.planner.load_state_dict(_unpack(entry["planner"]))
+    for name, spec in plan.items():
+        canonical = build_compressor(spec).spec
+        if canonical != state.slots[name].compressor.spec:
+            raise ValueError(
+                f"{name}: state dict was saved with compressor {canonical}, this job uses "
+                f"{state.slots[name].compressor.spec}; wrap with the same plan to resume"
+            )
+    same_world = saved_world == world and entry is not None
+    if not same_world:
+        logger.warning(
+            "autocomp: resuming a %d-rank checkpoint on %d ranks: plan, step and decision "
+            "state carried over; error-feedback residuals and warm starts start afresh",
+            saved_world,
+            world,
+        )
+    private = _unpack(entry["compressor_state"]) if same_world else {}
+    present = entry["has_residual"].tolist() if same_world else []
+    for index, (name, slot) in enumerate(state.slots.items()):
+        device = controller._params[name].device
+        slot.state = slot.compressor.init_state(slot.shape, slot.seed, rank)
+        slot.residual = None
+        if not same_world:
+            continue
+        slot.state.update(_import_compressor_state(private.get(name, {}), device))
+        if present[index]:
+            slot.residual = entry["residual"][name].detach().to(device).clone()
+    state.step = int(saved["step"])

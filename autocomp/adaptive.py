@@ -54,6 +54,7 @@ from autocomp.planner import PlanUpdate, WindowPlanner
 from autocomp.policy.rules import PolicyRules
 from autocomp.profiler import StepProfiler, WindowProfile
 from autocomp.runlog import RunLog
+from autocomp.timing import clock_for
 from autocomp.window import TIMING_FIELDS, LayerWindow, WindowMeasurement, WindowRecord
 
 logger = logging.getLogger(__name__)
@@ -128,7 +129,9 @@ class AdaptiveLoop:
         self.config = config
         self.rules = rules
         self.names = list(state.slots)
-        self.profiler = StepProfiler()
+        self.device = _gradient_device(ddp)
+        """Where the gradients live: the profiler's clock and the calibration follow it."""
+        self.profiler = StepProfiler(clock_for(self.device))
         state.profiler = self.profiler
         base = config.planner or WindowPlanner.Config()
         planner_config = WindowPlanner.Config(
@@ -153,7 +156,7 @@ class AdaptiveLoop:
         )
         """Rank 0 decides with it; every rank holds one (the same configuration)."""
         if state.rank == 0:  # only rank 0 decides
-            _calibrate(self.planner.cost_model, rules.candidates, state.world_size)
+            _calibrate(self.planner.cost_model, rules.candidates, state.world_size, self.device)
         self._probe_next = 0  # payload bytes rank 0 asked for at the next boundary
         self._probe_buffer: torch.Tensor | None = None
         self.history: deque[WindowRecord] = deque(maxlen=config.history)
@@ -529,15 +532,25 @@ def _record(measurement: WindowMeasurement, current: dict[str, str], state: Hook
 CALIBRATION_SHAPE = torch.Size([1024, 1024])
 
 
-def _calibrate(cost_model: CostModel, specs: Sequence[str], world_size: int) -> None:
-    """Time each candidate's real hook path once here, at the training thread count.
+def _gradient_device(ddp: torch.nn.Module | None) -> torch.device:
+    if ddp is not None:
+        for param in ddp.parameters():
+            return param.device
+    return torch.device("cpu")
+
+
+def _calibrate(
+    cost_model: CostModel, specs: Sequence[str], world_size: int, device: torch.device
+) -> None:
+    """Time each candidate's real hook path once here, on the gradients' device, at the
+    training thread count.
 
     The cost model's cold-start constants come from another machine and an idle one; without
     this the first decisions try compressors that do not pay, one window each. About a second
     on a 2-core CPU, on rank 0 only.
     """
     generator = torch.Generator().manual_seed(0)
-    grad = torch.randn(CALIBRATION_SHAPE, generator=generator) * 1e-3
+    grad = (torch.randn(CALIBRATION_SHAPE, generator=generator) * 1e-3).to(device)
     for spec in specs:
         compressor = build_compressor(spec)
         if compressor.name == "none":

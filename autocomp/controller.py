@@ -30,7 +30,6 @@ from autocomp.policy.engine import PolicyDecision
 logger = logging.getLogger(__name__)
 
 
-
 class Controller:
     """Handle on a wrapped model. Create it with :func:`autocomp.wrap` or
     :func:`autocomp.make_hook`."""

@@ -36,7 +36,6 @@ registration and rejects string annotations.)
 """
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,7 +44,8 @@ import torch
 import torch.distributed as dist
 
 from autocomp.compressors import Collective, Compressor, NoCompression
-from autocomp.profiler import LayerSample, StepProfiler
+from autocomp.profiler import StepProfiler
+from autocomp.timing import clock_for
 
 logger = logging.getLogger(__name__)
 
@@ -136,15 +136,23 @@ class HookState:
     def resolve_nonfinite(self) -> None:
         """React to last step's non-finite averages, identically on every rank.
 
-        The flags are 0-d device tensors, read here (once per step, at the first bucket of the
-        next step) rather than in the completion callbacks, to avoid a device sync per layer.
+        The flags are 0-d device tensors; they are stacked and read with one host sync per step
+        (at the first bucket of the next step), rather than one per layer in the completion
+        callbacks. Only when that one read finds a non-finite average are they read one by one.
         """
         if self._checked_step == self.step:
             return
         self._checked_step = self.step
         pending, self._pending_checks = self._pending_checks, []
-        for step, slot, finite in pending:
-            if bool(finite):
+        if not pending:
+            return
+        flags = torch.stack([finite.to(pending[0][2].device) for _, _, finite in pending])
+        every = flags.all()
+        if bool(every):
+            return
+        finite_flags = flags.tolist()
+        for (step, slot, _), finite in zip(pending, finite_flags, strict=True):
+            if finite:
                 continue
             slot.residual = None
             slot.state = slot.compressor.init_state(slot.shape, slot.seed, self.rank)
@@ -232,8 +240,9 @@ class _Encoding:
     """Sent as the gradient itself (no decode, no compressor state to advance)."""
     rounds: int = 1
     round_index: int = 0
-    grad_norm: float = 0.0
-    """Norm of this step's gradient alone (sampled steps only)."""
+    grad_norm: torch.Tensor | float = 0.0
+    """Norm of this step's gradient alone (sampled steps only; a 0-d tensor, read by the
+    profiler once per window)."""
 
     @property
     def settled(self) -> bool:
@@ -256,7 +265,7 @@ def _begin(slot: LayerSlot, grad: torch.Tensor, state: Any) -> _Encoding:
     compressor = slot.compressor
     grad = grad.view(slot.shape)
     sampling = state.profiler is not None and state.profiler.sample_this_step
-    grad_norm = float(torch.linalg.vector_norm(grad, dtype=torch.float32)) if sampling else 0.0
+    grad_norm = torch.linalg.vector_norm(grad, dtype=torch.float32) if sampling else 0.0
     # With a residual, work in its own buffer: no allocation, one pass. Without one, only
     # error feedback needs a private float32 copy (it becomes the residual); every other
     # compressor reads the bucket slice itself (``compress`` must not modify its input).
@@ -304,26 +313,26 @@ def _settle(encoding: _Encoding, state: Any) -> None:
     compressor = slot.compressor
     sampling = state.profiler is not None and state.profiler.sample_this_step
     profiler = state.profiler if sampling else None
-    x_norm = float(torch.linalg.vector_norm(x)) if profiler is not None else 0.0
-    error = 0.0
+    # Norms stay on the device: the profiler reads a window's worth in one transfer.
+    x_norm = torch.linalg.vector_norm(x) if profiler is not None else 0.0
+    error: torch.Tensor | float = 0.0
     if compressor.error_feedback:
         slot.residual = compressor.subtract_estimate_(x, payload, slot.state)
         if profiler is not None:
-            error = float(torch.linalg.vector_norm(slot.residual))
+            error = torch.linalg.vector_norm(slot.residual)
     else:
         slot.residual = None
         if profiler is not None:
             estimate = compressor.decompress(payload, slot.shape, slot.state)
-            error = float(torch.linalg.vector_norm(x - estimate))
+            error = torch.linalg.vector_norm(x - estimate)
     if profiler is not None:
         profiler.layer_sample(
             slot.name,
-            LayerSample(
-                grad_norm=encoding.grad_norm,
-                residual_norm=error if slot.residual is not None else 0.0,
-                rel_error=error / x_norm if x_norm > 0 else 0.0,
-                spec=compressor.spec,
-            ),
+            compressor.spec,
+            grad_norm=encoding.grad_norm,
+            residual_norm=error if slot.residual is not None else 0.0,
+            error=error,
+            x_norm=x_norm,
         )
 
 
@@ -340,8 +349,8 @@ def encode_locally(slot: LayerSlot, grad: torch.Tensor, state: Any) -> tuple[tor
 
 
 def _sample_plain(slot: LayerSlot, grad: torch.Tensor, profiler: StepProfiler) -> None:
-    norm = float(torch.linalg.vector_norm(grad.float()))
-    profiler.layer_sample(slot.name, LayerSample(norm, 0.0, 0.0, slot.compressor.spec))
+    norm = torch.linalg.vector_norm(grad, dtype=torch.float32)
+    profiler.layer_sample(slot.name, slot.compressor.spec, grad_norm=norm)
 
 
 @dataclass(slots=True)
@@ -356,6 +365,8 @@ class _BucketWork:
 
     step: int
     buffer: torch.Tensor
+    profiled_step: Any = None
+    """The profiler's record of the step (decode may finish after the next step began)."""
     futures: list[torch.futures.Future] = field(default_factory=list)
     reduce_groups: list[tuple[torch.Tensor, list[_Part]]] = field(default_factory=list)
     gather_parts: list[_Part] = field(default_factory=list)
@@ -377,7 +388,7 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
         if state.step_listener is not None:
             state.step_listener(state.step)
     profiler = state.profiler
-    entered = profiler.hook_entered(bucket.index()) if profiler is not None else 0.0
+    entered = profiler.hook_entered(bucket.index()) if profiler is not None else None
     pending, state.pending_round = state.pending_round, None
     if pending is not None:
         if pending.step != state.step:
@@ -412,7 +423,11 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
             state._in_step = False
         return fut.then(lambda f: f.value()[0])
 
-    work = _BucketWork(step=state.step, buffer=buffer)
+    work = _BucketWork(
+        step=state.step,
+        buffer=buffer,
+        profiled_step=profiler.current_step if profiler is not None else None,
+    )
     reduce_parts: dict[torch.dtype, list[_Part]] = {}
     for slot, offset in zip(layout.slots, layout.offsets, strict=True):
         grad = buffer[offset : offset + slot.numel]
@@ -421,10 +436,10 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
             if sample and profiler is not None:
                 _sample_plain(slot, grad, profiler)
         else:
-            started = time.perf_counter()
+            started = profiler.stamp() if profiler is not None and profiler.time_layers else None
             encoding = _begin(slot, grad, state)
-            if profiler is not None:
-                profiler.layer_cost(slot.name, time.perf_counter() - started)
+            if started is not None and profiler is not None:
+                profiler.layer_cost(slot.name, started)
         raw = slot.numel * slot.dtype.itemsize
         slot.bytes_sent += raw if encoding.plain else slot.wire_bytes()
         slot.bytes_raw += raw
@@ -459,13 +474,14 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
         state.step += 1
         state._in_step = False
 
-    if not work.round_parts:
-        if profiler is not None:
-            profiler.hook_exited(entered)
-        return torch.futures.collect_all(work.futures).then(lambda _: _finish(state, work, world))
+    # The bucket's future is completed by hand once everything is decoded. On CUDA it names the
+    # device, so completing it records an event on the stream the decode ran on, and DDP's
+    # wait orders its own stream after that (a ``collect_all`` child carries no devices).
     devices = [buffer.device] if buffer.is_cuda else None
     work.result = torch.futures.Future(devices=devices)
-    if is_last:
+    if not work.round_parts:
+        _complete_when_done(state, work)
+    elif is_last:
         # No later bucket to carry the final round: launch it now, in the same fixed order.
         _launch_final_round(state, work)
     else:
@@ -499,14 +515,14 @@ def _launch_final_round(state: HookState, work: _BucketWork) -> None:
     """
     profiler = state.profiler
     assert work.round_future is not None and work.round_flat is not None
-    started = time.perf_counter()
+    waiting = profiler.stamp() if profiler is not None else None
     try:
         work.round_future.wait()
     except BaseException as err:
         _fail(work, err)
         raise
-    if profiler is not None:
-        profiler.link_wait(time.perf_counter() - started)
+    if profiler is not None and waiting is not None:
+        profiler.link_wait(waiting)
     try:
         start = 0
         payloads = []
@@ -515,36 +531,43 @@ def _launch_final_round(state: HookState, work: _BucketWork) -> None:
             size = encoding.payload.numel()
             received = work.round_flat[start : start + size]
             start += size
-            began = time.perf_counter()
+            began = profiler.stamp() if profiler is not None and profiler.time_layers else None
             _advance(encoding, received, state)
-            if profiler is not None:
-                profiler.layer_cost(encoding.slot.name, time.perf_counter() - began)
+            if began is not None and profiler is not None:
+                profiler.layer_cost(encoding.slot.name, began)
             payloads.append(encoding.payload.reshape(-1))
         work.final_flat = torch.cat(payloads)
     except BaseException as err:
         _fail(work, err)
         raise
     work.futures.append(_all_reduce(work.final_flat, state.process_group, profiler))
-    world = state.world_size
+    _complete_when_done(state, work)
+
+
+def _complete_when_done(state: HookState, work: _BucketWork) -> None:
+    """Decode the bucket and complete its future once all its collectives are done."""
     result = work.result
     assert result is not None
 
     def finish(_: torch.futures.Future) -> None:
         try:
-            result.set_result(_finish(state, work, world))
+            result.set_result(_finish(state, work, state.world_size))
         except BaseException as err:  # never leave DDP waiting on a future nobody completes
             if not result.done():
                 result.set_exception(err)
 
-    torch.futures.collect_all(work.futures).then(finish)
+    torch.futures.collect_all(work.futures).add_done_callback(finish)
 
 
 def _finish(state: HookState, work: _BucketWork, world: int) -> torch.Tensor:
     """Decode everything that arrived for one bucket into its buffer (completion callback)."""
     profiler = state.profiler
-    started = time.perf_counter()
     for fut in work.futures:
-        fut.value()  # re-raise a failed collective here rather than use stale data
+        # Re-raise a failed collective here rather than use stale data. ``wait`` (not
+        # ``value``): this runs in a callback of ``collect_all``'s future, which carries no
+        # devices, so on CUDA it is what orders the current stream after each collective.
+        fut.wait()
+    started = profiler.stamp() if profiler is not None else None
     checks: list[tuple[int, LayerSlot, torch.Tensor]] = []
     buffer = work.buffer
     for flat, parts in work.reduce_groups:
@@ -568,8 +591,8 @@ def _finish(state: HookState, work: _BucketWork, world: int) -> torch.Tensor:
             _write_back(buffer, part, payloads, work.step, checks)
             start += size
     state._pending_checks.extend(checks)
-    if profiler is not None:
-        profiler.bucket_finished(time.perf_counter() - started)
+    if profiler is not None and started is not None:
+        profiler.bucket_finished(started, work.profiled_step)
     return buffer
 
 
@@ -636,20 +659,28 @@ class LayerReplay:
         self.gathered = max(1, gathered)
         """Payloads decoded per all-gather step (the per-payload time is their mean)."""
         self._state = _ReplayHookState()
+        self.clock = clock_for(grad.device)
 
     def step(self) -> tuple[float, float]:
-        """One step: (sending-side seconds, decode seconds per received payload)."""
-        slot, clock = self.slot, time.perf_counter
-        started = clock()
+        """One step: (sending-side seconds, decode seconds per received payload).
+
+        Timed with the clock of the gradient's device (CUDA events on a GPU, where host time
+        would only see the kernel launches), waiting for the device at the end of the step.
+        """
+        slot, clock = self.slot, self.clock
+        started = clock.stamp()
         payload, _ = encode_locally(slot, self.grad, self._state)
-        prepared = clock()
+        prepared = clock.stamp()
         payloads = 1
         received: Any = payload
         if slot.compressor.collective is Collective.ALL_GATHER:
             payloads = self.gathered
             received = [payload] + [payload.clone() for _ in range(payloads - 1)]
-        decode_started = clock()
+        decode_started = clock.stamp()
         bool(decode_into(slot, received, self.target))
-        finished = clock()
+        finished = clock.stamp()
         self._state.step += 1
-        return prepared - started, (finished - decode_started) / payloads
+        if isinstance(finished, torch.cuda.Event):
+            finished.synchronize()
+        read = clock.reader(started)
+        return read(prepared) - read(started), (read(finished) - read(decode_started)) / payloads

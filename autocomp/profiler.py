@@ -16,24 +16,29 @@ it communication can hide behind, link busy time, exposed communication and over
 definitions of :mod:`autocomp.exposure`, shared with the policy engine and the advisor) and
 the raw samples for the bandwidth fit and the cost model.
 
-Cost: a few ``perf_counter`` calls and dict updates per layer per step; norms only on sampled
-steps (one in ``window``).
+Every time point is a stamp of a :mod:`autocomp.timing` clock (host time on CPU, CUDA events on
+GPUs), read once per window; the norms stay device tensors until then, and the window reads
+them with one transfer. The hot path therefore never waits for the device.
+
+Cost: a few stamps and list appends per layer per step (on CUDA, per-layer costs are timed on
+sampled steps only, to keep the events few); norms only on sampled steps.
 """
 
 from __future__ import annotations
 
 import statistics
 import threading
-import time
-from collections import defaultdict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 
 from autocomp.compressors import Collective
 from autocomp.exposure import compute_seconds, measured_exposed, overlap
+from autocomp.timing import Clock, HostClock, Stamp
 
-now = time.perf_counter
+Norm = float | torch.Tensor
+"""A norm as the hook computes it: a 0-d device tensor (read at the window's end) or a float."""
 
 
 @dataclass(slots=True)
@@ -42,8 +47,8 @@ class CollectiveRecord:
 
     kind: Collective
     payload_bytes: int
-    launched: float
-    done: float | None = None
+    launched: Stamp
+    done: Stamp | None = None
 
 
 @dataclass(slots=True)
@@ -57,21 +62,47 @@ class LayerSample:
 
 
 @dataclass(slots=True)
+class _PendingSample:
+    name: str
+    spec: str
+    grad_norm: Norm
+    residual_norm: Norm
+    error: Norm
+    """Norm of what the compressor lost (``x - estimate``); over ``x_norm`` the relative error."""
+    x_norm: Norm
+
+
+@dataclass(slots=True)
+class HookCall:
+    """One hook call's stamps (what :meth:`StepProfiler.hook_entered` hands back)."""
+
+    bucket_index: int | None
+    entered: Stamp
+    exited: Stamp | None = None
+
+
+@dataclass(slots=True)
 class _Step:
-    started: float
-    forward_done: float | None = None
-    first_ready: float | None = None
-    last_ready: float | None = None
-    last_hook_exit: float | None = None
-    hook_seconds_before_last: float = 0.0
-    last_hook_seconds: float = 0.0
-    last_finished: float | None = None
-    finish_seconds: float = 0.0
-    wait_seconds: float = 0.0
-    """Time hook calls blocked on an earlier collective (two-round compressors)."""
+    started: Stamp
+    forward_done: Stamp | None = None
+    hooks: list[HookCall] = field(default_factory=list)
+    waits: list[tuple[Stamp, Stamp]] = field(default_factory=list)
+    """Hook time blocked on an earlier collective (two-round compressors)."""
+    finishes: list[tuple[Stamp, Stamp]] = field(default_factory=list)
+    """Decode work in completion callbacks."""
     collectives: list[CollectiveRecord] = field(default_factory=list)
-    ready_compute: dict[int, float] = field(default_factory=dict)
-    """Bucket index -> when it became ready, with the hook's earlier work taken out."""
+
+    def stamps(self) -> Iterator[Stamp | None]:
+        yield self.started
+        yield self.forward_done
+        for call in self.hooks:
+            yield call.entered
+            yield call.exited
+        for pair in (*self.waits, *self.finishes):
+            yield from pair
+        for record in self.collectives:
+            yield record.launched
+            yield record.done
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,30 +164,72 @@ def _mean_sample(samples: list[LayerSample]) -> LayerSample:
     )
 
 
-def _service_times(records: list[CollectiveRecord]) -> list[tuple[CollectiveRecord, float]]:
-    done = sorted((r for r in records if r.done is not None), key=lambda r: r.done or 0.0)
+def _read_norms(pending: list[_PendingSample]) -> list[LayerSample]:
+    """The samples as floats: every device norm read in one transfer."""
+    tensors = [
+        value
+        for p in pending
+        for value in (p.grad_norm, p.residual_norm, p.error, p.x_norm)
+        if isinstance(value, torch.Tensor)
+    ]
+    read: Iterator[float] = iter(
+        torch.stack([t.detach().float().reshape(()) for t in tensors]).tolist() if tensors else []
+    )
+
+    def value(norm: Norm) -> float:
+        return next(read) if isinstance(norm, torch.Tensor) else float(norm)
+
+    out = []
+    for p in pending:
+        grad, residual, error, x_norm = (
+            value(p.grad_norm),
+            value(p.residual_norm),
+            value(p.error),
+            value(p.x_norm),
+        )
+        out.append(LayerSample(grad, residual, error / x_norm if x_norm > 0 else 0.0, p.spec))
+    return out
+
+
+def _service_times(
+    records: list[CollectiveRecord], read: Callable[[Stamp], float]
+) -> list[tuple[CollectiveRecord, float]]:
+    done = sorted(
+        ((r, read(r.launched), read(r.done)) for r in records if r.done is not None),
+        key=lambda item: item[2],
+    )
     out = []
     previous_done = float("-inf")
-    for record in done:
-        assert record.done is not None
-        start = max(record.launched, previous_done)
-        out.append((record, max(0.0, record.done - start)))
-        previous_done = record.done
+    for record, launched, finished in done:
+        start = max(launched, previous_done)
+        out.append((record, max(0.0, finished - start)))
+        previous_done = finished
     return out
 
 
 class StepProfiler:
     """Collects one rank's measurements; thread-safe where collectives complete off-thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock: Clock = clock or HostClock()
         self._lock = threading.Lock()
         self._current: _Step | None = None
-        self._forward_done: float | None = None
-        self._finished: list[tuple[_Step, float]] = []
-        self._layer_seconds: dict[str, float] = defaultdict(float)
-        self._layer_samples: dict[str, list[LayerSample]] = {}
+        self._forward_done: Stamp | None = None
+        self._finished: list[tuple[_Step, Stamp]] = []
+        self._layer_costs: list[tuple[str, Stamp, Stamp]] = []
+        self._timed_steps = 0
+        self._samples: list[_PendingSample] = []
         self.sample_this_step = False
         """Set by the controller: the hook records norms and errors on this step."""
+
+    @property
+    def time_layers(self) -> bool:
+        """Whether the hook times each layer's work this step (every step on the host; on a
+        device only on sampled steps, to keep the events few)."""
+        return self.sample_this_step or not self.clock.on_device
+
+    def stamp(self) -> Stamp:
+        return self.clock.stamp()
 
     # ---- controller side ------------------------------------------------------------------
 
@@ -165,40 +238,35 @@ class StepProfiler:
         collectives): it closes the previous step, whose length is the time between the two
         calls. The last forward that ended before it (if the caller reports forwards) marks
         where this step's backward began."""
-        t = now()
+        t = self.clock.stamp()
         with self._lock:
-            if self._current is not None and self._current.last_ready is not None:
+            if self._current is not None and self._current.hooks:
                 self._finished.append((self._current, t))
-            forward_done = self._forward_done
-            self._current = _Step(started=t, forward_done=forward_done)
+            self._current = _Step(started=t, forward_done=self._forward_done)
             self._forward_done = None
         self.sample_this_step = sample
+        if self.time_layers:
+            self._timed_steps += 1
 
     def forward_done(self) -> None:
         """A training forward ended (the backward that follows belongs to the next step)."""
-        self._forward_done = now()
+        self._forward_done = self.clock.stamp()
 
     # ---- hook side ------------------------------------------------------------------------
 
-    def hook_entered(self, bucket_index: int | None = None) -> float:
-        t = now()
-        step = self._current
-        if step is not None:
-            if step.first_ready is None:
-                step.first_ready = t
-            if step.last_hook_exit is not None:
-                step.hook_seconds_before_last += step.last_hook_seconds
-            step.last_ready = t
-            if bucket_index is not None:
-                step.ready_compute[bucket_index] = t - step.hook_seconds_before_last
-        return t
+    @property
+    def current_step(self) -> _Step | None:
+        """The step being recorded, for work that completes after the next one began."""
+        return self._current
 
-    def hook_exited(self, entered: float) -> None:
-        t = now()
-        step = self._current
-        if step is not None:
-            step.last_hook_exit = t
-            step.last_hook_seconds = t - entered
+    def hook_entered(self, bucket_index: int | None = None) -> HookCall:
+        call = HookCall(bucket_index, self.clock.stamp())
+        if self._current is not None:
+            self._current.hooks.append(call)
+        return call
+
+    def hook_exited(self, call: HookCall) -> None:
+        call.exited = self.clock.stamp()
 
     def collective(
         self, kind: Collective, payload_bytes: int, future: torch.futures.Future
@@ -206,60 +274,91 @@ class StepProfiler:
         step = self._current
         if step is None:
             return
-        record = CollectiveRecord(kind, payload_bytes, now())
+        record = CollectiveRecord(kind, payload_bytes, self.clock.stamp())
         step.collectives.append(record)
+        clock = self.clock
 
         def mark(_: torch.futures.Future) -> None:
-            record.done = now()
+            # A completion callback: on CUDA it runs on a stream that waits for the
+            # collective, so the event completes with the transfer, not its enqueue.
+            record.done = clock.stamp()
 
         future.add_done_callback(mark)
 
-    def link_wait(self, seconds: float) -> None:
-        """A hook call blocked ``seconds`` waiting for an earlier bucket's collective.
+    def link_wait(self, started: Stamp) -> None:
+        """A hook call blocked from ``started`` until now, waiting for an earlier bucket's
+        collective.
 
         Part of the hook's time but neither compression work nor backward compute: the
         backward stood still for the link, so it counts as exposed communication.
         """
         step = self._current
         if step is not None:
-            step.wait_seconds += seconds
+            step.waits.append((started, self.clock.stamp()))
 
-    def bucket_finished(self, seconds: float) -> None:
-        """A completion callback finished decoding a bucket (``seconds`` of decode work)."""
-        step = self._current
-        if step is not None:
+    def bucket_finished(self, started: Stamp, step: _Step | None = None) -> None:
+        """A completion callback decoded a bucket from ``started`` until now, for ``step``
+        (default: the current one)."""
+        ended = self.clock.stamp()
+        target = step if step is not None else self._current
+        if target is not None:
             with self._lock:
-                step.finish_seconds += seconds
-                step.last_finished = now()
+                target.finishes.append((started, ended))
 
-    def layer_cost(self, name: str, seconds: float) -> None:
-        """Add hook work done for one layer (compress, decode) in the current step."""
-        self._layer_seconds[name] += seconds
+    def layer_cost(self, name: str, started: Stamp) -> None:
+        """Hook work for one layer (compress, decode) from ``started`` until now."""
+        self._layer_costs.append((name, started, self.clock.stamp()))
 
-    def layer_sample(self, name: str, sample: LayerSample) -> None:
-        """Record one sampled step's norms for a layer; the window reports their mean."""
-        self._layer_samples.setdefault(name, []).append(sample)
+    def layer_sample(
+        self,
+        name: str,
+        spec: str,
+        *,
+        grad_norm: Norm,
+        residual_norm: Norm = 0.0,
+        error: Norm = 0.0,
+        x_norm: Norm = 0.0,
+    ) -> None:
+        """Record one sampled step's norms for a layer (device tensors are read at the window's
+        end); the window reports their mean."""
+        self._samples.append(_PendingSample(name, spec, grad_norm, residual_norm, error, x_norm))
 
     # ---- window ---------------------------------------------------------------------------
 
-    def _summarize(self, step: _Step, next_start: float) -> StepTimes | None:
-        if step.first_ready is None or step.last_ready is None:
+    def _summarize(
+        self, step: _Step, next_start: Stamp, read: Callable[[Stamp], float]
+    ) -> StepTimes | None:
+        if not step.hooks:
             return None
+        entered = [read(c.entered) for c in step.hooks]
+        exited = [
+            read(c.exited) if c.exited is not None else at
+            for c, at in zip(step.hooks, entered, strict=True)
+        ]
+        durations = [x - e for e, x in zip(entered, exited, strict=True)]
+        first_ready, last_ready = entered[0], entered[-1]
+        hook_before_last = sum(durations[:-1])
         # Without a reported forward end, the backward counts from the first bucket ready.
-        forward_done = step.forward_done or step.first_ready
-        last_exit = step.last_hook_exit or step.last_ready
-        backward = max(0.0, step.last_ready - forward_done - step.hook_seconds_before_last)
-        hideable = max(0.0, step.last_ready - step.first_ready - step.hook_seconds_before_last)
-        services = _service_times(step.collectives)
+        forward_done = read(step.forward_done) if step.forward_done is not None else first_ready
+        waits = sum(read(b) - read(a) for a, b in step.waits)
+        backward = max(0.0, last_ready - forward_done - hook_before_last)
+        hideable = max(0.0, last_ready - first_ready - hook_before_last)
+        services = _service_times(step.collectives, read)
         busy = sum(s for _, s in services)
-        ends = [r.done for r, _ in services if r.done is not None]
-        if step.last_finished is not None:
-            ends.append(step.last_finished)
-        exposed = measured_exposed(last_exit, ends, step.wait_seconds)
-        hook_work = step.hook_seconds_before_last + step.last_hook_seconds - step.wait_seconds
-        last_compute = step.last_ready - step.hook_seconds_before_last
-        step_seconds = next_start - step.started
-        work = max(0.0, hook_work) + step.finish_seconds
+        ends = [read(r.done) for r, _ in services if r.done is not None]
+        ends.extend(read(b) for _, b in step.finishes)
+        exposed = measured_exposed(exited[-1], ends, waits)
+        hook_work = sum(durations) - waits
+        finish_seconds = sum(read(b) - read(a) for a, b in step.finishes)
+        last_compute = last_ready - hook_before_last
+        ready_compute: dict[int, float] = {}
+        before = 0.0
+        for call, at, spent in zip(step.hooks, entered, durations, strict=True):
+            if call.bucket_index is not None:
+                ready_compute[call.bucket_index] = at - before
+            before += spent
+        step_seconds = read(next_start) - read(step.started)
+        work = max(0.0, hook_work) + finish_seconds
         return StepTimes(
             compute_seconds=compute_seconds(step_seconds, exposed, work, backward),
             step_seconds=step_seconds,
@@ -269,24 +368,43 @@ class StepProfiler:
             compress_seconds=work,
             exposed_seconds=exposed,
             bucket_hideable_seconds={
-                index: max(0.0, last_compute - ready) for index, ready in step.ready_compute.items()
+                index: max(0.0, last_compute - ready) for index, ready in ready_compute.items()
             },
         )
 
     def end_window(self) -> WindowProfile | None:
-        """Summarize the steps completed since the last call and start a new window."""
+        """Summarize the steps completed since the last call and start a new window.
+
+        On a device clock, a step whose events have not all completed yet (the device runs
+        behind the host) stays for the next window: nothing here waits for the device.
+        """
+        clock = self.clock
         with self._lock:
             finished, self._finished = self._finished, []
-        summaries = [s for s in (self._summarize(st, nxt) for st, nxt in finished) if s]
+            ready = [(s, n) for s, n in finished if clock.ready([*s.stamps(), n])]
+            self._finished = [(s, n) for s, n in finished if not clock.ready([*s.stamps(), n])]
+        costs, self._layer_costs = self._layer_costs, []
+        ready_costs = [c for c in costs if clock.ready(c[1:])]
+        self._layer_costs = [c for c in costs if not clock.ready(c[1:])]
+        timed_steps, self._timed_steps = max(1, self._timed_steps), 0
+        samples: dict[str, list[LayerSample]] = {}
+        for pending, sample in zip(self._samples, _read_norms(self._samples), strict=True):
+            samples.setdefault(pending.name, []).append(sample)
+        self._samples = []
+        layer_seconds: dict[str, float] = {}
+        for name, start, end in ready_costs:
+            read = clock.reader(start)
+            layer_seconds[name] = layer_seconds.get(name, 0.0) + (read(end) - read(start))
+        layer_seconds = {name: total / timed_steps for name, total in layer_seconds.items()}
+        layer_samples = {name: _mean_sample(items) for name, items in samples.items()}
+        if not ready:
+            return None
+        read = clock.reader(ready[0][0].started)
+        summaries = [s for s in (self._summarize(st, nxt, read) for st, nxt in ready) if s]
         collectives = [
-            [(r.kind, r.payload_bytes, seconds) for r, seconds in _service_times(st.collectives)]
-            for st, _ in finished
+            [(r.kind, r.payload_bytes, sec) for r, sec in _service_times(st.collectives, read)]
+            for st, _ in ready
         ]
-        steps = max(1, len(finished))
-        layer_seconds = {name: total / steps for name, total in self._layer_seconds.items()}
-        samples = {name: _mean_sample(items) for name, items in self._layer_samples.items()}
-        self._layer_seconds.clear()
-        self._layer_samples.clear()
         if not summaries:
             return None
 
@@ -311,4 +429,4 @@ class StepProfiler:
                 for index in sorted(buckets)
             },
         )
-        return WindowProfile(len(summaries), times, collectives, layer_seconds, samples)
+        return WindowProfile(len(summaries), times, collectives, layer_seconds, layer_samples)

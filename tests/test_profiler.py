@@ -9,19 +9,23 @@ the last hook call, and per bucket the backward left once it was ready.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import pytest
 import torch
 
-from autocomp import profiler as profiler_module
 from autocomp.compressors import Collective
 from autocomp.profiler import StepProfiler
+from autocomp.timing import HostClock
 
 
-class Clock:
+class Clock(HostClock):
+    """A host clock that reads a scripted time."""
+
     def __init__(self) -> None:
         self.t = 0.0
 
-    def __call__(self) -> float:
+    def stamp(self) -> float:
         return self.t
 
 
@@ -50,10 +54,9 @@ def _hook_call(
     return future
 
 
-def test_one_step_timeline(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_step_timeline() -> None:
     clock = Clock()
-    monkeypatch.setattr(profiler_module, "now", clock)
-    prof = StepProfiler()
+    prof = StepProfiler(clock)
     clock.t = 0.10
     prof.forward_done()  # the training forward ends; the backward that follows is this step's
     clock.t = 0.15
@@ -67,8 +70,10 @@ def test_one_step_timeline(monkeypatch: pytest.MonkeyPatch) -> None:
     _done(clock, f0, 0.17)
     _done(clock, f2, 0.33)
     _done(clock, f1, 0.36)
+    clock.t = 0.366
+    decode_started = prof.stamp()
     clock.t = 0.37
-    prof.bucket_finished(0.004)
+    prof.bucket_finished(decode_started)
     clock.t = 0.55
     prof.begin_step()  # the next step's first bucket closes this one
     window = prof.end_window()
@@ -93,10 +98,9 @@ def test_one_step_timeline(monkeypatch: pytest.MonkeyPatch) -> None:
     assert times.compute_seconds == pytest.approx(0.40 - (0.37 - 0.31) - times.compress_seconds)
 
 
-def test_window_medians_per_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_window_medians_per_bucket() -> None:
     clock = Clock()
-    monkeypatch.setattr(profiler_module, "now", clock)
-    prof = StepProfiler()
+    prof = StepProfiler(clock)
     for start, gap in ((0.0, 0.05), (1.0, 0.07), (2.0, 0.06)):
         clock.t = start
         prof.forward_done()
@@ -109,3 +113,65 @@ def test_window_medians_per_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
     window = prof.end_window()
     assert window is not None and window.steps == 3
     assert window.times.bucket_hideable_seconds == pytest.approx({0: 0.06, 1: 0.0})
+
+
+class DeferredClock(Clock):
+    """A device-like clock: stamps become readable only once ``completed`` passes them."""
+
+    on_device = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.completed = 0.0
+
+    def ready(self, stamps: Iterable[float | None]) -> bool:
+        return all(s is None or s <= self.completed for s in stamps)
+
+
+def test_device_steps_wait_for_their_stamps() -> None:
+    """On a device clock a step whose stamps have not completed stays for the next window;
+    nothing is lost and nothing blocks."""
+    clock = DeferredClock()
+    prof = StepProfiler(clock)
+    for start in (0.0, 1.0):
+        clock.t = start
+        prof.begin_step()
+        clock.t = start + 0.1
+        prof.hook_exited(prof.hook_entered(0))
+    clock.t = 2.0
+    prof.begin_step()
+    clock.completed = 1.5  # the device has finished step 0 only
+    first = prof.end_window()
+    assert first is not None and first.steps == 1
+    clock.completed = 2.0
+    second = prof.end_window()
+    assert second is not None and second.steps == 1
+    assert second.times.step_seconds == pytest.approx(1.0)
+    assert prof.end_window() is None
+
+
+def test_norms_read_once_per_window() -> None:
+    """Sampled norms arrive as 0-d tensors and are read at the window's end."""
+    clock = Clock()
+    prof = StepProfiler(clock)
+    prof.begin_step(sample=True)
+    prof.hook_exited(prof.hook_entered(0))
+    grad = torch.tensor([3.0, 4.0])
+    prof.layer_sample(
+        "w",
+        "topk",
+        grad_norm=torch.linalg.vector_norm(grad),
+        residual_norm=torch.tensor(1.0),
+        error=torch.tensor(1.0),
+        x_norm=torch.tensor(4.0),
+    )
+    prof.layer_sample("b", "none", grad_norm=2.0)
+    clock.t = 1.0
+    prof.begin_step()
+    window = prof.end_window()
+    assert window is not None
+    assert window.layer_samples["w"].grad_norm == pytest.approx(5.0)
+    assert window.layer_samples["w"].residual_norm == pytest.approx(1.0)
+    assert window.layer_samples["w"].rel_error == pytest.approx(0.25)
+    assert window.layer_samples["b"].rel_error == pytest.approx(0.0)
+    assert window.layer_samples["b"].spec == "none"

@@ -104,6 +104,7 @@ class QSGD(_ChunkedQuantizer):
 
     def init_state(self, shape: torch.Size, seed: int, rank: int) -> dict[str, Any]:
         # Each rank draws its own rounding noise; seeded so a resumed run is bit-identical.
+        # Created on the CPU (the device is not known yet); :func:`_generator_on` moves it.
         generator = torch.Generator()
         generator.manual_seed((seed * 1_000_003 + rank * 7919 + 17) % (1 << 63))
         return {"generator": generator}
@@ -119,7 +120,7 @@ class QSGD(_ChunkedQuantizer):
         safe = torch.where(norms > 0, norms, torch.ones_like(norms))
         scaled = rows.abs() / safe.unsqueeze(1) * levels
         floor = scaled.floor()
-        noise = torch.rand(scaled.shape, generator=state["generator"]).to(x.device)
+        noise = torch.rand(scaled.shape, generator=_generator_on(state, x.device), device=x.device)
         magnitude = floor + (noise < (scaled - floor)).to(scaled.dtype)
         signed = torch.where(rows < 0, -magnitude, magnitude).clamp_(-levels, levels)
         codes = (signed + levels).to(torch.int32).reshape(-1)[: x.numel()]
@@ -180,3 +181,15 @@ class Sign(_ChunkedQuantizer):
         codes, scales = self._split(payload, numel)
         signs = codes.to(torch.float32).mul_(2).sub_(1)
         return (signs * self._expand(scales, numel)).reshape(shape)
+
+
+def _generator_on(state: dict[str, Any], device: torch.device) -> torch.Generator:
+    """The layer's noise generator on the gradient's device (noise drawn on a CPU generator
+    and copied over would cost a full-size host-to-device transfer per step); re-created there
+    once, from the same seed."""
+    generator: torch.Generator = state["generator"]
+    if generator.device.type != device.type:
+        moved = torch.Generator(device=device)
+        moved.manual_seed(generator.initial_seed())
+        state["generator"] = generator = moved
+    return generator

@@ -109,13 +109,17 @@ class RandomK(Compressor):
         cached = state.get("_indices")
         if cached is not None and cached[0] == state["calls"]:
             return cached[1]
-        generator = torch.Generator()
+        # Drawn on the payload's device: same seed and call count on every rank, so every
+        # rank picks the same indices without communicating (and without a host transfer).
+        generator = state.get("_generator")
+        if generator is None or generator.device.type != device.type:
+            generator = state["_generator"] = torch.Generator(device=device)
         generator.manual_seed((state["seed"] * 1_000_003 + state["calls"]) % (1 << 63))
         k = kept(numel, float(self.config["ratio"]))
         if k == 0:
             indices = torch.zeros(0, dtype=torch.int64, device=device)
         else:
-            indices = torch.randint(0, numel, (k,), generator=generator).to(device)
+            indices = torch.randint(0, numel, (k,), generator=generator, device=device)
         state["_indices"] = (state["calls"], indices)
         return indices
 

@@ -33,15 +33,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from autocomp import profiler
+from autocomp.advisor import capture as capture_module
 from autocomp.advisor import cli
-from autocomp.advisor.capture import (
-    CaptureSession,
-    ModelCapture,
-    _HookCall,
-    _Layout,
-    _StepRecord,
-    _StopScript,
-)
+from autocomp.advisor.capture import ModelCapture
 from autocomp.advisor.profile import (
     PROFILE_VERSION,
     BucketInfo,
@@ -54,6 +49,7 @@ from autocomp.advisor.profile import (
     ScriptInfo,
     Timing,
 )
+from autocomp.advisor.session import CaptureSession, _StopScript
 from autocomp.advisor.units import parse_bandwidth, parse_latency
 from autocomp.advisor.whatif import (
     TCP_ETHERNET_EFFICIENCY,
@@ -609,7 +605,7 @@ def run_backward(capture: ModelCapture, flat: torch.Tensor | None = None) -> Non
     params = [p for _, p in capture.params]
     if flat is None:
         flat = torch.randn(sum(p.numel() for p in params))
-    capture.timed(identity)(None, FakeBucket(params, flat))
+    capture.observed(identity, reports_itself=False)(None, FakeBucket(params, flat))
 
 
 def run_forward(capture: ModelCapture) -> None:
@@ -617,35 +613,67 @@ def run_forward(capture: ModelCapture) -> None:
     capture._post_forward(capture.ddp, (), None)
 
 
-def test_compute_step_of_a_short_run_is_a_per_step_median() -> None:
-    # s10_short: the script ends before --steps; its last step has no following forward and
-    # a long exposed tail (waiting for a slower peer). Medians of step, E and hook taken
+class FakeClock:
+    """``time.perf_counter`` for the profiler and the capture, set by hand."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_compute_step_of_a_short_run_is_a_per_step_median(monkeypatch: pytest.MonkeyPatch) -> None:
+    # s10_short: the script ends before --steps; its last step is followed by no other and
+    # has a long exposed tail (waiting for a slower peer). Medians of step, E and hook taken
     # separately used to subtract to nothing (compute_step_s = 1e-9, efficiency 0%).
-    session = CaptureSession(steps=6, rank=1, min_numel=16, progress=False)
-    capture = fake_capture(session, torch.nn.Linear(4, 4))
-    layout = _Layout(key=(), names=("weight", "bias"), shapes=(), nbytes=80)
+    clock = FakeClock()
+    monkeypatch.setattr(profiler, "now", clock)
+    monkeypatch.setattr(capture_module, "now", clock)
 
-    def step(start: float, next_start: float | None, exposed: float) -> _StepRecord:
-        end = start + 0.001  # forward 1 ms, backward 2 ms, hook 0.1 ms
-        call = _HookCall(0, end + 0.002, end + 0.0021, layout)
-        return _StepRecord(
-            started=start, forward_s=0.001, forward_end=end, calls=[call],
-            done=[call.exited + exposed], complete=True, next_start=next_start,
-        )  # fmt: skip
+    def run(steps: list[tuple[float, float]]) -> ModelCapture:
+        """Steps (start, exposed): forward 1 ms, the bucket 2 ms later (the backward), the
+        hook 0.1 ms, its collective done ``exposed`` after the hook returned."""
+        session = CaptureSession(steps=6, rank=1, min_numel=16, progress=False)
+        capture = fake_capture(session, torch.nn.Linear(4, 4))
+        params = [p for _, p in capture.params]
+        for start, exposed in steps:
+            clock.t = start
+            capture._pre_forward(capture.ddp, ())
+            clock.t = start + 0.001
+            capture._post_forward(capture.ddp, (), None)
+            future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
 
-    capture.steps = [step(0.0, 0.05, 0.001), step(0.05, 0.06, 0.0002), step(0.06, None, 0.03)]
+            def pending(state: object, bucket: FakeBucket) -> torch.futures.Future[torch.Tensor]:
+                clock.t += 0.0001  # the hook's own work
+                return future  # noqa: B023 (called at once, in this iteration)
+
+            clock.t = start + 0.003
+            flat = torch.randn(sum(p.numel() for p in params))
+            capture.observed(pending, reports_itself=False)(None, FakeBucket(params, flat))
+            clock.t += exposed
+            future.set_result(flat)
+        session.finish()  # the script ended
+        return capture
+
+    capture = run([(0.0, 0.001), (0.05, 0.0002), (0.06, 0.03)])
     model, notes = capture.profile()
     assert model is not None
     timing = model.timing
-    assert timing.step_s == pytest.approx(0.010)
+    assert timing.steps_used == 2
+    assert timing.forward_s == pytest.approx(0.001)
+    assert timing.backward_s == pytest.approx(0.002)
+    assert timing.step_s == pytest.approx(0.010)  # first bucket to the next one
+    assert timing.hook_s == pytest.approx(0.0001)
     assert timing.compute_step_s == pytest.approx(0.010 - 0.0002 - 0.0001)
     assert timing.exposed_comm_s == pytest.approx(0.0002)  # from the same step as step_s
     assert capture.local_step_seconds() == pytest.approx(0.010)
     assert any(n.startswith("model 0: UNRELIABLE step time") for n in notes), notes
     # A step whose exposed time swallows it is floored at forward + backward.
-    capture.steps = [step(0.0, 0.05, 0.001), step(0.05, 0.06, 0.0095), step(0.06, 0.07, 0.0095)]
+    capture = run([(0.0, 0.001), (0.05, 0.0095), (0.06, 0.0095), (0.07, 0.0095)])
     model, notes = capture.profile()
     assert model is not None
+    assert model.timing.step_s == pytest.approx(0.010)
     assert model.timing.compute_step_s == pytest.approx(0.003)
     assert not any("UNRELIABLE" in n for n in notes)
 
@@ -744,7 +772,8 @@ def test_profile_of_a_syntax_error_shows_no_runner_frames(
     code, err = profile_in_process(script, monkeypatch, capsys)
     assert code == 1
     assert f'File "{script}", line 2' in err and "SyntaxError: invalid syntax" in err
-    assert "Traceback" not in err and "runpy" not in err and "capture.py" not in err
+    assert "Traceback" not in err and "runpy" not in err
+    assert not any(f"{name}.py" in err for name in ("runner", "session", "capture"))
 
 
 # ---- tier 2: real scripts ------------------------------------------------------------------

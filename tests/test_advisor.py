@@ -8,7 +8,9 @@ message naming the problem; ``--plan-out`` files loadable by ``autocomp.plan.loa
 ``CostModel.load``; ``report`` on a run log; output paths checked before any work (exit 2);
 the model choice named when a profile has several; the capture's bookkeeping driven by hand
 (fake DDP models and buckets): per-step compute time of a short run, steps of a GAN counted
-once per iteration, gradients of parameters unused in the first step; ``profile`` in process
+once per iteration, gradients of parameters unused in the first step, autocomp's own hook
+reporting to the capture's profiler (an adaptive one, which has its own, timed from outside);
+``profile`` in process
 (``RANK=0``) on scripts that never reach DDP: ``sys.exit`` reasons, syntax errors.
 
 Tier 2 (``multirank``: spawns processes, small): ``profile examples/digits_cnn.py --steps 5``
@@ -18,7 +20,8 @@ script that raises shows its traceback (exit 1, partial profile kept once a step
 captured); a script without DDP gets the wrapping snippet (exit 1); a failing rank 1's
 traceback is shown as the likely root cause; a late ``sys.exit`` keeps a partial profile and
 says why; a bare ``except:`` around the loop still gives a complete profile; a built-in comm
-hook is reported as untimeable.
+hook is reported as untimeable; a script wrapped by ``autocomp.wrap`` is measured through its
+own hook.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from autocomp.advisor.whatif import (
 )
 from autocomp.compressors import Collective, build_compressor
 from autocomp.cost_model import CostModel
+from autocomp.hook import HookState, autocomp_hook
 from autocomp.link_model import LinkEstimate
 from autocomp.plan import load_plan
 
@@ -723,6 +727,28 @@ def test_gradients_of_a_parameter_unused_in_the_first_step_are_sampled_later() -
     assert model.layer("0.weight").grad_norm == pytest.approx(expected, rel=1e-6)
 
 
+def test_a_static_autocomp_hook_reports_to_the_capture_profiler_an_adaptive_one_is_timed() -> None:
+    # One instrumentation stack: autocomp's own hook reports to the model's StepProfiler
+    # (attached to its state); one whose state already has a profiler (adaptive mode) keeps
+    # it, and its calls are timed from outside instead.
+    session = CaptureSession(steps=3, rank=1, min_numel=16, progress=False)
+    capture = fake_capture(session, torch.nn.Linear(4, 4))
+    static = HookState(None, {}, {}, rank=0, world_size=1)
+    hook = capture.adopt(static, autocomp_hook)
+    assert static.profiler is capture.profiler and capture.hook_state is static
+    assert static.step_listener is not None and hook.__annotations__ == {}
+    static.step_listener(0)  # the hook's first bucket of a step
+    assert len(capture.steps) == 1
+    capture.release()
+    assert static.profiler is None and static.step_listener is None
+
+    other = fake_capture(session, torch.nn.Linear(4, 4))
+    adaptive = HookState(None, {}, {}, rank=0, world_size=1)
+    own = adaptive.profiler = profiler.StepProfiler()
+    other.adopt(adaptive, autocomp_hook)
+    assert adaptive.profiler is own and other.hook_state is None
+
+
 # ---- tier 1: ``profile`` in process, scripts that never reach DDP ---------------------------
 
 
@@ -1014,3 +1040,32 @@ def test_profile_reports_a_builtin_comm_hook_as_untimeable(tmp_path: Path) -> No
     assert "comm hook cannot be timed" in done.stderr and "FP16_COMPRESS" in done.stderr
     assert "does it train" not in done.stderr
     assert "terminate called" not in done.stderr
+
+
+@pytest.mark.multirank
+def test_profile_of_a_script_wrapped_by_autocomp_measures_through_its_hook(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch, torch.distributed as dist, autocomp\n"
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "torch.set_num_threads(1)\n"
+        "dist.init_process_group('gloo')\n"
+        "model = DDP(torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 8)))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "ctl = autocomp.wrap(model, plan={'*.bias': 'none', '*': 'powersgd:rank=2'})\n"
+        "for step in range(20):\n"
+        "    model(torch.randn(4, 256)).square().mean().backward()\n"
+        "    opt.step(); opt.zero_grad()\n"
+    )
+    done = run_advisor(
+        "profile", str(script), "--nproc", "1", "--steps", "5", "--out", str(tmp_path / "p.json"),
+        "--compressor-budget", "0",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    profile = Profile.load(tmp_path / "p.json")
+    assert profile.complete and profile.script.steps_captured == 5
+    assert "model 0: timed the script's own comm hook autocomp_hook" in profile.notes
+    model = profile.model()
+    assert model.timing.steps_used == 4 and model.timing.hook_s > 0
+    assert 0 < model.timing.compute_step_s <= model.timing.step_s
+    assert not any("UNRELIABLE" in note for note in profile.notes)

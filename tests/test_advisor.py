@@ -10,8 +10,8 @@ the model choice named when a profile has several; the capture's bookkeeping dri
 (fake DDP models and buckets): per-step compute time of a short run, steps of a GAN counted
 once per iteration, gradients of parameters unused in the first step, autocomp's own hook
 reporting to the capture's profiler (an adaptive one, which has its own, timed from outside);
-``profile`` in process
-(``RANK=0``) on scripts that never reach DDP: ``sys.exit`` reasons, syntax errors.
+``profile`` in process (``RANK=0``) on scripts that never reach DDP: ``sys.exit`` reasons,
+syntax errors.
 
 Tier 2 (``multirank``: spawns processes, small): ``profile examples/digits_cnn.py --steps 5``
 on 2 local gloo ranks writes a valid profile (layer names and shapes of the model, a measured

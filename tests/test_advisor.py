@@ -8,8 +8,10 @@ message naming the problem; ``--plan-out`` files loadable by ``autocomp.plan.loa
 ``CostModel.load``; ``report`` on a run log; output paths checked before any work (exit 2);
 the model choice named when a profile has several; the capture's bookkeeping driven by hand
 (fake DDP models and buckets): per-step compute time of a short run, steps of a GAN counted
-once per iteration, gradients of parameters unused in the first step; ``profile`` in process
-(``RANK=0``) on scripts that never reach DDP: ``sys.exit`` reasons, syntax errors.
+once per iteration, gradients of parameters unused in the first step, autocomp's own hook
+reporting to the capture's profiler (an adaptive one, which has its own, timed from outside);
+``profile`` in process (``RANK=0``) on scripts that never reach DDP: ``sys.exit`` reasons,
+syntax errors.
 
 Tier 2 (``multirank``: spawns processes, small): ``profile examples/digits_cnn.py --steps 5``
 on 2 local gloo ranks writes a valid profile (layer names and shapes of the model, a measured
@@ -18,7 +20,8 @@ script that raises shows its traceback (exit 1, partial profile kept once a step
 captured); a script without DDP gets the wrapping snippet (exit 1); a failing rank 1's
 traceback is shown as the likely root cause; a late ``sys.exit`` keeps a partial profile and
 says why; a bare ``except:`` around the loop still gives a complete profile; a built-in comm
-hook is reported as untimeable.
+hook is reported as untimeable; a script wrapped by ``autocomp.wrap`` is measured through its
+own hook.
 """
 
 from __future__ import annotations
@@ -33,15 +36,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from autocomp import profiler
+from autocomp.advisor import capture as capture_module
 from autocomp.advisor import cli
-from autocomp.advisor.capture import (
-    CaptureSession,
-    ModelCapture,
-    _HookCall,
-    _Layout,
-    _StepRecord,
-    _StopScript,
-)
+from autocomp.advisor.capture import ModelCapture
 from autocomp.advisor.profile import (
     PROFILE_VERSION,
     BucketInfo,
@@ -54,6 +52,7 @@ from autocomp.advisor.profile import (
     ScriptInfo,
     Timing,
 )
+from autocomp.advisor.session import CaptureSession, _StopScript
 from autocomp.advisor.units import parse_bandwidth, parse_latency
 from autocomp.advisor.whatif import (
     TCP_ETHERNET_EFFICIENCY,
@@ -64,6 +63,7 @@ from autocomp.advisor.whatif import (
 )
 from autocomp.compressors import Collective, build_compressor
 from autocomp.cost_model import CostModel
+from autocomp.hook import HookState, autocomp_hook
 from autocomp.link_model import LinkEstimate
 from autocomp.plan import load_plan
 
@@ -609,7 +609,7 @@ def run_backward(capture: ModelCapture, flat: torch.Tensor | None = None) -> Non
     params = [p for _, p in capture.params]
     if flat is None:
         flat = torch.randn(sum(p.numel() for p in params))
-    capture.timed(identity)(None, FakeBucket(params, flat))
+    capture.observed(identity, reports_itself=False)(None, FakeBucket(params, flat))
 
 
 def run_forward(capture: ModelCapture) -> None:
@@ -617,35 +617,67 @@ def run_forward(capture: ModelCapture) -> None:
     capture._post_forward(capture.ddp, (), None)
 
 
-def test_compute_step_of_a_short_run_is_a_per_step_median() -> None:
-    # s10_short: the script ends before --steps; its last step has no following forward and
-    # a long exposed tail (waiting for a slower peer). Medians of step, E and hook taken
+class FakeClock:
+    """``time.perf_counter`` for the profiler and the capture, set by hand."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_compute_step_of_a_short_run_is_a_per_step_median(monkeypatch: pytest.MonkeyPatch) -> None:
+    # s10_short: the script ends before --steps; its last step is followed by no other and
+    # has a long exposed tail (waiting for a slower peer). Medians of step, E and hook taken
     # separately used to subtract to nothing (compute_step_s = 1e-9, efficiency 0%).
-    session = CaptureSession(steps=6, rank=1, min_numel=16, progress=False)
-    capture = fake_capture(session, torch.nn.Linear(4, 4))
-    layout = _Layout(key=(), names=("weight", "bias"), shapes=(), nbytes=80)
+    clock = FakeClock()
+    monkeypatch.setattr(profiler, "now", clock)
+    monkeypatch.setattr(capture_module, "now", clock)
 
-    def step(start: float, next_start: float | None, exposed: float) -> _StepRecord:
-        end = start + 0.001  # forward 1 ms, backward 2 ms, hook 0.1 ms
-        call = _HookCall(0, end + 0.002, end + 0.0021, layout)
-        return _StepRecord(
-            started=start, forward_s=0.001, forward_end=end, calls=[call],
-            done=[call.exited + exposed], complete=True, next_start=next_start,
-        )  # fmt: skip
+    def run(steps: list[tuple[float, float]]) -> ModelCapture:
+        """Steps (start, exposed): forward 1 ms, the bucket 2 ms later (the backward), the
+        hook 0.1 ms, its collective done ``exposed`` after the hook returned."""
+        session = CaptureSession(steps=6, rank=1, min_numel=16, progress=False)
+        capture = fake_capture(session, torch.nn.Linear(4, 4))
+        params = [p for _, p in capture.params]
+        for start, exposed in steps:
+            clock.t = start
+            capture._pre_forward(capture.ddp, ())
+            clock.t = start + 0.001
+            capture._post_forward(capture.ddp, (), None)
+            future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
 
-    capture.steps = [step(0.0, 0.05, 0.001), step(0.05, 0.06, 0.0002), step(0.06, None, 0.03)]
+            def pending(state: object, bucket: FakeBucket) -> torch.futures.Future[torch.Tensor]:
+                clock.t += 0.0001  # the hook's own work
+                return future  # noqa: B023 (called at once, in this iteration)
+
+            clock.t = start + 0.003
+            flat = torch.randn(sum(p.numel() for p in params))
+            capture.observed(pending, reports_itself=False)(None, FakeBucket(params, flat))
+            clock.t += exposed
+            future.set_result(flat)
+        session.finish()  # the script ended
+        return capture
+
+    capture = run([(0.0, 0.001), (0.05, 0.0002), (0.06, 0.03)])
     model, notes = capture.profile()
     assert model is not None
     timing = model.timing
-    assert timing.step_s == pytest.approx(0.010)
+    assert timing.steps_used == 2
+    assert timing.forward_s == pytest.approx(0.001)
+    assert timing.backward_s == pytest.approx(0.002)
+    assert timing.step_s == pytest.approx(0.010)  # first bucket to the next one
+    assert timing.hook_s == pytest.approx(0.0001)
     assert timing.compute_step_s == pytest.approx(0.010 - 0.0002 - 0.0001)
     assert timing.exposed_comm_s == pytest.approx(0.0002)  # from the same step as step_s
     assert capture.local_step_seconds() == pytest.approx(0.010)
     assert any(n.startswith("model 0: UNRELIABLE step time") for n in notes), notes
     # A step whose exposed time swallows it is floored at forward + backward.
-    capture.steps = [step(0.0, 0.05, 0.001), step(0.05, 0.06, 0.0095), step(0.06, 0.07, 0.0095)]
+    capture = run([(0.0, 0.001), (0.05, 0.0095), (0.06, 0.0095), (0.07, 0.0095)])
     model, notes = capture.profile()
     assert model is not None
+    assert model.timing.step_s == pytest.approx(0.010)
     assert model.timing.compute_step_s == pytest.approx(0.003)
     assert not any("UNRELIABLE" in n for n in notes)
 
@@ -693,6 +725,28 @@ def test_gradients_of_a_parameter_unused_in_the_first_step_are_sampled_later() -
     model, _ = capture.profile()
     assert model is not None
     assert model.layer("0.weight").grad_norm == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_static_autocomp_hook_reports_to_the_capture_profiler_an_adaptive_one_is_timed() -> None:
+    # One instrumentation stack: autocomp's own hook reports to the model's StepProfiler
+    # (attached to its state); one whose state already has a profiler (adaptive mode) keeps
+    # it, and its calls are timed from outside instead.
+    session = CaptureSession(steps=3, rank=1, min_numel=16, progress=False)
+    capture = fake_capture(session, torch.nn.Linear(4, 4))
+    static = HookState(None, {}, {}, rank=0, world_size=1)
+    hook = capture.adopt(static, autocomp_hook)
+    assert static.profiler is capture.profiler and capture.hook_state is static
+    assert static.step_listener is not None and hook.__annotations__ == {}
+    static.step_listener(0)  # the hook's first bucket of a step
+    assert len(capture.steps) == 1
+    capture.release()
+    assert static.profiler is None and static.step_listener is None
+
+    other = fake_capture(session, torch.nn.Linear(4, 4))
+    adaptive = HookState(None, {}, {}, rank=0, world_size=1)
+    own = adaptive.profiler = profiler.StepProfiler()
+    other.adopt(adaptive, autocomp_hook)
+    assert adaptive.profiler is own and other.hook_state is None
 
 
 # ---- tier 1: ``profile`` in process, scripts that never reach DDP ---------------------------
@@ -744,7 +798,8 @@ def test_profile_of_a_syntax_error_shows_no_runner_frames(
     code, err = profile_in_process(script, monkeypatch, capsys)
     assert code == 1
     assert f'File "{script}", line 2' in err and "SyntaxError: invalid syntax" in err
-    assert "Traceback" not in err and "runpy" not in err and "capture.py" not in err
+    assert "Traceback" not in err and "runpy" not in err
+    assert not any(f"{name}.py" in err for name in ("runner", "session", "capture"))
 
 
 # ---- tier 2: real scripts ------------------------------------------------------------------
@@ -985,3 +1040,32 @@ def test_profile_reports_a_builtin_comm_hook_as_untimeable(tmp_path: Path) -> No
     assert "comm hook cannot be timed" in done.stderr and "FP16_COMPRESS" in done.stderr
     assert "does it train" not in done.stderr
     assert "terminate called" not in done.stderr
+
+
+@pytest.mark.multirank
+def test_profile_of_a_script_wrapped_by_autocomp_measures_through_its_hook(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch, torch.distributed as dist, autocomp\n"
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "torch.set_num_threads(1)\n"
+        "dist.init_process_group('gloo')\n"
+        "model = DDP(torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 8)))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "ctl = autocomp.wrap(model, plan={'*.bias': 'none', '*': 'powersgd:rank=2'})\n"
+        "for step in range(20):\n"
+        "    model(torch.randn(4, 256)).square().mean().backward()\n"
+        "    opt.step(); opt.zero_grad()\n"
+    )
+    done = run_advisor(
+        "profile", str(script), "--nproc", "1", "--steps", "5", "--out", str(tmp_path / "p.json"),
+        "--compressor-budget", "0",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    profile = Profile.load(tmp_path / "p.json")
+    assert profile.complete and profile.script.steps_captured == 5
+    assert "model 0: timed the script's own comm hook autocomp_hook" in profile.notes
+    model = profile.model()
+    assert model.timing.steps_used == 4 and model.timing.hook_s > 0
+    assert 0 < model.timing.compute_step_s <= model.timing.step_s
+    assert not any("UNRELIABLE" in note for note in profile.notes)

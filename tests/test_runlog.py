@@ -328,11 +328,16 @@ def test_reader_sees_consistent_snapshots_during_writes(tmp_path: Path) -> None:
 
 
 _KILLED_WRITER = """
-import importlib.util, sys, time
-spec = importlib.util.spec_from_file_location("runlog_standalone", sys.argv[1])
+import importlib.util, os, sys, time
+# The package alone, without autocomp/__init__ (which imports torch): a fast start, and proof
+# that the run log imports nothing from autocomp but itself.
+spec = importlib.util.spec_from_file_location(
+    "runlog_standalone", sys.argv[1], submodule_search_locations=[os.path.dirname(sys.argv[1])]
+)
 module = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = module
-spec.loader.exec_module(module)  # the module does not import torch: fast start
+spec.loader.exec_module(module)
+assert "torch" not in sys.modules
 record = eval(sys.argv[3])
 log = module.RunLog.open(sys.argv[2], run_id="killed", meta={"world_size": 2})
 step = 0

@@ -260,7 +260,7 @@ def _console() -> Console:
 
 
 def _cmd_profile(args: argparse.Namespace, script_args: list[str]) -> int:
-    from autocomp.advisor.capture import ProfileRunner
+    from autocomp.advisor.runner import ProfileRunner
 
     script: Path = Path(args.script)
     if script.is_dir():

@@ -264,9 +264,11 @@ class Timing:
     step_s: float
     """Whole iteration as measured on the profiling link."""
     exposed_comm_s: float
-    """Communication still running after the last hook returned (E in docs/policy.md)."""
+    """Communication still running after the last hook returned, plus any time a hook call
+    waited for an earlier collective (E in docs/policy.md)."""
     hook_s: float
-    """Time spent inside the comm hook per step (launching collectives, any compression)."""
+    """Comm hook work per step (launching collectives, any compression and decode), as
+    :class:`autocomp.profiler.StepProfiler` counts it; waits on the link are in E."""
     compute_step_s: float
     """Median of step - exposed - hook per step (>= forward + backward): one rank's step."""
     rank_step_s: tuple[float, ...] = ()

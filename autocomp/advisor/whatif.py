@@ -30,6 +30,9 @@ measurements, and a :class:`~autocomp.link_model.LinkEstimate` of the scenario, 
 Uniform options compress every parameter with at least two dimensions and at least the
 policy's ``min_numel`` elements (16384 by default); biases, norm scales and tiny tensors stay
 uncompressed, as anyone deploying them would configure it.
+
+The verdict (compress or not, and why) is worked out from an :class:`Evaluation` in
+:mod:`autocomp.advisor.verdict`; :meth:`WhatIfModel.verdict` is its entry point.
 """
 
 from __future__ import annotations
@@ -41,17 +44,20 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from autocomp.advisor.costs import eligible
 from autocomp.advisor.profile import LayerInfo, ModelProfile, Profile
-from autocomp.advisor.units import format_bandwidth, format_bytes, format_seconds
+from autocomp.advisor.units import format_bandwidth, format_seconds
+from autocomp.advisor.verdict import DO_NOT_COMPRESS_COSTLY as DO_NOT_COMPRESS_COSTLY
+from autocomp.advisor.verdict import DO_NOT_COMPRESS_HIDDEN as DO_NOT_COMPRESS_HIDDEN
+from autocomp.advisor.verdict import Verdict, judge
 from autocomp.compressors import Collective, Compressor, NoCompression, build_compressor
 from autocomp.cost_model import CostModel, CostSample
 from autocomp.exposure import Group, Timeline, simulate
-from autocomp.link_model import LinkEstimate, latency_hops, link_bytes
+from autocomp.link_model import LinkEstimate, link_bytes
 from autocomp.policy.engine import (
     ErrorPriors,
     LayerProfile,
@@ -270,38 +276,6 @@ class Evaluation:
             if result.key == key:
                 return result
         raise KeyError(key)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Verdict:
-    """The advice, with the numbers behind it."""
-
-    kind: Literal["compress", "do_not_compress", "in_between"]
-    headline: str
-    option: str | None
-    """Key of the recommended compressed option (None when compression does not pay)."""
-    reasons: tuple[str, ...]
-    top_layers: tuple[tuple[str, int, float], ...]
-    """(name, bytes, fraction of all gradient bytes), largest first."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "headline": self.headline,
-            "option": self.option,
-            "reasons": list(self.reasons),
-            "top_layers": [{"name": n, "bytes": b, "fraction": f} for n, b, f in self.top_layers],
-        }
-
-
-DO_NOT_COMPRESS_HIDDEN = (
-    "compression does not pay: the link hides the communication; with memory the real "
-    "constraint, consider FSDP/ZeRO"
-)
-DO_NOT_COMPRESS_COSTLY = (
-    "compression does not pay: compressing costs more than the wire time it saves; "
-    "with memory the real constraint, consider FSDP/ZeRO"
-)
 
 
 # ---- the model -------------------------------------------------------------------------------
@@ -608,103 +582,4 @@ class WhatIfModel:
 
     def verdict(self, evaluation: Evaluation) -> Verdict:
         """compress / does not pay / in between, with reasons (thresholds in Config)."""
-        cfg = self.config
-        none = evaluation.results[0]
-        compressed = [r for r in evaluation.results[1:] if r.compressed_layers > 0]
-        top = self.top_layers()
-        compute = evaluation.compute_step_s
-        reasons = [
-            f"uncompressed: {format_seconds(none.comm_s)} of communication per step "
-            f"({format_bytes(none.link_bytes)} per rank on the link), "
-            f"{format_seconds(none.exposed_s)} of it exposed after the backward "
-            f"(overlap {none.overlap:.0%}); step {format_seconds(none.step_s)} against "
-            f"{format_seconds(compute)} on one rank (efficiency {none.efficiency:.0%})",
-            f"the backward leaves {format_seconds(self.model.timing.hideable_s)} after the "
-            f"first bucket is ready for communication to hide behind",
-        ]
-        scenario = evaluation.scenario
-        hops = latency_hops(Collective.ALL_REDUCE, scenario.world_size)
-        latency = len(self.model.buckets) * hops * scenario.latency_s
-        if none.comm_s > 0 and latency >= 0.5 * none.comm_s:
-            reasons.append(
-                f"{format_seconds(latency)} of the uncompressed communication is latency "
-                f"({len(self.model.buckets)} buckets x {hops} ring hops x "
-                f"{format_seconds(scenario.latency_s)}); compression cannot shrink latency, "
-                "fewer buckets (a larger bucket_cap_mb) can"
-            )
-        last = max(self.model.buckets, key=lambda b: (b.ready_s, b.index))
-        last_share = last.bytes / max(1, sum(b.bytes for b in self.model.buckets))
-        exposed_matters = none.exposed_s > cfg.hidden_fraction * none.step_s
-        if exposed_matters and len(self.model.buckets) > 0 and last_share >= 0.5:
-            reasons.append(
-                f"{last_share:.0%} of the gradient bytes are in the last bucket, ready only when "
-                "the backward ends, so their communication cannot overlap with it; a smaller "
-                "bucket_cap_mb (a DDP argument) would let more of it start earlier"
-            )
-        top_text = ", ".join(f"{name} {share:.0%}" for name, _, share in top)
-        reasons.append(f"bytes are dominated by: {top_text}")
-        if not compressed:
-            return Verdict(
-                kind="do_not_compress",
-                headline="compression does not apply: no layer is large enough to compress",
-                option=None,
-                reasons=tuple(reasons),
-                top_layers=top,
-            )
-        fastest = min(compressed, key=lambda r: (r.step_s, r.rel_error))
-        near = [r for r in compressed if r.step_s <= fastest.step_s * (1 + cfg.near_best)]
-        choice = min(near, key=lambda r: (r.rel_error, r.step_s))
-        gain = none.step_s / choice.step_s - 1.0
-        detail = (
-            f"{choice.label}: step {format_seconds(choice.step_s)} ({gain:+.0%} throughput "
-            f"against uncompressed), efficiency {choice.efficiency:.0%}, "
-            f"{format_bytes(choice.link_bytes)} per rank on the link, compression work "
-            f"{format_seconds(choice.compress_s)}, gradient-weighted one-step error "
-            f"{choice.rel_error:.2g}"
-        )
-        if choice is not fastest:
-            detail += (
-                f"; {fastest.label} is fastest ({format_seconds(fastest.step_s)}) but loses "
-                f"more of the gradient (error {fastest.rel_error:.2g}), and is within "
-                f"{cfg.near_best:.0%}"
-            )
-        reasons.append(detail)
-        gathered = [
-            r.label
-            for r in compressed
-            if r.key.startswith("topk") and r.link_bytes > none.link_bytes
-        ]
-        if gathered:
-            reasons.append(
-                f"{', '.join(gathered)} send more than uncompressed at "
-                f"{evaluation.scenario.world_size} ranks: top-k payloads are all-gathered, so "
-                "every rank receives N-1 of them"
-            )
-        if gain >= cfg.compress_gain:
-            return Verdict(
-                kind="compress",
-                headline=f"compress with {choice.label}",
-                option=choice.key,
-                reasons=tuple(reasons),
-                top_layers=top,
-            )
-        if gain < cfg.min_gain:
-            hidden = none.exposed_s <= cfg.hidden_fraction * none.step_s
-            return Verdict(
-                kind="do_not_compress",
-                headline=DO_NOT_COMPRESS_HIDDEN if hidden else DO_NOT_COMPRESS_COSTLY,
-                option=None,
-                reasons=tuple(reasons),
-                top_layers=top,
-            )
-        return Verdict(
-            kind="in_between",
-            headline=f"in between: benchmark both (uncompressed and {choice.label})",
-            option=choice.key,
-            reasons=(
-                *reasons,
-                f"a predicted gain of {gain:.1%} is between the {cfg.min_gain:.0%} noise level "
-                f"and the {cfg.compress_gain:.0%} needed to recommend compression",
-            ),
-            top_layers=top,
-        )
+        return judge(self, evaluation)

@@ -5,33 +5,31 @@ run log's own short transactions, so it can run, crash or be killed without touc
 Each request opens the run log afresh: the trainer may create, rotate or finish it at any time,
 and a broken or missing run log must produce a clear message (HTTP 503) rather than a stale
 cached view or a 500 with a traceback.
+
+This module is the HTTP layer (routes, authentication, headers, error handling); what the
+routes show is worked out in :mod:`autocomp.service.views`, the metrics in
+:mod:`autocomp.service.metrics`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import hmac
-import html
 import importlib.resources
 import json
 import logging
-import math
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
-from prometheus_client.registry import Collector
 
-from autocomp.compressors import build_compressor
-from autocomp.guards import GUARD_NAMES
 from autocomp.runlog import RunLogError, RunReader
+from autocomp.service.metrics import RunCollector
 from autocomp.service.schemas import (
     Change,
     Decision,
@@ -39,40 +37,31 @@ from autocomp.service.schemas import (
     GuardEventModel,
     GuardsResponse,
     Health,
-    LayerPlan,
     Override,
     OverrideRequest,
     OverridesResponse,
     PolicyResponse,
     RunMeta,
     SeriesResponse,
-    WindowSummary,
+)
+from autocomp.service.views import (
+    RETRY_AFTER_SECONDS,
+    Reader,
+    ReaderFactory,
+    RunUnavailable,
+    error_page,
+    finite,
+    layer_plans,
+    validate_override,
+    window_summary,
 )
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["RunUnavailable", "create_app"]
 
-RETRY_AFTER_SECONDS = 5
-"""What a 503 tells clients (and the error page's auto-refresh) to wait before retrying."""
-
 MAX_CHANGE_STEPS_WITH_REASONS = 50
 """Reasons for ``/api/decisions`` changes are looked up per step; cap the lookups per call."""
-
-_DTYPE_BYTES = {
-    "float64": 8,
-    "double": 8,
-    "float32": 4,
-    "float": 4,
-    "float16": 2,
-    "half": 2,
-    "bfloat16": 2,
-    "int64": 8,
-    "int32": 4,
-    "int16": 2,
-    "int8": 1,
-    "uint8": 1,
-}
 
 _SECURITY_HEADERS = {
     # The dashboard is self-contained: nothing may load from anywhere else.
@@ -89,289 +78,6 @@ _SECURITY_HEADERS = {
 
 _BEARER = HTTPBearer(auto_error=False)
 """Reads ``Authorization: Bearer ...`` without rejecting by itself (we answer 401, not 403)."""
-
-
-class Reader(Protocol):
-    """What the app needs from ``autocomp.runlog.RunReader`` (also lets tests substitute one)."""
-
-    def meta(self) -> dict[str, Any]: ...
-    def latest_window(self) -> dict[str, Any] | None: ...
-    def windows(self, since_step: int | None = None, limit: int = 1000) -> list[dict]: ...
-    def decisions(self, step: int | None = None) -> list[dict[str, Any]]: ...
-    def changes(self, since_step: int | None = None) -> list[dict[str, Any]]: ...
-    def guard_events(self, since_step: int | None = None, limit: int = 1000) -> list[dict]: ...
-    def guard_counts(self) -> dict[str, int]: ...
-    def series(self, limit: int = 2000) -> dict[str, list]: ...
-    def overrides(self, limit: int = 100) -> list[dict[str, Any]]: ...
-    def add_override(
-        self, kind: str, *, glob: str | None = None, spec: str | None = None, who: str
-    ) -> int: ...
-    def snapshot(self) -> contextlib.AbstractContextManager[Any]: ...
-    def close(self) -> None: ...
-
-
-ReaderFactory = Callable[[Path], Reader]
-
-
-class RunUnavailable(Exception):
-    """The run log cannot be read right now; the message says why, for a human."""
-
-
-def _dtype_bytes(dtype: Any) -> int | None:
-    if dtype is None:
-        return None
-    return _DTYPE_BYTES.get(str(dtype).removeprefix("torch.").lower())
-
-
-def _finite(value: Any) -> float | None:
-    """JSON has no NaN/Inf: they become None (unknown) rather than an invalid document."""
-    if value is None:
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
-def _ratio(uncompressed: Any, wire: Any) -> float | None:
-    raw, sent = _finite(uncompressed), _finite(wire)
-    if raw is None or sent is None or sent <= 0:
-        return None
-    return raw / sent
-
-
-def window_summary(window: Mapping[str, Any] | None) -> WindowSummary | None:
-    """The flat columns of a run-log window row, with the compression ratio worked out."""
-    if window is None:
-        return None
-    fields = {
-        name: _finite(window.get(name))
-        for name in WindowSummary.model_fields
-        if name not in ("step", "compression_ratio")
-    }
-    fields["compression_ratio"] = _ratio(
-        window.get("uncompressed_bytes_per_step"), window.get("bytes_per_step")
-    )
-    return WindowSummary(step=int(window["step"]), **fields)
-
-
-def layer_plans(meta: Mapping[str, Any], decisions: Iterable[Mapping[str, Any]]) -> list[LayerPlan]:
-    """Join the run's layer list with the latest decision per layer, in the run's order."""
-    by_name = {d["name"]: d for d in decisions}
-    rows: list[LayerPlan] = []
-    seen: set[str] = set()
-    for layer in meta.get("layers") or []:
-        name = str(layer["name"])
-        seen.add(name)
-        rows.append(_layer_plan(name, layer, by_name.get(name, {})))
-    # Decisions for layers the metadata does not list still deserve a row.
-    rows.extend(_layer_plan(n, {}, d) for n, d in by_name.items() if n not in seen)
-    return rows
-
-
-def _layer_plan(name: str, layer: Mapping[str, Any], decision: Mapping[str, Any]) -> LayerPlan:
-    shape = [int(s) for s in layer.get("shape") or []]
-    numel = layer.get("numel")
-    if numel is None and shape:
-        numel = math.prod(shape)
-    size = _dtype_bytes(layer.get("dtype"))
-    uncompressed = None if numel is None or size is None else int(numel) * size
-    predicted = _finite(decision.get("predicted_wire_bytes"))
-    wire = None if predicted is None else round(predicted)
-    return LayerPlan(
-        name=name,
-        shape=shape,
-        numel=None if numel is None else int(numel),
-        dtype=None if layer.get("dtype") is None else str(layer["dtype"]),
-        compressor=decision.get("spec"),
-        uncompressed_bytes=uncompressed,
-        wire_bytes=wire,
-        ratio=_ratio(uncompressed, wire),
-        reason=decision.get("reason"),
-        rule=decision.get("rule"),
-        predicted_seconds=_finite(decision.get("predicted_seconds")),
-        runner_up=decision.get("runner_up"),
-    )
-
-
-def validate_override(request: OverrideRequest, layer_names: list[str]) -> dict[str, str | None]:
-    """Check an override before it reaches the controller; raise ValueError saying what is wrong.
-
-    The controller applies overrides asynchronously at a window boundary, where nobody can be
-    told about a mistake any more, so everything checkable is checked here: the glob is present
-    when the kind needs one and matches a layer, the spec builds (canonicalized, so the log
-    shows exactly what will run), and no field is given that the kind would silently ignore.
-    """
-    kind = request.kind
-    glob = request.glob.strip() if request.glob is not None else None
-    spec = request.spec.strip() if request.spec is not None else None
-    if glob == "":
-        glob = None
-    if spec == "":
-        spec = None
-    takes_glob = kind in ("pin", "unpin")
-    if takes_glob and glob is None:
-        raise ValueError(f"override {kind!r} needs a 'glob' over parameter names, e.g. '*.bias'")
-    if glob is not None and not takes_glob:
-        raise ValueError(f"override {kind!r} applies to every layer and takes no 'glob'")
-    if kind == "pin":
-        if spec is None:
-            raise ValueError("override 'pin' needs a 'spec', e.g. 'powersgd:rank=4'")
-        spec = build_compressor(spec).spec
-    elif spec is not None:
-        raise ValueError(f"only 'pin' takes a 'spec'; override {kind!r} does not")
-    matched = any(fnmatch.fnmatchcase(name, glob) for name in layer_names) if glob else True
-    if kind == "pin" and layer_names and not matched:
-        shown = ", ".join(layer_names[:8]) + (", ..." if len(layer_names) > 8 else "")
-        raise ValueError(f"glob {glob!r} matches no layer of this run (layers: {shown})")
-    return {"glob": glob, "spec": spec}
-
-
-class _RunCollector(Collector):
-    """Reads the run log on every scrape, so /metrics is never staler than the log itself."""
-
-    def __init__(self, open_run: Callable[[], contextlib.AbstractContextManager[Reader]]):
-        self._open_run = open_run
-
-    def describe(self) -> list:
-        # Registering must not touch the run log (it may not exist yet).
-        return []
-
-    def collect(self) -> Iterator[Any]:
-        up = GaugeMetricFamily("autocomp_run_up", "1 when the sidecar can read the run log.")
-        try:
-            with self._open_run() as reader:
-                families = list(self._families(reader))
-        except RunUnavailable as exc:
-            logger.info("metrics: run log unavailable: %s", exc)
-            up.add_metric([], 0.0)
-            yield up
-            return
-        up.add_metric([], 1.0)
-        yield up
-        yield from families
-
-    def _families(self, reader: Reader) -> Iterator[Any]:
-        meta = reader.meta()
-        info = InfoMetricFamily("autocomp_run", "The run the sidecar serves.")
-        info.add_metric(
-            [],
-            {
-                "run_id": str(meta.get("run_id") or ""),
-                "policy": str(meta.get("policy") or ""),
-                "world_size": str(meta.get("world_size") or ""),
-            },
-        )
-        yield info
-        target = _finite(meta.get("target_overlap"))
-        if target is not None:
-            yield _gauge("autocomp_target_overlap", "Overlap target of the policy.", target)
-
-        window = reader.latest_window()
-        summary = window_summary(window)
-        if summary is not None:
-            for name, doc, value in (
-                ("autocomp_window_step", "Step of the latest window.", summary.step),
-                (
-                    "autocomp_bandwidth_bytes_per_second",
-                    "Live link bandwidth fit.",
-                    summary.bandwidth_bytes_per_s,
-                ),
-                ("autocomp_latency_seconds", "Live per-hop latency fit.", summary.latency_s),
-                (
-                    "autocomp_nic_bytes_per_second",
-                    "Bytes/s sent on the interface torch.distributed uses.",
-                    summary.nic_bytes_per_s,
-                ),
-                ("autocomp_step_seconds", "Median training step time.", summary.step_seconds),
-                (
-                    "autocomp_backward_seconds",
-                    "Median backward compute time.",
-                    summary.backward_seconds,
-                ),
-                (
-                    "autocomp_exposed_seconds",
-                    "Median communication left after the backward.",
-                    summary.exposed_seconds,
-                ),
-                (
-                    "autocomp_overlap_measured",
-                    "Fraction of communication hidden behind backward, measured.",
-                    summary.measured_overlap,
-                ),
-                (
-                    "autocomp_overlap_predicted",
-                    "Overlap the previous decision predicted for this window.",
-                    summary.predicted_overlap,
-                ),
-                (
-                    "autocomp_wire_bytes_per_step",
-                    "Wire bytes one rank sent per step.",
-                    summary.bytes_per_step,
-                ),
-                (
-                    "autocomp_uncompressed_bytes_per_step",
-                    "Bytes per step plain all-reduce would send.",
-                    summary.uncompressed_bytes_per_step,
-                ),
-                (
-                    "autocomp_compression_ratio",
-                    "Uncompressed bytes / wire bytes per step.",
-                    summary.compression_ratio,
-                ),
-                ("autocomp_loss", "Mean loss over the latest window.", summary.loss),
-            ):
-                if value is not None:
-                    yield _gauge(name, doc, float(value))
-
-        layers = GaugeMetricFamily(
-            "autocomp_layer_wire_bytes",
-            "Predicted wire bytes per step of one layer under its current compressor.",
-            labels=["layer", "compressor"],
-        )
-        for plan in layer_plans(meta, reader.decisions()):
-            if plan.wire_bytes is not None:
-                layers.add_metric([plan.name, plan.compressor or ""], plan.wire_bytes)
-        yield layers
-
-        guards = CounterMetricFamily(
-            "autocomp_guard_events", "Convergence-guard events by guard.", labels=["guard"]
-        )
-        counts = {name: 0 for name in GUARD_NAMES}
-        counts.update({str(k): int(v) for k, v in reader.guard_counts().items()})
-        for name, count in sorted(counts.items()):
-            guards.add_metric([name], float(count))
-        yield guards
-
-        pending = sum(1 for o in reader.overrides() if o.get("applied_step") is None)
-        yield _gauge(
-            "autocomp_overrides_pending", "Operator overrides not applied yet.", float(pending)
-        )
-
-
-def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-    family = GaugeMetricFamily(name, doc)
-    family.add_metric([], value)
-    return family
-
-
-def _error_page(run_dir: Path, message: str) -> str:
-    """A human page for an unreadable run; it refreshes itself so it recovers on its own."""
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="refresh" content="{RETRY_AFTER_SECONDS}">
-<title>autocomp: run not available</title>
-<style>body{{font:15px system-ui,sans-serif;margin:3em auto;max-width:46em;color:#222}}
-code{{background:#f2f2f2;padding:.1em .3em}} .box{{border-left:4px solid #c0392b;
-padding:.5em 1em;background:#fdf2f1}}</style></head>
-<body><h1>Run not available</h1>
-<div class="box"><p id="error-message">{html.escape(message)}</p></div>
-<p>The sidecar serves the run log in <code>{html.escape(str(run_dir))}</code>.
-It is missing, still being created by the trainer, or not an autocomp run log.
-This page retries every {RETRY_AFTER_SECONDS} seconds.</p>
-<p>Liveness: <a href="healthz">healthz</a></p></body></html>
-"""
 
 
 def create_app(
@@ -426,7 +132,7 @@ def create_app(
     app.state.run_dir = run_dir
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_RunCollector(open_run))
+    registry.register(RunCollector(open_run))
 
     @app.exception_handler(RunUnavailable)
     async def _unavailable(request: Request, exc: RunUnavailable) -> Response:
@@ -477,7 +183,7 @@ def create_app(
                 reader.meta()
         except RunUnavailable as exc:
             return HTMLResponse(
-                _error_page(run_dir, str(exc)),
+                error_page(run_dir, str(exc)),
                 status.HTTP_503_SERVICE_UNAVAILABLE,
                 {"Retry-After": str(RETRY_AFTER_SECONDS)},
             )
@@ -553,11 +259,11 @@ def create_app(
         """Per-window series for the charts: bandwidth, step time, overlap, compression ratio."""
         with open_run() as reader:
             series = reader.series(limit=limit)
-            target = _finite(reader.meta().get("target_overlap"))
+            target = finite(reader.meta().get("target_overlap"))
         # The run log names the bandwidth column by its unit; the API keeps the short name.
         series = {"bandwidth": series.get("bandwidth_bytes_per_s", []), **series}
         lists = {
-            key: [_finite(v) for v in series.get(key) or []]
+            key: [finite(v) for v in series.get(key) or []]
             for key in SeriesResponse.model_fields
             if key not in ("step", "target_overlap")
         }

@@ -37,6 +37,7 @@ import pytest
 import torch
 
 from autocomp import profiler
+from autocomp import timing as timing_module
 from autocomp.advisor import capture as capture_module
 from autocomp.advisor import cli
 from autocomp.advisor.capture import ModelCapture
@@ -632,7 +633,7 @@ def test_compute_step_of_a_short_run_is_a_per_step_median(monkeypatch: pytest.Mo
     # has a long exposed tail (waiting for a slower peer). Medians of step, E and hook taken
     # separately used to subtract to nothing (compute_step_s = 1e-9, efficiency 0%).
     clock = FakeClock()
-    monkeypatch.setattr(profiler, "now", clock)
+    monkeypatch.setattr(timing_module, "now", clock)
     monkeypatch.setattr(capture_module, "now", clock)
 
     def run(steps: list[tuple[float, float]]) -> ModelCapture:

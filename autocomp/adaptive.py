@@ -13,9 +13,10 @@ previous backward's collectives have all completed):
 3. every rank applies the same plan before the forward continues, so all ranks switch at the
    same step.
 
-Boundaries fall at every multiple of ``window``, at the end of the warm-up, and once early
-(``first_look_steps``), so that a link far slower than the backward is acted on after a few
-steps instead of a whole window. The schedule is a pure function of the hook's step counter
+Boundaries fall at every multiple of ``window``, at the end of the warm-up, and early: after
+the first step (a glance that acts only when communication dominates) and at
+``first_look_steps``, so that a link far slower than the backward is acted on after a step or
+two instead of a whole window. The schedule is a pure function of the hook's step counter
 (one per synchronizing backward) and the configuration, which ``wrap`` checks is identical on
 every rank, so all ranks reach every boundary at the same step. A boundary runs inside the
 comm hook, at the first bucket of the step, before any of its collectives: no forward hook
@@ -50,7 +51,7 @@ from autocomp.env import AUTOCOMP_RECORD_WINDOWS
 from autocomp.exposure import overlap
 from autocomp.hook import HookState, LayerReplay
 from autocomp.link_model import PROBE_PASSES, LinkProbe, link_bytes
-from autocomp.planner import PlanUpdate, WindowPlanner
+from autocomp.planner import GLANCE_STEP, PlanUpdate, WindowPlanner
 from autocomp.policy.rules import PolicyRules
 from autocomp.profiler import StepProfiler, WindowProfile
 from autocomp.runlog import RunLog
@@ -139,6 +140,7 @@ class AdaptiveLoop:
             window=config.window,
             warmup_steps=config.warmup_steps,
             slow_link_ratio=base.slow_link_ratio,
+            dominance_ratio=base.dominance_ratio,
             error_smoothing=base.error_smoothing,
             dwell_windows=base.dwell_windows,
             link_change=base.link_change,
@@ -236,14 +238,14 @@ class AdaptiveLoop:
         cfg = self.config
         if step <= 0:
             return False
-        early = step == cfg.first_look_steps and step < cfg.warmup_steps
+        early = step in (GLANCE_STEP, cfg.first_look_steps) and step < cfg.warmup_steps
         return step % cfg.window == 0 or early or step == cfg.warmup_steps
 
     def next_boundary(self, step: int) -> int:
         """The first boundary after ``step``."""
         cfg = self.config
         following = (step // cfg.window + 1) * cfg.window
-        for special in (cfg.first_look_steps, cfg.warmup_steps):
+        for special in (GLANCE_STEP, cfg.first_look_steps, cfg.warmup_steps):
             if step < special < following and self.is_boundary(special):
                 following = special
         return following

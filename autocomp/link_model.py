@@ -376,19 +376,20 @@ class BandwidthMeter:
     def end_window(self, min_samples: int | None = None) -> LinkEstimate | None:
         """Fit the open window, fold it into the estimate and return the estimate.
 
-        With fewer than ``min_samples`` samples (default: the config's; at least 2) and no
-        probe nothing is fitted: the samples stay for the next window and the current estimate
-        (possibly None) is returned unchanged. The adaptive loop's early first look asks for
-        fewer, to act on a slow link after a few steps.
+        With fewer than ``min_samples`` samples (default: the config's) and no probe nothing
+        is fitted: the samples stay for the next window and the current estimate (possibly
+        None) is returned unchanged. The adaptive loop's early looks ask for fewer, to act on
+        a slow link after a step or two (one sample is fitted as a ratio with the prior
+        latency: on a link slow enough to act on, latency is a rounding error).
         """
         has_probe = any(s.probe for s in self._window)
-        needed = self.config.min_samples if min_samples is None else max(2, min_samples)
+        needed = self.config.min_samples if min_samples is None else max(1, min_samples)
         if len(self._window) < needed and not has_probe:
             return self._estimate
         samples = list(self._window)
         self._window.clear()
         own = sum(1 for s in samples if not s.probe and self._identifiable(s))
-        self._blind = own < max(2, needed // 2)
+        self._blind = own < (1 if needed == 1 else max(2, needed // 2))
         if self._blind:
             # Only small transfers: their time is latency and per-call overhead, so fitting
             # them would read a fast link as slow, compress more, shrink transfers further and

@@ -163,6 +163,11 @@ def test_measured_fast_link_keeps_everything_uncompressed(tmp_path: Path) -> Non
     results = run_ranks(_fast_link, 2, tmp_path / "ranks", str(policy))
     assert set(results[0]["plan"].values()) == {"none"}
     decided = [h for h in results[0]["history"] if h["decision"] is not None]
+    # The glance after the first step has one all-reduce to go by, which on loopback may be
+    # too quick to measure the link with; it keeps the warm-up either way.
+    assert decided and decided[0]["step"] == 1
+    assert all(layer["spec"] == "none" for layer in decided[0]["decision"]["layers"])
+    decided = decided[1:]
     assert decided
     for record in decided:
         measured = record["bandwidth_bytes_per_s"]

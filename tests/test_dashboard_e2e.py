@@ -62,7 +62,7 @@ def _train(rank: int, world_size: int, sync: str, port: int, kill_sidecar: bool)
         target_overlap=0.9,
         window=WINDOW,
         warmup_steps=WINDOW,
-        first_look_steps=WINDOW,  # boundaries every WINDOW steps only
+        first_look_steps=WINDOW,  # boundaries: the glance after step 0, then every WINDOW
         run_dir=Path(sync) / "run",
         dashboard=port if rank == 0 else False,
     )
@@ -189,6 +189,6 @@ def test_killing_the_sidecar_leaves_training_unharmed(tmp_path: Path) -> None:
     assert torch.isfinite(results[0]["params"]).all()
     reader = RunReader(Path(results[0]["run_dir"]))
     steps = [window["step"] for window in reader.windows()]
-    assert steps == list(range(WINDOW, STEPS, WINDOW))
+    assert steps == [1, *range(WINDOW, STEPS, WINDOW)]
     with pytest.raises(httpx.TransportError):
         httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)

@@ -106,6 +106,22 @@ def test_the_first_look_keeps_the_warm_up_on_a_fast_link() -> None:
     assert all(d["rule"] == "warmup" for d in update.record.decision["layers"])  # type: ignore[index]
 
 
+def test_the_glance_after_one_step_acts_only_when_communication_dominates() -> None:
+    """After the first step alone (one-off costs, provisional buckets) the warm-up ends only
+    at ``dominance_ratio`` x the compute-only step; at the first look (step 2) the ordinary
+    ``slow_link_ratio`` applies."""
+    # Uncompressed step / compute-only step at 50 Mbit/s with these shapes: about 4x.
+    slow_but_not_dominant = planner()
+    slow_but_not_dominant.decide(measurement(1, mbit=50, steps=1), dict.fromkeys(NAMES, "none"))
+    assert not slow_but_not_dominant.warmup_done
+    slow_but_not_dominant.decide(measurement(2, mbit=50, steps=1), dict.fromkeys(NAMES, "none"))
+    assert slow_but_not_dominant.warmup_done
+    dominant = planner()
+    update = dominant.decide(measurement(1, mbit=5, steps=1), dict.fromkeys(NAMES, "none"))
+    assert dominant.warmup_done
+    assert update.plan[NAMES.index("fc1.weight")] != "none"
+
+
 def test_measured_errors_are_smoothed_across_windows() -> None:
     p = planner(warmup_steps=0, error_smoothing=0.3)
     specs = {**dict.fromkeys(NAMES, "none"), "fc1.weight": "powersgd:rank=4,ef=true"}

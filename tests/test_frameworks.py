@@ -145,8 +145,9 @@ def test_lightning_callback(tmp_path: Path) -> None:
         assert len(result["losses"]) == steps * accumulate
         # The hook ran once per optimizer step: accumulation batches went through no_sync.
         assert result["controller_step"] == steps
-        # First look (2), end of warm-up (4), then every window (8), all from the hook.
-        assert result["history_steps"] == [2, 4, 8]
+        # Glance (1), first look (2), end of warm-up (4), then every window (8), all from the
+        # hook.
+        assert result["history_steps"] == [1, 2, 4, 8]
         assert result["stats"]["bytes_uncompressed"] > 0
     assert results[0]["summary"].startswith(f"step {8:>6}:")
     assert_trained_together(results)
@@ -221,6 +222,7 @@ except (RuntimeError, ValueError) as err:
     error = f"{type(err).__name__}: {err}"
 files = sorted(p.name for p in (out / "state").iterdir())
 torch.save({"error": error, "files": files}, out / f"rank{accelerator.process_index}.pt")
+accelerator.end_training()
 """
 
 

@@ -140,6 +140,11 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         torch.save(result, args.out / f"rank{rank}.pt")
 
+    # Gloo's worker threads must stop before the interpreter does: a process that exits with
+    # its group alive can abort at exit ("terminate called without an active exception").
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
 
 if __name__ == "__main__":
     main()

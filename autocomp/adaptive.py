@@ -38,7 +38,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -135,15 +135,12 @@ class AdaptiveLoop:
         self.profiler = StepProfiler(clock_for(self.device))
         state.profiler = self.profiler
         base = config.planner or WindowPlanner.Config()
-        planner_config = WindowPlanner.Config(
+        # The controller's own keys win; the rest of a given planner configuration is kept.
+        planner_config = replace(
+            base,
             target_overlap=config.target_overlap,
             window=config.window,
             warmup_steps=config.warmup_steps,
-            slow_link_ratio=base.slow_link_ratio,
-            dominance_ratio=base.dominance_ratio,
-            error_smoothing=base.error_smoothing,
-            dwell_windows=base.dwell_windows,
-            link_change=base.link_change,
             probe=config.probe,
         )
         self.planner = WindowPlanner(

@@ -50,6 +50,7 @@ from autocomp.link_model import (
 )
 from autocomp.policy.engine import PolicyEngine
 from autocomp.policy.payoff import PayoffCheck
+from autocomp.policy.priors import rel_error
 from autocomp.policy.rules import PolicyRules
 from autocomp.policy.types import (
     NONE_SPEC,
@@ -68,6 +69,20 @@ GLANCE_STEP = 1
 dominates (``Config.dominance_ratio``)."""
 
 __all__ = ["PlanUpdate", "WindowPlanner"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Switch:
+    """A layer's last change of compressor."""
+
+    window: int
+    """Window index of the decision."""
+    bandwidth: float | None
+    """Link estimate then (a big move since lifts the dwell)."""
+    assumed_error: float | None = None
+    """The prior relative error the switch rested on when the new compressor had never run on
+    this layer, else None. Once measured, an error worse than this (by the engine's switch
+    margin) lifts the dwell: it holds choices against noise, not against a wrong prior."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +135,16 @@ class WindowPlanner:
         error_smoothing: float = 0.3
         """EWMA weight of a new window's measured relative error."""
         dwell_windows: int = 5
-        """Windows a layer keeps a compressor it switched to (guards and pins excepted)."""
+        """Windows a layer keeps a compressor it switched to (guards and pins excepted; a switch
+        that rested on a prior error is released once measured worse than that prior)."""
+        settle_steps: int = 10
+        """Steps after a switch before the layer's error counts: error feedback starts from
+        an empty residual, so the first steps of a compressor understate its error (rank-1
+        PowerSGD on the GPT LM measured 0.16-0.74 one step in, 0.92-0.97 fifty steps in)."""
+        prior_miss: float = 0.1
+        """A switch that rested on a prior error is released from its dwell once its measured
+        relative error exceeds that prior by this much (and by the engine's switch margin):
+        smaller misses, such as fp16 at 3.5e-4 against a 2.5e-4 prior, change nothing."""
         link_change: float = 2.0
         """A bandwidth ratio this large since a layer's switch lifts its dwell."""
         probe: LinkProbe.Config | None = None
@@ -131,6 +155,10 @@ class WindowPlanner:
                 raise ValueError(f"error_smoothing must be in (0, 1], got {self.error_smoothing}")
             if self.dwell_windows < 1:
                 raise ValueError(f"dwell_windows must be >= 1, got {self.dwell_windows}")
+            if not self.prior_miss >= 0:
+                raise ValueError(f"prior_miss must be >= 0, got {self.prior_miss}")
+            if self.settle_steps < 0:
+                raise ValueError(f"settle_steps must be >= 0, got {self.settle_steps}")
             if not self.slow_link_ratio > 0:
                 raise ValueError(f"slow_link_ratio must be > 0, got {self.slow_link_ratio}")
             if not self.dominance_ratio >= self.slow_link_ratio:
@@ -203,8 +231,15 @@ class WindowPlanner:
         self.last_decision: PolicyDecision | None = None
         self._plan_ran: tuple[str, ...] | None = None
         self._windows = 0
-        self._changed_at: dict[str, tuple[int, float | None]] = {}
-        """Layer -> (window index of its last switch, bandwidth then)."""
+        self._changed_at: dict[str, _Switch] = {}
+        """Layer -> its last switch."""
+        self.released: set[str] = set()
+        """Layers whose dwell the last decision released because a switch made on a prior
+        error measured worse than that prior (``Config.prior_miss``)."""
+        self._running_since: dict[str, tuple[str, int]] = {}
+        """Layer -> (the spec its measurements ran, the first step they could have run it):
+        keyed on what was measured, so a measurement taken before a switch took effect is
+        never charged to the new compressor."""
 
     # ---- the decision --------------------------------------------------------------------------
 
@@ -246,12 +281,13 @@ class WindowPlanner:
         bandwidth = None if estimate is None else estimate.bandwidth_bytes_per_s
         previous = self.last_decision
         hold = self._payoff(m, previous, current, bandwidth)
+        profiles = self._profiles(m)
         if self.frozen and previous is not None:
             decision = previous
             plan = [current[name] for name in self.names]
         else:
             decision = self.engine.decide(
-                self._profiles(m),
+                profiles,
                 timing,
                 m.step,
                 world,
@@ -265,9 +301,14 @@ class WindowPlanner:
             )
             plan = [decision.layer(name).spec for name in self.names]
             self.last_decision = decision
+        profile_of = {p.name: p for p in profiles}
         for name, spec in zip(self.names, plan, strict=True):
             if spec != current[name]:
-                self._changed_at[name] = (self._windows, bandwidth)
+                assumed = None
+                if spec != NONE_SPEC and spec not in self.rel_errors[name]:
+                    priors = self.engine.config.priors
+                    assumed = rel_error(build_compressor(spec), profile_of[name], priors)
+                self._changed_at[name] = _Switch(self._windows, bandwidth, assumed)
         timings = m.timings
         record = WindowRecord(
             step=m.step,
@@ -329,7 +370,13 @@ class WindowPlanner:
                 continue
             grad_norms[name] = layer.grad_norm
             residual_norms[name] = layer.residual_norm or 0.0
-            if layer.spec != NONE_SPEC and layer.rel_error is not None:
+            running = self._running_since.get(name)
+            if running is None or running[0] != layer.spec:
+                # First window with this spec: it ran from this window's first step at most.
+                running = (layer.spec, m.step - m.window_steps)
+                self._running_since[name] = running
+            settling = m.step - running[1] < self.config.settle_steps
+            if layer.spec != NONE_SPEC and layer.rel_error is not None and not settling:
                 known = self.rel_errors[name]
                 old = known.get(layer.spec)
                 new = layer.rel_error
@@ -395,8 +442,28 @@ class WindowPlanner:
     def _locked(self, current: dict[str, str], bandwidth: float | None) -> dict[str, str]:
         """Layers still in their dwell period after a switch (see the module docstring)."""
         locked = {}
-        for name, (window, rate) in self._changed_at.items():
+        self.released = set()
+        margin = 1.0 + self.engine.config.switch_margin
+        for name, switch in self._changed_at.items():
+            window, rate = switch.window, switch.bandwidth
             if self._windows - window >= self.config.dwell_windows:
+                continue
+            measured = self.rel_errors[name].get(current[name])
+            assumed = switch.assumed_error
+            if (
+                assumed is not None
+                and measured is not None
+                and measured > assumed * margin
+                and measured - assumed >= self.config.prior_miss
+            ):  # the prior was too hopeful: free to correct it
+                self.released.add(name)
+                logger.debug(
+                    "autocomp: %s: %s measured %.3g against its prior %.3g; dwell released",
+                    name,
+                    current[name],
+                    measured,
+                    assumed,
+                )
                 continue
             moved = (
                 rate is not None
@@ -482,7 +549,10 @@ class WindowPlanner:
             "operator_pins": [list(pin) for pin in self.operator_pins],
             "warmup_done": self.warmup_done,
             "windows": self._windows,
-            "changed_at": {k: list(v) for k, v in self._changed_at.items()},
+            "changed_at": {
+                k: [v.window, v.bandwidth, v.assumed_error] for k, v in self._changed_at.items()
+            },
+            "running_since": {k: list(v) for k, v in self._running_since.items()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -500,6 +570,13 @@ class WindowPlanner:
         self.warmup_done = bool(state.get("warmup_done", self.warmup_done))
         self._windows = int(state.get("windows", 0))
         self._changed_at = {
-            str(k): (int(v[0]), None if v[1] is None else float(v[1]))
+            str(k): _Switch(
+                int(v[0]),
+                None if v[1] is None else float(v[1]),
+                None if len(v) < 3 or v[2] is None else float(v[2]),
+            )
             for k, v in state.get("changed_at", {}).items()
+        }
+        self._running_since = {
+            str(k): (str(v[0]), int(v[1])) for k, v in state.get("running_since", {}).items()
         }

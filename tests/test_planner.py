@@ -2,9 +2,10 @@
 
 ``autocomp.planner.WindowPlanner`` on synthetic window measurements: the first look ends the
 warm-up when an uncompressed step costs 2x the compute-only step (and not otherwise),
-measured relative errors are smoothed across windows, a layer that switched keeps its
-compressor for ``dwell_windows`` windows unless the link moves 2x, measurements round-trip
-through JSON, and the planner's state survives a checkpoint.
+measured relative errors are smoothed across windows and count only ``settle_steps`` after a
+switch, a layer that switched keeps its compressor for ``dwell_windows`` windows unless the
+link moves 2x or a switch made on a prior measures worse than that prior, measurements
+round-trip through JSON, and the planner's state survives a checkpoint.
 """
 
 from __future__ import annotations
@@ -130,8 +131,16 @@ def test_measured_errors_are_smoothed_across_windows() -> None:
     assert p.rel_errors["fc1.weight"]["powersgd:rank=4,ef=true"] == pytest.approx(0.62)
 
 
+def _measured_everywhere(p: WindowPlanner, error: float) -> None:
+    """Give every compressed candidate a measured error on every layer (as if each had run)."""
+    for name in NAMES:
+        for spec in ("fp16:ef=false", "powersgd:rank=4,ef=true", "powersgd:rank=16,ef=true"):
+            p.rel_errors[name][spec] = error
+
+
 def test_a_layer_that_switched_dwells_unless_the_link_moves() -> None:
-    p = planner(warmup_steps=0, dwell_windows=5)
+    p = planner(warmup_steps=0, dwell_windows=5, settle_steps=0)
+    _measured_everywhere(p, 0.3)  # the first decision rests on measurements, not priors
     current = dict.fromkeys(NAMES, "none")
     first = p.decide(measurement(10, mbit=50), current)
     current = dict(zip(NAMES, first.plan, strict=True))
@@ -143,10 +152,45 @@ def test_a_layer_that_switched_dwells_unless_the_link_moves() -> None:
         rules = {d["name"]: d["rule"] for d in update.record.decision["layers"]}  # type: ignore[index]
         assert rules["fc1.weight"] == "dwell", window
         assert dict(zip(NAMES, update.plan, strict=True)) == current
+        assert not p.released
     # A 4x faster link lifts the dwell at once.
     moved = p.decide(measurement(60, mbit=200, specs=current, errors=errors), current)
     rules = {d["name"]: d["rule"] for d in moved.record.decision["layers"]}  # type: ignore[index]
     assert rules["fc1.weight"] != "dwell"
+
+
+@pytest.mark.parametrize(("miss", "released"), [(0.05, False), (0.3, True)])
+def test_a_switch_on_a_prior_is_released_when_it_measures_worse(
+    miss: float, released: bool
+) -> None:
+    """The dwell holds a choice against noise, not against a wrong prior: a switch to an
+    option never run on the layer is released once its error measures ``prior_miss`` (0.1)
+    worse than the prior it rested on; a smaller miss keeps the dwell."""
+    p = planner(warmup_steps=0, dwell_windows=5, settle_steps=0)
+    current = dict.fromkeys(NAMES, "none")
+    first = p.decide(measurement(10, mbit=50), current)
+    current = dict(zip(NAMES, first.plan, strict=True))
+    spec = current["fc1.weight"]
+    assert spec != "none" and spec not in p.rel_errors["fc1.weight"]  # chosen on its prior
+    assumed = p._changed_at["fc1.weight"].assumed_error
+    assert assumed is not None and 0 < assumed < 0.6
+    errors = {"fc1.weight": assumed + miss}
+    update = p.decide(measurement(20, mbit=50, specs=current, errors=errors), current)
+    rules = {d["name"]: d["rule"] for d in update.record.decision["layers"]}  # type: ignore[index]
+    assert ("fc1.weight" in p.released) is released
+    assert (rules["fc1.weight"] == "dwell") is not released
+
+
+def test_errors_right_after_a_switch_do_not_count() -> None:
+    """Error feedback starts from an empty residual, so a compressor's first steps understate
+    its error: measurements less than ``settle_steps`` after the spec began are not kept."""
+    p = planner(warmup_steps=0, settle_steps=10)
+    specs = {**dict.fromkeys(NAMES, "none"), "fc1.weight": "powersgd:rank=4,ef=true"}
+    # First window with this spec: it ran at most 5 steps before the measurement.
+    p.decide(measurement(5, mbit=50, specs=specs, errors={"fc1.weight": 0.2}, steps=5), specs)
+    assert "powersgd:rank=4,ef=true" not in p.rel_errors["fc1.weight"]
+    p.decide(measurement(15, mbit=50, specs=specs, errors={"fc1.weight": 0.8}, steps=10), specs)
+    assert p.rel_errors["fc1.weight"]["powersgd:rank=4,ef=true"] == pytest.approx(0.8)
 
 
 def test_measurements_round_trip_through_json() -> None:

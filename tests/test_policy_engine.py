@@ -358,7 +358,7 @@ def test_measured_error_overrides_prior() -> None:
     )
     chosen = eng.decide([measured], timing, AFTER_WARMUP, WORLD).layers[0]
     assert chosen.spec == "topk:ratio=0.01,ef=true"
-    assert chosen.predicted_error == pytest.approx(0.01)
+    assert chosen.predicted_error == pytest.approx(0.1**2 * 1024 * 1024)  # rel^2 x numel
     assert "rel. error 0.1;" in chosen.reason
 
 
@@ -387,7 +387,7 @@ def test_measured_errors_calibrate_unmeasured_siblings() -> None:
         eng = engine(200, PolicyRules(candidates=("none", spec)))
         chosen = eng.decide([layer], timing, AFTER_WARMUP, WORLD).layers[0]
         assert chosen.spec == build_compressor(spec).spec
-        assert chosen.predicted_error == pytest.approx(rel**2), spec
+        assert chosen.predicted_error == pytest.approx(rel**2 * layer.numel), spec
     # In use and measured, rank 4 keeps its place against its calibrated sibling rank 1.
     eng = engine(200, PolicyRules(candidates=("none", "powersgd:rank=4", "powersgd:rank=1")))
     current = {"w": "powersgd:rank=4,ef=true"}
@@ -404,7 +404,7 @@ def test_measured_errors_calibrate_unmeasured_siblings() -> None:
     eng = engine(200, PolicyRules(candidates=("none", "topk:ratio=0.001")))
     chosen = eng.decide([both], timing, AFTER_WARMUP, WORLD).layers[0]
     expected_topk = priors.rel_error(build_compressor("topk:ratio=0.001"), shape) * topk_ratio
-    assert chosen.predicted_error == pytest.approx(expected_topk**2)
+    assert chosen.predicted_error == pytest.approx(expected_topk**2 * both.numel)
 
 
 def test_error_priors_are_sane() -> None:

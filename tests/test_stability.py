@@ -9,10 +9,13 @@ most once in any 5 consecutive windows after the first decision. The same holds 
 recorded errors and timings are perturbed with seeded noise (errors +-30%, step timings
 +-15%): noise must not move the plan.
 
-One kind of change is exempt: a guard back-off that removes the compressor in use (a real
+Two kinds of change are exempt. A guard back-off that removes the compressor in use (a real
 critical regime, judged on 100-step intervals; ``tests/test_guards.py`` shows the guards do
-not fire on one noisy window). The recording holds a few such events, and the test also
-bounds them: at most one per layer per 100-step interval.
+not fire on one noisy window); the recording holds a few such events. And the correction of
+a switch that rested on a prior error which then measured worse by ``prior_miss`` (0.1) or
+more: the dwell holds a choice against noise, not against a wrong prior
+(``WindowPlanner.released``). The test bounds both kinds together: at most one per layer per
+100-step interval.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ def _load() -> tuple[list[WindowMeasurement], dict[str, torch.Size]]:
 
 def _replay(noise: random.Random | None) -> tuple[list[dict[str, str]], list[set[str]]]:
     """The plan after every window, and per window the layers a guard forced off their
-    compressor."""
+    compressor or whose prior-based switch the planner released."""
     measurements, shapes = _load()
     names = list(shapes)
     planner = WindowPlanner(
@@ -78,6 +81,7 @@ def _replay(noise: random.Random | None) -> tuple[list[dict[str, str]], list[set
                 if "guard back-off" in reasons[name]
                 and current[name] in reasons[name].split("excludes", 1)[-1].split(")")[0]
             }
+            | planner.released
         )
         current = dict(zip(names, update.plan, strict=True))
         plans.append(current)

@@ -503,7 +503,7 @@ class PolicyEngine:
             cost = self._cost(compressor, layer, latency)
         else:
             cost = _Cost(0.0, 0.0, compressor.wire_bytes(layer.shape, layer.dtype))
-        error = rel_error(compressor, layer, self.config.priors) ** 2 * layer.grad_norm**2
+        error = rel_error(compressor, layer, self.config.priors) ** 2 * self._weight(layer)
         return LayerDecision(
             name=layer.name,
             spec=compressor.spec,
@@ -538,7 +538,7 @@ class PolicyEngine:
             cost = self._cost(compressor, layer, latency)
             rel = rel_error(compressor, layer, self.config.priors)
             rel_errors[compressor.spec] = rel
-            error = rel**2 * layer.grad_norm**2
+            error = rel**2 * self._weight(layer)
             options.append(
                 LayerOption(
                     compressor.spec,
@@ -552,6 +552,12 @@ class PolicyEngine:
             )
         current = in_use if any(o.key == in_use for o in options) else None
         return Pending(index, layer, options, rel_errors, note, current)
+
+    def _weight(self, layer: LayerProfile) -> float:
+        """What one unit of squared relative error costs on this layer (``error_weight``)."""
+        if self.rules.error_weight == "grad_norm":
+            return layer.grad_norm**2
+        return float(layer.numel)
 
     def _bucket_count(self, layers: Sequence[LayerProfile]) -> int:
         if not layers:

@@ -1,7 +1,8 @@
 """Relative compression errors per layer and option: measured where possible, else priors.
 
-A layer's option has the predicted squared error ``rel_error^2 * grad_norm^2``, so layers
-with large gradients weigh more. ``rel_error`` is the profiler's measured value for that spec
+A layer's option has the predicted squared error ``rel_error^2 * weight``, the weight being
+the layer's parameter count or its squared gradient norm (the ``error_weight`` rule).
+``rel_error`` is the profiler's measured value for that spec
 (smoothed over windows by the caller) when there is one, else the :class:`ErrorPriors` value,
 scaled by how the layer's measured specs of the same family compare with their priors
 (geometric mean of the ratios); failing those, by the layer's other measured specs, but only

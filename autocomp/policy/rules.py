@@ -134,6 +134,9 @@ class _Key:
         return number
 
 
+ERROR_WEIGHTS = ("numel", "grad_norm")
+"""Values of the ``error_weight`` policy key."""
+
 _POLICY_KEYS: dict[str, _Key] = {
     "description": _Key(str),
     "warmup_steps": _Key(int, low=0),
@@ -142,6 +145,7 @@ _POLICY_KEYS: dict[str, _Key] = {
     "fast_link_gbit": _Key(float, low=0.0, low_open=True, allow_inf=True),
     "min_gain": _Key(float, low=0.0, high=1.0),
     "time_slack": _Key(float, low=0.0, high=1.0),
+    "error_weight": _Key(str),
     "target_overlap": _Key(float, low=0.0, high=1.0),
     "replan_interval": _Key(int, low=1),
 }
@@ -293,6 +297,11 @@ class PolicyRules:
     time_slack: float = 0.1
     """Plans whose predicted step is within this fraction of the fastest plan's count as
     equally fast; the least compression error among them wins (progress per second)."""
+    error_weight: str = "numel"
+    """How layers' compression errors add up: ``"numel"`` (relative error^2 x parameters:
+    every parameter's update counts alike, as under Adam-type optimizers, which normalize
+    each parameter's step) or ``"grad_norm"`` (relative error^2 x gradient norm^2: the
+    absolute error, right for plain SGD, where small gradients make small steps)."""
     target_overlap: float = 0.9
     """Default fraction of communication to hide behind backward compute."""
     replan_interval: int = 50
@@ -308,6 +317,11 @@ class PolicyRules:
         for name, key in _POLICY_KEYS.items():
             value = key.check(getattr(self, name), f"PolicyRules.{name}")
             object.__setattr__(self, name, value)
+        if self.error_weight not in ERROR_WEIGHTS:
+            raise ValueError(
+                f"PolicyRules.error_weight must be one of {', '.join(ERROR_WEIGHTS)}, "
+                f"got {self.error_weight!r}"
+            )
         candidates = _normalize_candidates(self.candidates, "PolicyRules.candidates")
         object.__setattr__(self, "candidates", candidates)
         object.__setattr__(self, "pins", _normalize_pins(self.pins, "PolicyRules.pins"))
@@ -331,6 +345,7 @@ class PolicyRules:
             "fast_link_gbit": fast if math.isfinite(fast) else "inf",
             "min_gain": self.min_gain,
             "time_slack": self.time_slack,
+            "error_weight": self.error_weight,
             "target_overlap": self.target_overlap,
             "replan_interval": self.replan_interval,
             "candidates": list(self.candidates),

@@ -84,7 +84,8 @@ class LayerProfile:
     dtype: torch.dtype = torch.float32
     """Gradient dtype as it sits in the DDP bucket."""
     grad_norm: float
-    """Recent L2 norm of the (averaged) gradient; weighs the layer's error."""
+    """Recent L2 norm of the (averaged) gradient; weighs the layer's error under
+    ``error_weight = "grad_norm"``."""
     rel_error: Mapping[str, float] = field(default_factory=dict)
     """Measured ||C(g) - g|| / ||g|| by spec (smoothed over windows by the caller); missing
     specs fall back to :class:`~autocomp.policy.priors.ErrorPriors`."""
@@ -167,7 +168,7 @@ class LayerDecision:
     predicted_wire_bytes: int
     """Bytes this rank sends for this layer per step."""
     predicted_error: float
-    """Predicted squared error rel_error^2 * grad_norm^2."""
+    """Predicted squared error rel_error^2 * weight (the ``error_weight`` rule)."""
     runner_up: str | None = None
     """Best alternative spec (optimizer layers only)."""
     runner_up_seconds: float | None = None

@@ -240,7 +240,7 @@ def test_out_of_reach_target_takes_the_least_error_near_the_fastest_plan() -> No
     assert not decision.feasible
     assert decision.solver == "slack"
     slack = load_policy("default").time_slack
-    assert decision.time_slack == slack == 0.1
+    assert decision.time_slack == slack == 0.03
     assert decision.fastest_step_seconds is not None
     assert decision.predicted_step_seconds <= (1 + slack) * decision.fastest_step_seconds * (
         1 + 1e-9
@@ -248,7 +248,7 @@ def test_out_of_reach_target_takes_the_least_error_near_the_fastest_plan() -> No
     for name in BIG:
         layer = decision.layer(name)
         assert layer.rule == "slack"
-        assert layer.reason.startswith("least error within 10% of the fastest plan's step")
+        assert layer.reason.startswith("least error within 3% of the fastest plan's step")
         assert layer.spec != "none"
     assert decision.predicted_overlap < TARGET
 
@@ -324,7 +324,7 @@ def test_lightness_order_uses_priors() -> None:
     eng = engine(200)
     order = [c.spec for c in eng.lightness_order(mlp_layer("fc0.weight"))]
     assert order[:3] == ["none", "fp16:ef=false", "int8:chunk=256,ef=true"]
-    assert order.index("powersgd:rank=16,ef=true") < order.index("powersgd:rank=1,ef=true")
+    assert order.index("powersgd:rank=16,ef=true") < order.index("powersgd:rank=4,ef=true")
 
 
 def test_bad_backoff_level() -> None:

@@ -267,7 +267,6 @@ _DEFAULT_CANDIDATES = (
     "int8",
     "powersgd:rank=16",
     "powersgd:rank=4",
-    "powersgd:rank=1",
     "topk:ratio=0.01",
 )
 
@@ -294,7 +293,7 @@ class PolicyRules:
     """A compressed window must measure at least this much faster than an uncompressed one on
     a similar link, else compression is held off for a while (the payoff check: predictions
     near break-even are not to be trusted)."""
-    time_slack: float = 0.1
+    time_slack: float = 0.03
     """Plans whose predicted step is within this fraction of the fastest plan's count as
     equally fast; the least compression error among them wins (progress per second)."""
     error_weight: str = "numel"

@@ -26,7 +26,7 @@ own the DDP wrapper need nothing but the (state, hook) pair. Backwards without g
 
 When the plan's own transfers are too small to show the bandwidth (heavy compression), rank 0
 asks for an active probe: at the next boundary, right after the measurement all-reduce, every
-rank runs the same all-reduces of a zero buffer (:class:`~autocomp.link_model.LinkProbe`
+rank runs the same all-reduces of a zero buffer (:class:`~autocomp.link_probe.LinkProbe`
 sizes it), and the timed pass rides in that boundary's MIN all-reduce.
 """
 
@@ -49,8 +49,10 @@ from autocomp.cost_model import CostModel
 from autocomp.distributed import collective_device
 from autocomp.env import AUTOCOMP_RECORD_WINDOWS
 from autocomp.exposure import overlap
-from autocomp.hook import HookState, LayerReplay
-from autocomp.link_model import PROBE_PASSES, LinkProbe, link_bytes
+from autocomp.hook_layer import LayerReplay
+from autocomp.hook_state import HookState
+from autocomp.link_model import link_bytes
+from autocomp.link_probe import PROBE_PASSES, LinkProbe
 from autocomp.planner import GLANCE_STEP, PlanUpdate, WindowPlanner
 from autocomp.policy.rules import PolicyRules
 from autocomp.profiler import StepProfiler, WindowProfile

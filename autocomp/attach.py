@@ -38,7 +38,9 @@ from autocomp.env import (
     AUTOCOMP_RUN_DIR,
     AUTOCOMP_SEED,
 )
-from autocomp.hook import HookState, LayerSlot, autocomp_hook
+from autocomp.hook import autocomp_hook
+from autocomp.hook_layer import LayerSlot
+from autocomp.hook_state import HookState
 from autocomp.plan import Plan, assignment_digest
 from autocomp.policy.rules import PolicyRules
 from autocomp.runlog import RunLog, default_run_dir, new_run_id

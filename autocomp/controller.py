@@ -23,7 +23,7 @@ from autocomp.distributed import collective_device, raise_together
 from autocomp.env import (
     AUTOCOMP_TOKEN,
 )
-from autocomp.hook import HookState
+from autocomp.hook_state import HookState
 from autocomp.plan import Plan
 from autocomp.policy.engine import PolicyDecision
 

@@ -29,18 +29,20 @@ bandwidth for a while, a wrong "keep compressing" can cost the run.
 Pure logic: no collectives, no clocks, no randomness. **Every rank must feed the guards the
 same numbers in the same order** (the controller combines ranks' observations first, e.g. an
 all-reduce of squared norms and of the loss), because the decisions change what each rank
-sends; diverging decisions would mismatch the collectives and hang.
+sends; diverging decisions would mismatch the collectives and hang. The guard names, actions
+and events are in :mod:`autocomp.guard_events`; the tensor helpers that turn gradients and
+residuals into the numbers fed here are in :mod:`autocomp.guard_inputs`.
 
 Integration contract (what the controller/hook wire up):
 
 * ``step_uncompressed(step)``: when True, every layer of that step goes through a plain
   averaging all-reduce and no residual is added (warm-up, and steps reported non-finite).
 * ``check_nonfinite(step, flags)`` with rank-combined flags (logical OR over ranks, e.g. a MAX
-  all-reduce of :func:`nonfinite_mask`), ideally before launching that step's compressed
-  collectives; if the flags are only known afterwards, pass ``step + 1`` so the *next* step goes
-  uncompressed. The returned layers (also queued in ``layers_to_reset()``) must have their
-  residual dropped and their compressor state re-initialised (a NaN in PowerSGD's warm-start
-  factor would otherwise persist forever). Resetting twice is harmless.
+  all-reduce of :func:`~autocomp.guard_inputs.nonfinite_mask`), ideally before launching that
+  step's compressed collectives; if the flags are only known afterwards, pass ``step + 1`` so the
+  *next* step goes uncompressed. The returned layers (also queued in ``layers_to_reset()``) must
+  have their residual dropped and their compressor state re-initialised (a NaN in PowerSGD's
+  warm-start factor would otherwise persist forever). Resetting twice is harmless.
 * ``observe_loss(step, loss)`` with the rank-averaged loss, every step or every few steps.
 * ``observe_window(step, grad_norms, residual_norms)`` once per controller window (empty
   mappings are fine: the call also closes the window for recovery counting). Both norms must
@@ -60,91 +62,39 @@ import logging
 import math
 import statistics
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import torch
+from autocomp.guard_events import (
+    ACTION_AT_MAX,
+    ACTION_BACK_OFF,
+    ACTION_BACK_OFF_ALL,
+    ACTION_ENABLE,
+    ACTION_IGNORED,
+    ACTION_RECOVER,
+    ACTION_RESCALED,
+    ACTION_RESET,
+    ACTION_RESET_AT_MAX,
+    ACTION_RESET_BACK_OFF,
+    ACTION_RESET_ONLY,
+    ACTION_UNCOMPRESSED_RESET,
+    CRITICAL_REGIME,
+    GUARD_NAMES,
+    LOSS_DIVERGENCE,
+    LOSS_SCALE,
+    NONFINITE,
+    RECOVERED,
+    RESIDUAL_GROWTH,
+    WARMUP,
+    GuardEvent,
+)
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "GUARD_NAMES",
-    "ConvergenceGuards",
-    "GuardEvent",
-    "layer_norms",
-    "nonfinite_layers",
-    "nonfinite_mask",
-]
+__all__ = ["ConvergenceGuards"]
 
 STATE_DICT_VERSION = 1
-
-WARMUP = "warmup"
-NONFINITE = "nonfinite"
-LOSS_DIVERGENCE = "loss_divergence"
-CRITICAL_REGIME = "critical_regime"
-RESIDUAL_GROWTH = "residual_growth"
-RECOVERED = "recovered"
-LOSS_SCALE = "loss_scale"
-GUARD_NAMES = (
-    WARMUP,
-    NONFINITE,
-    LOSS_DIVERGENCE,
-    CRITICAL_REGIME,
-    RESIDUAL_GROWTH,
-    RECOVERED,
-    LOSS_SCALE,
-)
-"""Every value ``GuardEvent.guard`` can take."""
-
-ACTION_ENABLE = "enable compression"
-ACTION_UNCOMPRESSED_RESET = "uncompressed step + EF reset"
-ACTION_RESET = "EF reset"
-ACTION_IGNORED = "ignored"
-ACTION_BACK_OFF = "back off 1 level"
-ACTION_BACK_OFF_ALL = "back off 1 level on every layer"
-ACTION_AT_MAX = "none: back-off already at max"
-ACTION_RESET_BACK_OFF = "EF reset + back off 1 level"
-ACTION_RESET_AT_MAX = "EF reset (back-off already at max)"
-ACTION_RESET_ONLY = "EF reset (already backed off this window)"
-ACTION_RECOVER = "recover 1 level"
-ACTION_RESCALED = "gradient-norm references rescaled"
-
-
-@dataclass(frozen=True, slots=True)
-class GuardEvent:
-    """One guard decision, kept for inspection, logs and checkpoints."""
-
-    step: int
-    """Step the observation that fired belongs to."""
-    guard: str
-    """Which guard fired: one of :data:`GUARD_NAMES`."""
-    layer: str | None
-    """Parameter name, or None for decisions about the whole model."""
-    detail: str
-    """Human-readable numbers behind the decision."""
-    action: str
-    """What the controller must do, e.g. ``"back off 1 level"``."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "guard": self.guard,
-            "layer": self.layer,
-            "detail": self.detail,
-            "action": self.action,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> GuardEvent:
-        layer = data["layer"]
-        return cls(
-            step=int(data["step"]),
-            guard=str(data["guard"]),
-            layer=None if layer is None else str(layer),
-            detail=str(data["detail"]),
-            action=str(data["action"]),
-        )
 
 
 class ConvergenceGuards:
@@ -675,50 +625,3 @@ class ConvergenceGuards:
             detail,
             action,
         )
-
-
-# ---- tensor helpers ----------------------------------------------------------------------------
-
-
-def layer_norms(tensors: Mapping[str, torch.Tensor]) -> dict[str, float]:
-    """L2 norm of each tensor, by name, with a single device-to-host copy.
-
-    Half-precision tensors are accumulated in float32 (their squares overflow fp16). Cost: one
-    read of every tensor plus one kernel per tensor; all tensors must share a device. Meant for
-    window boundaries or per-step accumulation on device, not for every bucket on the host.
-    """
-    if not tensors:
-        return {}
-    norms = [
-        torch.linalg.vector_norm(
-            t.detach(), dtype=torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else None
-        ).to(torch.float64)
-        for t in tensors.values()
-    ]
-    return dict(zip(tensors, torch.stack(norms).tolist(), strict=True))
-
-
-def nonfinite_mask(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Bool tensor on the tensors' device, True where a tensor holds a NaN or an Inf.
-
-    No host synchronisation, so the hook can call it per bucket and OR the masks on device.
-    Each tensor is summed in float64: a NaN or Inf makes the sum non-finite, while finite
-    fp32/fp16/bf16 values cannot overflow a float64 sum, so the test is exact (float64 inputs
-    beyond ~1e300 could overflow: a harmless false positive). Cost: one read pass per tensor,
-    no temporaries (``isfinite(t).all()`` would also write a bool per element), one kernel per
-    tensor plus two. On MPS, which has no float64, the elementwise test is used instead.
-    """
-    if not tensors:
-        return torch.zeros(0, dtype=torch.bool)
-    if tensors[0].device.type == "mps":
-        return torch.stack([torch.isfinite(t.detach()).all().logical_not() for t in tensors])
-    sums = torch.stack([t.detach().sum(dtype=torch.float64) for t in tensors])
-    return torch.isfinite(sums).logical_not()
-
-
-def nonfinite_layers(tensors: Mapping[str, torch.Tensor]) -> dict[str, bool]:
-    """``{name: True if the tensor holds NaN/Inf}``: :func:`nonfinite_mask` + one host sync."""
-    if not tensors:
-        return {}
-    flags = nonfinite_mask(list(tensors.values())).tolist()
-    return dict(zip(tensors, flags, strict=True))

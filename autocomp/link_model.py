@@ -8,26 +8,22 @@ given size costs on the wire. This module provides:
   Hockney, as used for ring all-reduce by Thakur et al. 2005 and Patarasuk & Yuan 2009);
 - :class:`LinkEstimate`: latency (alpha) and bandwidth (1/beta) with ``seconds()``;
 - :class:`BandwidthMeter`: fits alpha and beta per window of measured collectives with a robust
-  regression, smooths across windows, and adopts abrupt rate changes at once;
-- :class:`LinkProbe`: sizes and schedules an active probe (one all-reduce of a dummy buffer at
-  a window boundary) for when the plan's own transfers are too small to show the bandwidth;
-- :class:`NicCounters`: an independent cross-check from the kernel's byte counters of the
-  network interface torch.distributed uses. It only reads counters and never sends traffic.
+  regression, smooths across windows, and adopts abrupt rate changes at once.
+
+When the plan's own transfers are too small to show the bandwidth, :mod:`autocomp.link_probe`
+sizes an active probe for the meter; :mod:`autocomp.nic_counters` cross-checks the meter
+against the kernel's byte counters.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import math
-import os
-import socket
 import statistics
-import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -36,15 +32,8 @@ from autocomp.compressors.base import Collective
 __all__ = [
     "BandwidthMeter",
     "LinkEstimate",
-    "LinkProbe",
-    "NicCounters",
-    "NicSample",
-    "ProbePlan",
     "latency_hops",
     "link_bytes",
-    "local_address_for",
-    "rate_between",
-    "resolve_interface",
 ]
 
 logger = logging.getLogger(__name__)
@@ -580,275 +569,3 @@ def _sample_from_list(entry: Any) -> _Sample:
         raise ValueError(f"window entry {entry!r}")
     probe = bool(entry[3]) if len(entry) == 4 else False
     return _Sample(int(entry[0]), float(entry[1]), float(entry[2]), probe)
-
-
-# ---- the active probe --------------------------------------------------------------------------
-
-PROBE_PASSES = 2
-"""All-reduces per probe: a priming pass, then the timed one. The first drains whatever a
-token-bucket shaper lets through at line rate after an idle spell (tbf's bucket holds ~4 ms of
-traffic) and reopens TCP's window, so the timed pass sees the sustained rate."""
-_PROBE_LATENCY_MULTIPLE = 4.0
-"""At the fastest rate it must resolve, a probe's transfer takes this many latency terms."""
-
-
-@dataclass(frozen=True, slots=True)
-class ProbePlan:
-    """Size and frequency of the active probe at the current estimate."""
-
-    payload_bytes: int
-    """Per-rank all-reduce payload (float32 elements x 4)."""
-    every_windows: int
-    """Probe once per this many blind windows, so the average cost stays in the budget."""
-    seconds: float
-    """Expected cost of one probe (all passes) at the current estimate."""
-
-
-class LinkProbe:
-    """When and how big an active link probe should be; pure bookkeeping, no communication.
-
-    When the plan compresses hard, every step's transfers are too small for the meter (latency
-    and per-call overhead dominate), so the estimate freezes at the rate that made the policy
-    compress; if the link then gets faster, nothing would notice. A probe is one timed
-    all-reduce of a dummy buffer at a window boundary, sized so that at the current estimate
-    it costs ``budget`` of the window's wall time, yet large enough that on a link
-    ``headroom`` times faster its transfer still stands clear of the latency. When the budget
-    cannot buy that, the probe keeps its informative size and runs every few windows instead.
-    Only blind windows (:attr:`BandwidthMeter.blind`) lead to probes.
-    """
-
-    @dataclass(kw_only=True, slots=True)
-    class Config:
-        """Tuning of :class:`LinkProbe`."""
-
-        budget: float = 0.01
-        """Share of a window's wall time probes may cost on average at the estimate (0: off)."""
-        headroom: float = 20.0
-        """The probe must still measure a link this many times faster than the estimate."""
-        min_seconds: float = 4e-3
-        """Shortest transfer (at ``headroom`` x the estimate) a probe may take: timer and
-        scheduling noise, and tbf's ~4 ms bucket, make shorter ones unreliable."""
-        max_bytes: int = 64 << 20
-        """Largest probe payload per rank (its buffer is kept for reuse)."""
-
-        def __post_init__(self) -> None:
-            if not (math.isfinite(self.budget) and self.budget >= 0):
-                raise ValueError(f"probe budget must be finite and >= 0, got {self.budget}")
-            if not self.headroom >= 1:
-                raise ValueError(f"probe headroom must be >= 1, got {self.headroom}")
-            if not self.min_seconds > 0 or self.max_bytes < 4:
-                raise ValueError("probe min_seconds must be > 0 and max_bytes >= 4")
-
-    def __init__(self, config: Config | None = None) -> None:
-        self.config = config or LinkProbe.Config()
-        self._blind_windows = 0
-
-    def size(
-        self, estimate: LinkEstimate, world_size: int, window_seconds: float
-    ) -> ProbePlan | None:
-        """The probe for a window of ``window_seconds`` at ``estimate``; None if none can run."""
-        cfg = self.config
-        allowed = cfg.budget * window_seconds
-        hops = latency_hops(Collective.ALL_REDUCE, world_size)
-        if hops == 0 or not (math.isfinite(allowed) and allowed > 0):
-            return None
-        per_payload_byte = link_bytes(Collective.ALL_REDUCE, 1, world_size)
-        rate = estimate.bandwidth_bytes_per_s
-        latency = hops * estimate.latency_s
-        floor_seconds = max(cfg.min_seconds, _PROBE_LATENCY_MULTIPLE * latency)
-        informative = floor_seconds * cfg.headroom * rate / per_payload_byte
-        affordable = max(0.0, allowed / PROBE_PASSES - latency) * rate / per_payload_byte
-        if affordable >= informative:  # round down: stay within the budget
-            payload = 4 * math.floor(min(affordable, cfg.max_bytes) / 4)
-        else:  # round up: stay informative (the cap wins over both)
-            payload = min(4 * math.ceil(informative / 4), 4 * (cfg.max_bytes // 4))
-        seconds = PROBE_PASSES * (latency + per_payload_byte * payload / rate)
-        every = max(1, math.ceil(seconds / allowed - 1e-9))
-        return ProbePlan(payload_bytes=payload, every_windows=every, seconds=seconds)
-
-    def next_window(
-        self,
-        *,
-        blind: bool,
-        estimate: LinkEstimate | None,
-        world_size: int,
-        window_seconds: float,
-    ) -> int:
-        """Payload bytes to probe at the next boundary, 0 for none; call once per window.
-
-        ``blind`` is whether the window just closed measured nothing by itself (and is not a
-        warm-up window): informative traffic resets the count, so probes never run while the
-        link is being measured anyway.
-        """
-        if not blind or estimate is None or self.config.budget <= 0:
-            self._blind_windows = 0
-            return 0
-        self._blind_windows += 1
-        plan = self.size(estimate, world_size, window_seconds)
-        if plan is None or self._blind_windows < plan.every_windows:
-            return 0
-        self._blind_windows = 0
-        return plan.payload_bytes
-
-    def state_dict(self) -> dict[str, int]:
-        return {"blind_windows": self._blind_windows}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self._blind_windows = int(state.get("blind_windows", 0))
-
-
-# ---- NIC byte counters -------------------------------------------------------------------------
-
-_IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-
-
-@dataclass(frozen=True, slots=True)
-class NicSample:
-    """Kernel byte counters of one interface at one moment."""
-
-    interface: str
-    """Interface name, e.g. ``eth0``."""
-    bytes_sent: int
-    """Bytes sent since the counters started (psutil corrects 32-bit wrap-around)."""
-    bytes_recv: int
-    """Bytes received since the counters started."""
-    time_s: float
-    """``time.monotonic()`` when the counters were read."""
-
-
-def _psutil() -> Any | None:
-    try:
-        import psutil
-    except ImportError:
-        return None
-    return psutil
-
-
-def _names_from_variable(value: str) -> list[str]:
-    """Interface names or prefixes of a *_SOCKET_IFNAME value; an exclusion list gives none."""
-    value = value.strip()
-    if not value or value.startswith("^"):
-        return []  # NCCL's "^docker,lo" excludes interfaces: it does not name the one in use
-    return [part.strip().lstrip("=") for part in value.split(",") if part.strip().lstrip("=")]
-
-
-def local_address_for(remote: str) -> str | None:
-    """Local address of the route to ``remote`` (a numeric IP or ``localhost``), or None.
-
-    A UDP socket's ``connect()`` only asks the kernel for a route; no packet leaves the host.
-    Host names other than ``localhost`` are not resolved, because that could query DNS.
-    """
-    host = "127.0.0.1" if remote.strip().lower() == "localhost" else remote.strip().strip("[]")
-    try:
-        address = ipaddress.ip_address(host.split("%")[0])
-    except ValueError:
-        return None
-    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_DGRAM) as probe:
-            probe.connect((host, 9))  # port is irrelevant: nothing is sent
-            return str(probe.getsockname()[0]).split("%")[0]
-    except OSError:
-        return None
-
-
-def resolve_interface(environ: Mapping[str, str] | None = None) -> str | None:
-    """Name of the interface torch.distributed traffic uses, or None if it cannot be told.
-
-    Order: ``GLOO_SOCKET_IFNAME``, then ``NCCL_SOCKET_IFNAME`` (first name of a comma list; an
-    NCCL-style prefix such as ``eth`` picks the first matching interface), then the interface
-    holding the local address of the route to ``MASTER_ADDR``.
-    """
-    env = os.environ if environ is None else environ
-    psutil = _psutil()
-    if psutil is None:
-        return None
-    counters = psutil.net_io_counters(pernic=True)
-    for variable in _IFNAME_VARIABLES:
-        for name in _names_from_variable(env.get(variable, "")):
-            if name in counters:
-                return name
-            matches = sorted(n for n in counters if n.startswith(name))
-            if matches:
-                return matches[0]
-            logger.debug("%s names %r, which is not an interface of this host", variable, name)
-    master = env.get("MASTER_ADDR")
-    if not master:
-        return None
-    local = local_address_for(master)
-    if local is None:
-        return None
-    for name, addresses in psutil.net_if_addrs().items():
-        for entry in addresses:
-            if str(entry.address).split("%")[0] == local:
-                return name
-    return None
-
-
-class NicCounters:
-    """Byte counters of the interface torch.distributed uses, as a cross-check of the meter.
-
-    Unlike the meter, the counters see *all* traffic on the interface (other jobs, data
-    loading), so a gap between the two shows contention. Reading them sends nothing.
-    """
-
-    def __init__(
-        self, interface: str | None = None, environ: Mapping[str, str] | None = None
-    ) -> None:
-        """Watch ``interface``, or the one :func:`resolve_interface` finds in ``environ``."""
-        self._psutil = _psutil()
-        self._warned = False
-        self.interface: str | None = None
-        """Interface whose counters are read; None when unavailable."""
-        if self._psutil is None:
-            self._unavailable("psutil is not installed")
-            return
-        name = interface if interface is not None else resolve_interface(environ)
-        if name is None:
-            self._unavailable("could not tell which interface torch.distributed uses")
-        elif name not in self._psutil.net_io_counters(pernic=True):
-            self._unavailable(f"no interface named {name!r}")
-        else:
-            self.interface = name
-
-    def _unavailable(self, why: str) -> None:
-        if not self._warned:
-            self._warned = True
-            logger.debug("NIC byte counters unavailable: %s", why)
-
-    def sample(self) -> NicSample | None:
-        """Current counters, or None when unavailable (the reason is logged once)."""
-        if self._psutil is None or self.interface is None:
-            return None
-        counters = self._psutil.net_io_counters(pernic=True).get(self.interface)
-        if counters is None:
-            self._unavailable(f"interface {self.interface!r} disappeared")
-            return None
-        return NicSample(
-            self.interface, int(counters.bytes_sent), int(counters.bytes_recv), time.monotonic()
-        )
-
-    def rate_since(
-        self, previous: NicSample, direction: Literal["sent", "recv", "max"] = "sent"
-    ) -> float | None:
-        """Bytes per second since ``previous`` (sent by default, to compare with link_bytes).
-
-        None when the counters are unavailable, no time has passed, or they went backwards.
-        """
-        current = self.sample()
-        return None if current is None else rate_between(previous, current, direction)
-
-
-def rate_between(
-    first: NicSample, second: NicSample, direction: Literal["sent", "recv", "max"] = "sent"
-) -> float | None:
-    """Bytes per second between two samples of the same interface, or None if undefined."""
-    elapsed = second.time_s - first.time_s
-    if first.interface != second.interface or elapsed <= 0:
-        return None
-    sent = second.bytes_sent - first.bytes_sent
-    recv = second.bytes_recv - first.bytes_recv
-    if sent < 0 or recv < 0:
-        return None  # counters were reset (interface re-created)
-    moved = {"sent": sent, "recv": recv, "max": max(sent, recv)}[direction]
-    return moved / elapsed

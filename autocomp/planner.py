@@ -40,14 +40,9 @@ from autocomp.compressors import Collective, build_compressor
 from autocomp.cost_model import CostModel
 from autocomp.exposure import compute_seconds, overlap
 from autocomp.guards import ConvergenceGuards
-from autocomp.link_model import (
-    BandwidthMeter,
-    LinkEstimate,
-    LinkProbe,
-    NicCounters,
-    latency_hops,
-    link_bytes,
-)
+from autocomp.link_model import BandwidthMeter, LinkEstimate, latency_hops, link_bytes
+from autocomp.link_probe import LinkProbe
+from autocomp.nic_counters import NicCounters
 from autocomp.policy.engine import PolicyEngine
 from autocomp.policy.payoff import PayoffCheck
 from autocomp.policy.priors import rel_error

@@ -164,7 +164,8 @@ _PARTS = ("prepare", "compress", "ef_decompress", "ef_subtract", "decode", "comm
 
 
 class _HookStep:
-    """Replays the per-layer work of :mod:`autocomp.hook` for one rank, minus the collective."""
+    """Replays the per-layer work of :mod:`autocomp.hook_layer` for one rank, minus the
+    collective."""
 
     def __init__(self, compressor: Compressor, shape: torch.Size, seed: int) -> None:
         self.compressor = compressor

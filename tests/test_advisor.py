@@ -64,7 +64,8 @@ from autocomp.advisor.whatif import (
 )
 from autocomp.compressors import Collective, build_compressor
 from autocomp.cost_model import CostModel
-from autocomp.hook import HookState, autocomp_hook
+from autocomp.hook import autocomp_hook
+from autocomp.hook_state import HookState
 from autocomp.link_model import LinkEstimate
 from autocomp.plan import load_plan
 

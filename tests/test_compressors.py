@@ -14,7 +14,7 @@ sign, topk, randomk, powersgd):
 - payload size equals ``wire_bytes`` for every compressor and many shapes, payload dtypes
   match the collective, decompress restores the shape, and all-reduce payloads are summable;
 - the error-feedback invariant (sum of sent estimates + final residual == sum of gradients)
-  through the real hook code path (``autocomp.hook.encode_locally``), and its failure
+  through the real hook code path (``autocomp.hook_layer.encode_locally``), and its failure
   without EF;
 - compressors are stateless configs: one instance serves several layers without interference.
 """
@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from autocomp.compressors import Collective, build_compressor, run_rounds_locally
-from autocomp.hook import LayerSlot, decode_into, encode_locally
+from autocomp.hook_layer import LayerSlot, decode_into, encode_locally
 
 ALL_NAMES = ["none", "fp16", "bf16", "int8", "qsgd", "sign", "topk", "randomk", "powersgd"]
 

@@ -1,7 +1,8 @@
 """Tier 1: pure unit, no processes.
 
-:mod:`autocomp.cost_model`: the analytic prior is sane (grows with size, PowerSGD with rank,
-all-gather decoding with the world size; ``none`` is free); the learned correction beats the
+:mod:`autocomp.cost_model` and :mod:`autocomp.cost_prior`: the analytic prior is sane (grows
+with size, PowerSGD with rank, all-gather decoding with the world size; ``none`` is free); the
+learned correction beats the
 prior clearly on held-out shapes of a known synthetic cost function and stays bounded far
 outside the training range; refits follow the configured cadence; save/load and state_dict
 round trips reproduce predictions exactly; corrupt and other-version files raise ValueError
@@ -21,14 +22,8 @@ import pytest
 import torch
 
 from autocomp.compressors import Collective, available_compressors, build_compressor
-from autocomp.cost_model import (
-    FORMAT_VERSION,
-    PRIORS,
-    CostModel,
-    CostSample,
-    prior_seconds,
-    samples_from_bench,
-)
+from autocomp.cost_model import FORMAT_VERSION, CostModel
+from autocomp.cost_prior import PRIORS, CostSample, prior_seconds, samples_from_bench
 from autocomp.link_model import LinkEstimate
 
 SPECS = [

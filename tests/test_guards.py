@@ -30,14 +30,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autocomp.guards import (
-    GUARD_NAMES,
-    ConvergenceGuards,
-    GuardEvent,
-    layer_norms,
-    nonfinite_layers,
-    nonfinite_mask,
-)
+from autocomp.guard_events import GUARD_NAMES, GuardEvent
+from autocomp.guard_inputs import layer_norms, nonfinite_layers, nonfinite_mask
+from autocomp.guards import ConvergenceGuards
 
 LAYERS = ["fc1.weight", "fc1.bias", "fc2.weight"]
 CALM = {"fc1.weight": 1.0, "fc1.bias": 0.1, "fc2.weight": 2.0}

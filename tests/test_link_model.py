@@ -3,11 +3,12 @@
 :mod:`autocomp.link_model`: the ring-collective byte and hop formulas; the bandwidth meter
 recovering alpha and beta from noisy synthetic service times with 10% outliers, adopting an
 abrupt rate drop (125 MB/s -> 6.25 MB/s) within one window while smoothing small changes,
-falling back to a ratio estimate when sizes are all alike, and round-tripping its state; the
-NIC counters resolving ``lo`` and measuring a real loopback transfer made by the test itself
-(a TCP connection on 127.0.0.1 inside this process: nothing leaves the host). The active
-probe: its size and frequency against the budget and headroom, and the meter fitting probe
-samples when its own periods are blind, so a link that got faster is adopted in one window.
+falling back to a ratio estimate when sizes are all alike, and round-tripping its state; the NIC
+counters (:mod:`autocomp.nic_counters`) resolving ``lo`` and measuring a real loopback transfer
+made by the test itself (a TCP connection on 127.0.0.1 inside this process: nothing leaves the
+host). The active probe (:mod:`autocomp.link_probe`): its size and frequency against the budget
+and headroom, and the meter fitting probe samples when its own periods are blind, so a link that
+got faster is adopted in one window.
 """
 
 from __future__ import annotations
@@ -21,15 +22,11 @@ import numpy as np
 import pytest
 
 from autocomp.compressors import Collective
-from autocomp.link_model import (
-    PROBE_PASSES,
-    BandwidthMeter,
-    LinkEstimate,
-    LinkProbe,
+from autocomp.link_model import BandwidthMeter, LinkEstimate, latency_hops, link_bytes
+from autocomp.link_probe import PROBE_PASSES, LinkProbe
+from autocomp.nic_counters import (
     NicCounters,
     NicSample,
-    latency_hops,
-    link_bytes,
     local_address_for,
     rate_between,
     resolve_interface,
@@ -266,7 +263,7 @@ def test_nic_counters_measure_loopback_transfer() -> None:
 
 
 def test_nic_counters_missing_interface(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.DEBUG, logger="autocomp.link_model"):
+    with caplog.at_level(logging.DEBUG, logger="autocomp.nic_counters"):
         counters = NicCounters("no-such-nic0")
         assert counters.interface is None
         assert counters.sample() is None

@@ -30,7 +30,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autocomp
 from autocomp.adaptive import WindowRecord
-from autocomp.link_model import LinkEstimate, LinkProbe
+from autocomp.link_model import LinkEstimate
+from autocomp.link_probe import LinkProbe
 from autocomp_bench.shaped_link import ShapedLink, shaped_link_unavailable_reason
 from tests.models import MultiBucketNet, classification_batch
 from tests.multirank import run_ranks

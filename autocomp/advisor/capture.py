@@ -9,7 +9,7 @@ controller uses, with the definitions of :mod:`autocomp.exposure`. What feeds it
 * **No comm hook of the script's own** (the usual case): before the model's first forward,
   autocomp's comm hook (:func:`autocomp.hook.autocomp_hook`) is registered with every layer
   uncompressed -- one all-reduce of the averaged bucket, what DDP does by default -- and the
-  profiler attached to its :class:`~autocomp.hook.HookState`. The hook reports each bucket
+  profiler attached to its :class:`~autocomp.hook_state.HookState`. The hook reports each bucket
   and collective itself, and its ``step_listener`` marks where each step begins.
 * **autocomp's hook in static mode** (``autocomp.wrap(ddp, plan=...)``): the profiler is
   attached to the script's own hook state the same way, so compression work, decode and the
@@ -48,7 +48,9 @@ from torch.nn.parallel import DistributedDataParallel
 from autocomp.advisor.costs import eligible
 from autocomp.advisor.profile import BucketInfo, LayerInfo, ModelProfile, Timing
 from autocomp.compressors import Collective
-from autocomp.hook import HookState, LayerSlot, autocomp_hook
+from autocomp.hook import autocomp_hook
+from autocomp.hook_layer import LayerSlot
+from autocomp.hook_state import HookState
 from autocomp.profiler import StepProfiler, StepTimes
 
 if TYPE_CHECKING:

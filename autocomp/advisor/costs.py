@@ -1,7 +1,7 @@
 """Compression overhead on this machine, measured on the script's own gradients.
 
 The what-if model needs, per layer shape and compressor, the time the comm hook would add.
-The analytic priors in :mod:`autocomp.cost_model` were measured on one particular CPU; the
+The analytic priors in :mod:`autocomp.cost_prior` were measured on one particular CPU; the
 machine the job will run on may be faster, slower or a GPU, and real gradients are not the
 synthetic ones of the benchmark. So the profiler replays the hook's per-layer work (as
 :mod:`autocomp.hook` does it, without the collective) on a real gradient of every distinct
@@ -11,14 +11,14 @@ model (prior times the correction learned from what was measured).
 
 Two numbers per case, because they scale differently with the number of ranks:
 
-* ``local_s``: what the hook does before the collective (``autocomp.hook.encode_locally``: copy to
-  float32 or add into the residual, compress, subtract the error-feedback estimate) -- paid
-  once per step whatever the world size;
+* ``local_s``: what the hook does before the collective
+  (``autocomp.hook_layer.encode_locally``: copy to float32 or add into the residual, compress,
+  subtract the error-feedback estimate) -- paid once per step whatever the world size;
 * ``decode_s``: decoding one received payload into the bucket, its finiteness check and the
-  compressor's ``commit`` (``autocomp.hook.decode_into``) -- an all-reduce compressor decodes
-  one summed payload, an all-gather compressor one payload per rank.
+  compressor's ``commit`` (``autocomp.hook_layer.decode_into``) -- an all-reduce compressor
+  decodes one summed payload, an all-gather compressor one payload per rank.
 
-Both come from :class:`autocomp.hook.LayerReplay`, the hook's own code path, so fused hot
+Both come from :class:`autocomp.hook_layer.LayerReplay`, the hook's own code path, so fused hot
 paths (PowerSGD's error feedback inside its matrix product, decoding straight into the
 bucket) are costed as they run.
 """
@@ -42,7 +42,7 @@ from autocomp.compressors import (
     build_compressor,
     run_rounds_locally,
 )
-from autocomp.hook import LayerReplay
+from autocomp.hook_layer import LayerReplay
 
 logger = logging.getLogger(__name__)
 

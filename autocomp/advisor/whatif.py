@@ -55,7 +55,8 @@ from autocomp.advisor.verdict import DO_NOT_COMPRESS_COSTLY as DO_NOT_COMPRESS_C
 from autocomp.advisor.verdict import DO_NOT_COMPRESS_HIDDEN as DO_NOT_COMPRESS_HIDDEN
 from autocomp.advisor.verdict import Verdict, judge
 from autocomp.compressors import Collective, Compressor, NoCompression, build_compressor
-from autocomp.cost_model import CostModel, CostSample
+from autocomp.cost_model import CostModel
+from autocomp.cost_prior import CostSample
 from autocomp.exposure import Group, Timeline, simulate
 from autocomp.link_model import LinkEstimate, link_bytes
 from autocomp.policy.engine import (

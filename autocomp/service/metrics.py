@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
-from autocomp.guards import GUARD_NAMES
+from autocomp.guard_events import GUARD_NAMES
 from autocomp.service.views import Reader, RunUnavailable, finite, layer_plans, window_summary
 
 logger = logging.getLogger(__name__)

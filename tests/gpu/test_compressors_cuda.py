@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from autocomp.compressors import Collective, build_compressor, run_rounds_locally
-from autocomp.hook import LayerSlot, decode_into, encode_locally
+from autocomp.hook_layer import LayerSlot, decode_into, encode_locally
 from tests.gpu.cuda import GPU_MARKS
 
 pytestmark = [*GPU_MARKS, pytest.mark.timeout(300)]

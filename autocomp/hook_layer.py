@@ -1,0 +1,260 @@
+"""One layer's path through the comm hook: its slot, the encode rounds and the decode.
+
+The hook (:mod:`autocomp.hook`) works per bucket; everything it does to a single parameter's
+gradient lives here, so the same code can be replayed on one rank without collectives
+(:func:`encode_locally`, :class:`LayerReplay`) for tests, the cost model's calibration and the
+advisor's compressor measurements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from autocomp.compressors import Collective, Compressor, NoCompression
+from autocomp.profiler import StepProfiler
+from autocomp.timing import clock_for
+
+__all__ = ["LayerReplay", "LayerSlot", "decode_into", "encode_locally"]
+
+
+def _is_identity(compressor: Compressor) -> bool:
+    return type(compressor) is NoCompression
+
+
+@dataclass(slots=True)
+class LayerSlot:
+    """Everything the hook keeps for one parameter."""
+
+    name: str
+    """Qualified parameter name, the stable key across bucket rebuilds and checkpoints."""
+    shape: torch.Size
+    """Gradient shape."""
+    dtype: torch.dtype
+    """Gradient dtype as it sits in the bucket."""
+    seed: int
+    """Per-layer seed, identical on all ranks (shared random choices)."""
+    compressor: Compressor = field(default_factory=NoCompression)
+    """Current compressor."""
+    state: dict[str, Any] = field(default_factory=dict)
+    """Compressor state (warm-start factors, generators, counters)."""
+    residual: torch.Tensor | None = None
+    """Error-feedback memory (float32, gradient shape), or None."""
+    bytes_sent: int = 0
+    """Wire bytes this rank handed to collectives for this layer, all steps."""
+    bytes_raw: int = 0
+    """Bytes an uncompressed all-reduce would have sent, all steps."""
+    uncompressed_until: int = 0
+    """Send uncompressed while the hook's step is below this (after a non-finite average)."""
+
+    @property
+    def numel(self) -> int:
+        return self.shape.numel()
+
+    def wire_bytes(self) -> int:
+        """Bytes the next step sends for this layer."""
+        return self.compressor.wire_bytes(self.shape, self.dtype)
+
+
+@dataclass(slots=True)
+class _Encoding:
+    """One layer's payload for this step, possibly still between rounds."""
+
+    slot: LayerSlot
+    work: torch.Tensor
+    """What is being compressed (gradient plus residual, float32); kept for later rounds."""
+    payload: torch.Tensor
+    """The current round's payload (the final one once ``settled``)."""
+    plain: bool
+    """Sent as the gradient itself (no decode, no compressor state to advance)."""
+    rounds: int = 1
+    round_index: int = 0
+    grad_norm: torch.Tensor | float = 0.0
+    """Norm of this step's gradient alone (sampled steps only; a 0-d tensor, read by the
+    profiler once per window)."""
+
+    @property
+    def settled(self) -> bool:
+        return self.round_index == self.rounds - 1
+
+
+def _check_round_bytes(encoding: _Encoding) -> None:
+    slot = encoding.slot
+    expected = slot.compressor.round_wire_bytes(slot.shape, slot.dtype)[encoding.round_index]
+    sent = encoding.payload.numel() * encoding.payload.element_size()
+    if sent != expected:
+        raise RuntimeError(
+            f"compressor {slot.compressor.spec} produced {sent} bytes in round "
+            f"{encoding.round_index} for {slot.name} {tuple(slot.shape)} but reports {expected}"
+        )
+
+
+def _begin(slot: LayerSlot, grad: torch.Tensor, state: Any) -> _Encoding:
+    """First round of one layer's (already divided) gradient; settles single-round ones."""
+    compressor = slot.compressor
+    grad = grad.view(slot.shape)
+    sampling = state.profiler is not None and state.profiler.sample_this_step
+    grad_norm = torch.linalg.vector_norm(grad, dtype=torch.float32) if sampling else 0.0
+    # With a residual, work in its own buffer: no allocation, one pass. Without one, only
+    # error feedback needs a private float32 copy (it becomes the residual); every other
+    # compressor reads the bucket slice itself (``compress`` must not modify its input).
+    residual = slot.residual
+    if residual is not None:
+        x = residual.add_(grad)
+    else:
+        x = grad.to(torch.float32, copy=compressor.error_feedback)
+    if _is_identity(compressor) or state.step < slot.uncompressed_until:
+        # A pending residual is flushed into an uncompressed layer in its own dtype.
+        slot.residual = None
+        return _Encoding(slot, x, x.reshape(-1).to(slot.dtype), plain=True)
+    rounds = compressor.rounds_for(slot.shape)
+    if rounds > 2:
+        raise NotImplementedError(
+            f"compressor {compressor.spec} needs {rounds} collectives per step; the hook "
+            "pipelines at most 2"
+        )
+    encoding = _Encoding(
+        slot, x, compressor.compress(x, slot.state), False, rounds, grad_norm=grad_norm
+    )
+    if state.check_wire_bytes:
+        _check_round_bytes(encoding)
+    if encoding.settled:
+        _settle(encoding, state)
+    return encoding
+
+
+def _advance(encoding: _Encoding, received: torch.Tensor, state: Any) -> None:
+    """The next round's payload from the previous round's summed result."""
+    slot = encoding.slot
+    encoding.round_index += 1
+    encoding.payload = slot.compressor.compress_round(
+        encoding.work, encoding.round_index, received, slot.state
+    )
+    if state.check_wire_bytes:
+        _check_round_bytes(encoding)
+    if encoding.settled:
+        _settle(encoding, state)
+
+
+def _settle(encoding: _Encoding, state: Any) -> None:
+    """Error feedback and the sampled error, once the final payload is known."""
+    slot, x, payload = encoding.slot, encoding.work, encoding.payload
+    compressor = slot.compressor
+    sampling = state.profiler is not None and state.profiler.sample_this_step
+    profiler = state.profiler if sampling else None
+    # Norms stay on the device: the profiler reads a window's worth in one transfer.
+    x_norm = torch.linalg.vector_norm(x) if profiler is not None else 0.0
+    error: torch.Tensor | float = 0.0
+    if compressor.error_feedback:
+        slot.residual = compressor.subtract_estimate_(x, payload, slot.state)
+        if profiler is not None:
+            error = torch.linalg.vector_norm(slot.residual)
+    else:
+        slot.residual = None
+        if profiler is not None:
+            estimate = compressor.decompress(payload, slot.shape, slot.state)
+            error = torch.linalg.vector_norm(x - estimate)
+    if profiler is not None:
+        profiler.layer_sample(
+            slot.name,
+            compressor.spec,
+            grad_norm=encoding.grad_norm,
+            residual_norm=error if slot.residual is not None else 0.0,
+            error=error,
+            x_norm=x_norm,
+        )
+
+
+def encode_locally(slot: LayerSlot, grad: torch.Tensor, state: Any) -> tuple[torch.Tensor, bool]:
+    """Every round of one layer as a single rank would run them (its own payload is each
+    round's sum); returns the final payload and whether it is the plain gradient.
+
+    The hook's exact per-layer code path without collectives: for tests and replays.
+    """
+    encoding = _begin(slot, grad, state)
+    while not encoding.settled:
+        _advance(encoding, encoding.payload, state)
+    return encoding.payload, encoding.plain
+
+
+def _sample_plain(slot: LayerSlot, grad: torch.Tensor, profiler: StepProfiler) -> None:
+    norm = torch.linalg.vector_norm(grad, dtype=torch.float32)
+    profiler.layer_sample(slot.name, slot.compressor.spec, grad_norm=norm)
+
+
+def decode_into(slot: LayerSlot, received: Any, target: torch.Tensor) -> torch.Tensor:
+    """Decode what arrived for a compressed layer into ``target``; advance its state.
+
+    Returns a 0-d bool tensor: whether the result is finite (read later, without a sync here).
+    NaN/Inf anywhere in a rank's input reaches the summed payload (all-reduce), which is
+    cheaper to check than the decoded gradient when it is float32; other payloads are checked
+    once decoded (a 16-bit payload too: on CPU a float32 sum of float16 elements is 5x slower
+    than of the decoded float32 ones). The check is the float32 sum, which NaN and Inf
+    propagate through: one streaming pass without a full-size bool temporary (30x cheaper than
+    ``isfinite().all()`` on CPU). A finite tensor whose sum overflows float32 (elements near
+    1e32) also counts as non-finite, which at that size is the right reaction anyway.
+    """
+    slot.compressor.decompress_into(received, target, slot.shape, slot.state)
+    summed = isinstance(received, torch.Tensor) and received.dtype == torch.float32
+    checked = received if summed else target
+    finite = torch.isfinite(checked.sum(dtype=torch.float32))
+    slot.compressor.commit(received, slot.state)
+    return finite
+
+
+@dataclass(slots=True)
+class _ReplayHookState:
+    """What the encoding functions read of :class:`~autocomp.hook_state.HookState`, for a
+    replay without collectives."""
+
+    check_wire_bytes: bool = False
+    profiler: StepProfiler | None = None
+    step: int = 0
+
+
+class LayerReplay:
+    """The hook's own per-layer work on one gradient, step after step, without the collective.
+
+    What the cost model's calibration at ``wrap`` and the advisor's compressor measurements
+    time: the exact hot path of :func:`~autocomp.hook.autocomp_hook` (every round of
+    :func:`encode_locally`,
+    then :func:`decode_into` into a bucket-sized target), so a fused or unfused code path is
+    costed as it really runs.
+    """
+
+    def __init__(self, compressor: Compressor, grad: torch.Tensor, gathered: int = 2) -> None:
+        shape = torch.Size(grad.shape)
+        self.slot = LayerSlot("replay", shape, grad.dtype, 0, compressor)
+        self.slot.state = compressor.init_state(shape, 0, 0)
+        self.grad = grad.reshape(-1)
+        self.target = torch.empty_like(self.grad)
+        self.gathered = max(1, gathered)
+        """Payloads decoded per all-gather step (the per-payload time is their mean)."""
+        self._state = _ReplayHookState()
+        self.clock = clock_for(grad.device)
+
+    def step(self) -> tuple[float, float]:
+        """One step: (sending-side seconds, decode seconds per received payload).
+
+        Timed with the clock of the gradient's device (CUDA events on a GPU, where host time
+        would only see the kernel launches), waiting for the device at the end of the step.
+        """
+        slot, clock = self.slot, self.clock
+        started = clock.stamp()
+        payload, _ = encode_locally(slot, self.grad, self._state)
+        prepared = clock.stamp()
+        payloads = 1
+        received: Any = payload
+        if slot.compressor.collective is Collective.ALL_GATHER:
+            payloads = self.gathered
+            received = [payload] + [payload.clone() for _ in range(payloads - 1)]
+        decode_started = clock.stamp()
+        bool(decode_into(slot, received, self.target))
+        finished = clock.stamp()
+        self._state.step += 1
+        if isinstance(finished, torch.cuda.Event):
+            finished.synchronize()
+        read = clock.reader(started)
+        return read(prepared) - read(started), (read(finished) - read(decode_started)) / payloads

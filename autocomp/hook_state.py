@@ -1,0 +1,162 @@
+"""What the comm hook keeps between calls: per-parameter slots, bucket layouts, the step count.
+
+:class:`HookState` is the handle the controller, the adaptive loop and the advisor hold: they
+switch compressors through it (:meth:`HookState.assign`), attach a profiler and a step
+listener, and read the non-finite events. The hook itself (:mod:`autocomp.hook`) only reads
+and advances it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from autocomp.compressors import Compressor
+from autocomp.hook_layer import LayerSlot, _is_identity
+from autocomp.profiler import StepProfiler
+
+if TYPE_CHECKING:
+    from autocomp.hook import _BucketWork
+
+__all__ = ["HookState"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _BucketLayout:
+    key: tuple[int, ...]
+    slots: list[LayerSlot]
+    offsets: list[int]
+
+
+class HookState:
+    """State of the unified hook: per-parameter slots and cached bucket layouts."""
+
+    def __init__(
+        self,
+        process_group: dist.ProcessGroup | None,
+        slots: dict[str, LayerSlot],
+        param_names: dict[int, str],
+        *,
+        rank: int,
+        world_size: int,
+        check_wire_bytes: bool = True,
+    ) -> None:
+        self.process_group = process_group
+        self.slots = slots
+        self.param_names = param_names
+        self.rank = rank
+        self.world_size = world_size
+        self.check_wire_bytes = check_wire_bytes
+        self.step = 0
+        """Steps completed: incremented when the last bucket of a backward is launched."""
+        self.enabled = True
+        """False after ``close()``: the hook then does a plain averaging all-reduce."""
+        self.profiler: StepProfiler | None = None
+        """Set by the adaptive controller; None in static mode (no timing overhead)."""
+        self.step_listener: Callable[[int], None] | None = None
+        """Called at the first bucket of every step, before any of its collectives, with the
+        step about to run: the adaptive loop's window boundaries happen there, inside the comm
+        hook, where every rank is at the same point and compiled code cannot reorder them."""
+        self._in_step = False
+        self.nonfinite_events: list[tuple[int, str]] = []
+        """(step, layer) of every non-finite average seen; drained by the controller."""
+        self.pending_round: _BucketWork | None = None
+        """A bucket whose final round the next bucket's hook call launches."""
+        self._layouts: dict[int, _BucketLayout] = {}
+        self._pending_checks: list[tuple[int, LayerSlot, torch.Tensor]] = []
+        self._checked_step = 0
+
+    def resolve_nonfinite(self) -> None:
+        """React to last step's non-finite averages, identically on every rank.
+
+        The flags are 0-d device tensors; they are stacked and read with one host sync per step
+        (at the first bucket of the next step), rather than one per layer in the completion
+        callbacks. Only when that one read finds a non-finite average are they read one by one.
+        """
+        if self._checked_step == self.step:
+            return
+        self._checked_step = self.step
+        pending, self._pending_checks = self._pending_checks, []
+        if not pending:
+            return
+        flags = torch.stack([finite.to(pending[0][2].device) for _, _, finite in pending])
+        every = flags.all()
+        if bool(every):
+            return
+        finite_flags = flags.tolist()
+        for (step, slot, _), finite in zip(pending, finite_flags, strict=True):
+            if finite:
+                continue
+            slot.residual = None
+            slot.state = slot.compressor.init_state(slot.shape, slot.seed, self.rank)
+            slot.uncompressed_until = self.step + 1
+            self.nonfinite_events.append((step, slot.name))
+            logger.warning(
+                "autocomp: non-finite average gradient for %s at step %d: error feedback "
+                "reset, sent uncompressed at step %d",
+                slot.name,
+                step,
+                self.step,
+            )
+
+    def assign(self, assignment: dict[str, Compressor]) -> list[str]:
+        """Switch layers to new compressors between steps; returns the names that changed.
+
+        A layer whose compressor changes starts with fresh compressor state. Its residual is
+        kept: an error-feedback compressor continues from it, and any other compressor adds it
+        to the next gradient once, so no gradient mass is lost in the switch.
+        """
+        changed = []
+        for name, compressor in assignment.items():
+            slot = self.slots[name]
+            if slot.compressor == compressor:
+                continue
+            slot.compressor = compressor
+            slot.state = compressor.init_state(slot.shape, slot.seed, self.rank)
+            changed.append(name)
+        return changed
+
+    def layout(self, bucket: dist.GradBucket) -> _BucketLayout:
+        params = bucket.parameters()
+        key = tuple(id(p) for p in params)
+        cached = self._layouts.get(bucket.index())
+        if cached is not None and cached.key == key:
+            return cached
+        slots, offsets, offset = [], [], 0
+        for param in params:
+            name = self.param_names.get(id(param))
+            if name is None:
+                raise RuntimeError(
+                    "autocomp: DDP handed the hook a parameter that was not in the model at "
+                    "wrap() time; parameters must not be replaced after wrapping"
+                )
+            slots.append(self.slots[name])
+            offsets.append(offset)
+            offset += param.numel()
+        if offset != bucket.buffer().numel():
+            raise RuntimeError(
+                f"autocomp: bucket {bucket.index()} holds {bucket.buffer().numel()} elements but "
+                f"its parameters add up to {offset}; this DDP layout is not supported"
+            )
+        layout = _BucketLayout(key, slots, offsets)
+        self._layouts[bucket.index()] = layout
+        return layout
+
+    def bucket_of(self) -> dict[str, int]:
+        """DDP bucket index of every parameter seen so far (after the rebuild: the final one)."""
+        return {
+            slot.name: index for index, layout in self._layouts.items() for slot in layout.slots
+        }
+
+    def sends_plain(self, slot: LayerSlot) -> bool:
+        """True when this layer goes into the bucket's all-reduce as it is this step."""
+        return slot.residual is None and (
+            _is_identity(slot.compressor) or self.step < slot.uncompressed_until
+        )

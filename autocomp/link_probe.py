@@ -1,0 +1,132 @@
+"""The active link probe: when, and how big, a dummy all-reduce should be to measure the link.
+
+A plan that compresses hard leaves every step's transfers too small for the
+:class:`~autocomp.link_model.BandwidthMeter` to see the bandwidth, so the estimate would
+freeze. This module only decides the probe's size and schedule (pure bookkeeping, no
+communication); the adaptive loop runs it at a window boundary and feeds the timing to the
+meter with ``add_probe``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from autocomp.compressors.base import Collective
+from autocomp.link_model import LinkEstimate, latency_hops, link_bytes
+
+__all__ = ["PROBE_PASSES", "LinkProbe", "ProbePlan"]
+
+PROBE_PASSES = 2
+"""All-reduces per probe: a priming pass, then the timed one. The first drains whatever a
+token-bucket shaper lets through at line rate after an idle spell (tbf's bucket holds ~4 ms of
+traffic) and reopens TCP's window, so the timed pass sees the sustained rate."""
+_PROBE_LATENCY_MULTIPLE = 4.0
+"""At the fastest rate it must resolve, a probe's transfer takes this many latency terms."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProbePlan:
+    """Size and frequency of the active probe at the current estimate."""
+
+    payload_bytes: int
+    """Per-rank all-reduce payload (float32 elements x 4)."""
+    every_windows: int
+    """Probe once per this many blind windows, so the average cost stays in the budget."""
+    seconds: float
+    """Expected cost of one probe (all passes) at the current estimate."""
+
+
+class LinkProbe:
+    """When and how big an active link probe should be; pure bookkeeping, no communication.
+
+    When the plan compresses hard, every step's transfers are too small for the meter (latency
+    and per-call overhead dominate), so the estimate freezes at the rate that made the policy
+    compress; if the link then gets faster, nothing would notice. A probe is one timed
+    all-reduce of a dummy buffer at a window boundary, sized so that at the current estimate
+    it costs ``budget`` of the window's wall time, yet large enough that on a link
+    ``headroom`` times faster its transfer still stands clear of the latency. When the budget
+    cannot buy that, the probe keeps its informative size and runs every few windows instead.
+    Only blind windows (:attr:`~autocomp.link_model.BandwidthMeter.blind`) lead to probes.
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        """Tuning of :class:`LinkProbe`."""
+
+        budget: float = 0.01
+        """Share of a window's wall time probes may cost on average at the estimate (0: off)."""
+        headroom: float = 20.0
+        """The probe must still measure a link this many times faster than the estimate."""
+        min_seconds: float = 4e-3
+        """Shortest transfer (at ``headroom`` x the estimate) a probe may take: timer and
+        scheduling noise, and tbf's ~4 ms bucket, make shorter ones unreliable."""
+        max_bytes: int = 64 << 20
+        """Largest probe payload per rank (its buffer is kept for reuse)."""
+
+        def __post_init__(self) -> None:
+            if not (math.isfinite(self.budget) and self.budget >= 0):
+                raise ValueError(f"probe budget must be finite and >= 0, got {self.budget}")
+            if not self.headroom >= 1:
+                raise ValueError(f"probe headroom must be >= 1, got {self.headroom}")
+            if not self.min_seconds > 0 or self.max_bytes < 4:
+                raise ValueError("probe min_seconds must be > 0 and max_bytes >= 4")
+
+    def __init__(self, config: Config | None = None) -> None:
+        self.config = config or LinkProbe.Config()
+        self._blind_windows = 0
+
+    def size(
+        self, estimate: LinkEstimate, world_size: int, window_seconds: float
+    ) -> ProbePlan | None:
+        """The probe for a window of ``window_seconds`` at ``estimate``; None if none can run."""
+        cfg = self.config
+        allowed = cfg.budget * window_seconds
+        hops = latency_hops(Collective.ALL_REDUCE, world_size)
+        if hops == 0 or not (math.isfinite(allowed) and allowed > 0):
+            return None
+        per_payload_byte = link_bytes(Collective.ALL_REDUCE, 1, world_size)
+        rate = estimate.bandwidth_bytes_per_s
+        latency = hops * estimate.latency_s
+        floor_seconds = max(cfg.min_seconds, _PROBE_LATENCY_MULTIPLE * latency)
+        informative = floor_seconds * cfg.headroom * rate / per_payload_byte
+        affordable = max(0.0, allowed / PROBE_PASSES - latency) * rate / per_payload_byte
+        if affordable >= informative:  # round down: stay within the budget
+            payload = 4 * math.floor(min(affordable, cfg.max_bytes) / 4)
+        else:  # round up: stay informative (the cap wins over both)
+            payload = min(4 * math.ceil(informative / 4), 4 * (cfg.max_bytes // 4))
+        seconds = PROBE_PASSES * (latency + per_payload_byte * payload / rate)
+        every = max(1, math.ceil(seconds / allowed - 1e-9))
+        return ProbePlan(payload_bytes=payload, every_windows=every, seconds=seconds)
+
+    def next_window(
+        self,
+        *,
+        blind: bool,
+        estimate: LinkEstimate | None,
+        world_size: int,
+        window_seconds: float,
+    ) -> int:
+        """Payload bytes to probe at the next boundary, 0 for none; call once per window.
+
+        ``blind`` is whether the window just closed measured nothing by itself (and is not a
+        warm-up window): informative traffic resets the count, so probes never run while the
+        link is being measured anyway.
+        """
+        if not blind or estimate is None or self.config.budget <= 0:
+            self._blind_windows = 0
+            return 0
+        self._blind_windows += 1
+        plan = self.size(estimate, world_size, window_seconds)
+        if plan is None or self._blind_windows < plan.every_windows:
+            return 0
+        self._blind_windows = 0
+        return plan.payload_bytes
+
+    def state_dict(self) -> dict[str, int]:
+        return {"blind_windows": self._blind_windows}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._blind_windows = int(state.get("blind_windows", 0))

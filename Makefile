@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint format bench clean chromium
+.PHONY: demo test lint format bench clean chromium gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,21 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m autocomp_bench.compressors
+
+# CUDA checks (tests/gpu: compressors against the CPU, the hook on one GPU, CUDA-event timing
+# under NCCL) and the compressors' cost table on the GPU, written to $(GPU_COSTS). Without a
+# GPU it says so, shows each skipped test's reason and succeeds.
+GPU_COSTS ?= gpu-costs.md
+gpu-check: $(STAMP)
+	@if $(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
+		$(PY) -m pytest -q -rs -m gpu tests/gpu && \
+		$(PY) -m autocomp_bench.gpu_check --markdown $(GPU_COSTS); \
+	else \
+		echo "gpu-check: no CUDA GPU present (torch.cuda.is_available() is False):" \
+			"the GPU tests are skipped and no cost table is written"; \
+		$(PY) -m pytest -q -rs -m gpu tests/gpu && \
+		echo "gpu-check: skipped, no GPU here (nothing above ran on CUDA)"; \
+	fi
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

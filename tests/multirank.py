@@ -1,4 +1,5 @@
-"""Run a function on N local gloo ranks (spawned processes, FileStore rendezvous).
+"""Run a function on N local gloo ranks (spawned processes, FileStore rendezvous), or a
+script under torchrun (:func:`torchrun`).
 
 Each rank returns a picklable value; a rank that raises reports its traceback, and ranks that
 do not finish in time are killed and reported as hung, so a broken collective fails the test
@@ -10,11 +11,15 @@ from __future__ import annotations
 import datetime
 import os
 import pickle
+import signal
+import subprocess
+import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -98,3 +103,57 @@ def rank_errors(workdir: Path, world_size: int) -> dict[int, str]:
         for r in range(world_size)
         if (workdir / f"rank{r}.err").exists()
     }
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def torchrun(
+    script: Path,
+    cwd: Path,
+    *args: str,
+    nproc: int = 2,
+    timeout_s: float = 180.0,
+    env: dict[str, str] | None = None,
+) -> str:
+    """Run ``script`` with ``torch.distributed.run --standalone`` on ``nproc`` local gloo ranks,
+    as a user would; return its combined output.
+
+    Runs in ``cwd`` with autocomp's run logs there too, so nothing lands in the repo. A launch
+    that does not finish in time is killed (its whole process group) and fails, as does one
+    that exits non-zero.
+    """
+    environ = dict(os.environ)
+    environ.update(
+        AUTOCOMP_RUN_DIR=str(cwd / "runs"),
+        OMP_NUM_THREADS="1",
+        GLOO_SOCKET_IFNAME="lo",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), environ.get("PYTHONPATH")])),
+        **(env or {}),
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        str(script),
+        *args,
+    ]
+    proc = subprocess.Popen(
+        command,
+        cwd=cwd,
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"{script.name} did not finish in {timeout_s:.0f}s:\n{output[-6000:]}")
+    assert proc.returncode == 0, f"{script.name} failed (exit {proc.returncode}):\n{output[-8000:]}"
+    return output

@@ -23,10 +23,6 @@ Each test skips when its framework is not installed (the ``dev`` extra installs 
 from __future__ import annotations
 
 import math
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -34,9 +30,10 @@ from typing import Any
 import pytest
 import torch
 
+from tests.multirank import REPO, torchrun
+
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(240)]
 
-REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "frameworks"
 LAUNCH_TIMEOUT_S = 180.0
 WORLD = 2
@@ -44,48 +41,18 @@ WORLD = 2
 
 def launch(script: str | Path, tmp_path: Path, *args: str) -> list[dict[str, Any]]:
     """Run ``script`` (in ``examples/frameworks`` unless a path) on 2 local ranks with
-    torchrun; return each rank's results.
-
-    Runs in ``tmp_path`` with autocomp's run logs there too, so nothing lands in the repo. A
-    launch that does not finish in time is killed (its whole process group) and fails.
-    """
+    :func:`~tests.multirank.torchrun`; return each rank's results (written under ``--out``)."""
     out = tmp_path / "out"
-    env = dict(os.environ)
-    env.update(
-        AUTOCOMP_RUN_DIR=str(tmp_path / "runs"),
-        OMP_NUM_THREADS="1",
-        GLOO_SOCKET_IFNAME="lo",
-        HF_HUB_OFFLINE="1",
-        TOKENIZERS_PARALLELISM="false",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
-    )
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={WORLD}",
-        str(script if isinstance(script, Path) else EXAMPLES / script),
+    torchrun(
+        script if isinstance(script, Path) else EXAMPLES / script,
+        tmp_path,
         "--out",
         str(out),
         *args,
-    ]
-    proc = subprocess.Popen(
-        command,
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
+        nproc=WORLD,
+        timeout_s=LAUNCH_TIMEOUT_S,
+        env={"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
     )
-    try:
-        output, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"{script} did not finish in {LAUNCH_TIMEOUT_S:.0f}s:\n{output[-6000:]}")
-    assert proc.returncode == 0, f"{script} failed (exit {proc.returncode}):\n{output[-8000:]}"
     results = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
     for rank, result in enumerate(results):
         if "rank" in result:

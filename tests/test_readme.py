@@ -10,11 +10,7 @@
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,11 +19,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autocomp
 from tests.models import MultiBucketNet, classification_batch
-from tests.multirank import run_ranks
+from tests.multirank import REPO, run_ranks, torchrun
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(300)]
 
-REPO = Path(__file__).resolve().parents[1]
 LAUNCH_TIMEOUT_S = 180.0
 # What Controller.summary() prints: a window's line, or the plan's before any window. Not
 # anchored to a line start: the two ranks' prints can interleave on one line of the log.
@@ -59,37 +54,7 @@ def test_quick_start_block_is_found() -> None:
 def test_quick_start_runs_under_torchrun(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(quick_start_code(), encoding="utf-8")
-    env = dict(os.environ)
-    env.update(
-        AUTOCOMP_RUN_DIR=str(tmp_path / "runs"),
-        OMP_NUM_THREADS="1",
-        GLOO_SOCKET_IFNAME="lo",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
-    )
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(script),
-    ]
-    proc = subprocess.Popen(
-        command,
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"the quick start did not finish in {LAUNCH_TIMEOUT_S:.0f}s:\n{output[-6000:]}")
-    assert proc.returncode == 0, f"the quick start failed (exit {proc.returncode}):\n{output}"
+    output = torchrun(script, tmp_path, timeout_s=LAUNCH_TIMEOUT_S)
     summaries = SUMMARY.findall(output)
     assert len(summaries) == 2, f"expected ctl.summary() from both ranks:\n{output}"
     assert "Traceback" not in output, output

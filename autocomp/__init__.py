@@ -31,6 +31,7 @@ _EXPORTS = {
     "Controller": "autocomp.controller",
     "make_hook": "autocomp.attach",
     "wrap": "autocomp.attach",
+    "wrap_fsdp": "autocomp.fsdp",
     "Plan": "autocomp.plan",
     "load_plan": "autocomp.plan",
     "available_compressors": "autocomp.compressors",
@@ -49,6 +50,7 @@ __all__ = [
     "make_hook",
     "register_compressor",
     "wrap",
+    "wrap_fsdp",
 ]
 
 if TYPE_CHECKING:
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
     from autocomp.compressors import available_compressors, build_compressor, register_compressor
     from autocomp.config import AutocompConfig
     from autocomp.controller import Controller
+    from autocomp.fsdp import wrap_fsdp
     from autocomp.plan import Plan, load_plan
 
 

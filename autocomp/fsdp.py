@@ -1,0 +1,706 @@
+"""Compressed replica all-reduce for FSDP2 on a 2-D (replicate, shard) mesh (HSDP).
+
+FSDP2's own HSDP (``fully_shard(module, mesh=mesh_2d)``) reduce-scatters each module's
+gradients inside its shard group, then all-reduces the shards across the replicate dimension,
+the collective that crosses the slow link between nodes. None of FSDP2's hooks can replace
+that all-reduce (measured on torch 2.13; details and the other hooks in ``docs/fsdp.md``):
+
+* ``set_all_reduce_hook`` runs *after* the native HSDP all-reduce, on its output.
+* ``set_requires_all_reduce(False)`` keeps the reduce-scatter output in a private
+  accumulator and returns before ``param.grad`` is assigned and before the all-reduce hook
+  runs: after backward every ``param.grad`` is None.
+
+So :func:`wrap_fsdp` takes a model sharded on the 1-D *shard* sub-mesh
+(``fully_shard(module, mesh=mesh["shard"])``), where FSDP2 issues no replica collective at
+all, and registers an all-reduce hook on every FSDP module. In 1-D FSDP that hook runs right
+after the module's reduce-scatter, with the flat reduce-scatter output (every parameter's
+padded local shard, concatenated in FSDP's parameter order), before FSDP divides it (when it
+post-divides) and views it as ``param.grad``. The hook averages it across the replicate
+group in place, each parameter's shard through its own compressor, with error feedback. The
+user's loop stays forward / backward / step.
+
+Per FSDP module the hook issues, in a fixed order that depends only on the plan: one
+all-reduce per payload dtype (plain gradients, summable payloads and PowerSGD's first round
+together), one all-gather of opaque payloads, then one all-reduce of the second rounds
+(PowerSGD's Q). FSDP calls the hooks in the same module order on every rank of a replicate
+group (the same module structure, the same backward), so the ranks always match.
+
+The per-parameter work is the DDP hook's (:mod:`autocomp.hook_layer`: ``_begin``,
+``_advance``, ``decode_into``) on :class:`~autocomp.hook_state.HookState` slots keyed by
+parameter name, whose shapes are the *local shard* shapes (a shard of a matrix is a matrix,
+so PowerSGD compresses the shard's rows x cols view; the residual is per shard).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+from autocomp.attach import layer_seed
+from autocomp.compressors import Collective, Compressor, build_compressor
+from autocomp.distributed import collective_device, gather_digests
+from autocomp.env import AUTOCOMP_CHECK_WIRE_BYTES, AUTOCOMP_DISABLE, AUTOCOMP_SEED
+from autocomp.hook_layer import LayerSlot, _advance, _begin, _Encoding, decode_into
+from autocomp.hook_state import HookState
+from autocomp.plan import Plan, assignment_digest, load_plan
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DEFAULT_MATRIX_SPEC", "FSDPController", "wrap_fsdp"]
+
+DEFAULT_MATRIX_SPEC = "powersgd:rank=4"
+"""What the default plan (``plan=None``) gives parameters of two or more dimensions; the rest
+(biases, norms) are sent uncompressed."""
+
+_WRAPPED_ATTR = "_autocomp_fsdp_controller"
+
+
+@dataclass(slots=True)
+class _GroupLayout:
+    """Where each parameter's local shard lies in one FSDP module's reduce-scatter output."""
+
+    module_name: str
+    names: list[str | None]
+    """Per FSDP parameter that receives a gradient; None for an empty local shard."""
+    offsets: list[int]
+    total: int
+    """Elements of the flat reduce-scatter output (padded shards)."""
+    dtype: torch.dtype
+    """Dtype of the reduce-scatter output (the reduce dtype)."""
+    slots: list[LayerSlot | None] = field(default_factory=list)
+    """The slots of ``names``, once they exist."""
+
+
+@dataclass(slots=True)
+class _Part:
+    encoding: _Encoding
+    offset: int
+    """Where the parameter's shard lies in the reduce-scatter output."""
+    start: int = 0
+    """Where its payload lies in the collective that carries its final round."""
+
+    @property
+    def size(self) -> int:
+        return self.encoding.payload.numel()
+
+
+@dataclass(slots=True)
+class _Pending:
+    """One FSDP module's collectives of this step, from launch to decode."""
+
+    futures: list[torch.futures.Future] = field(default_factory=list)
+    reduce_groups: list[tuple[torch.Tensor, list[_Part]]] = field(default_factory=list)
+    gather_parts: list[_Part] = field(default_factory=list)
+    gathered: torch.Tensor | None = None
+    final_parts: list[_Part] = field(default_factory=list)
+    final_flat: torch.Tensor | None = None
+
+
+def _all_reduce(flat: torch.Tensor, group: dist.ProcessGroup) -> torch.futures.Future:
+    return dist.all_reduce(flat, group=group, async_op=True).get_future()
+
+
+def _all_gather(out: torch.Tensor, local: torch.Tensor, group: dist.ProcessGroup) -> Any:
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(out, local, group=group, async_op=True).get_future()
+
+
+class FSDPController:
+    """Handle of a model whose replica all-reduce autocomp compresses (see :func:`wrap_fsdp`).
+
+    Bytes are this rank's, across the replicate dimension only (the shard group's
+    reduce-scatter is FSDP's and untouched): ``bytes_sent`` is what this rank handed to the
+    replica collectives, ``bytes_raw`` what FSDP's uncompressed HSDP all-reduce would have
+    sent for the same shards (padding excluded on both sides).
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        """Settings of :func:`wrap_fsdp`; every rank must pass equal values (checked)."""
+
+        seed: int | None = None
+        """Base seed of shared random choices (default ``AUTOCOMP_SEED`` or 0)."""
+        warmup_steps: int = 0
+        """Steps sent uncompressed at the start (the first gradients are the least stable)."""
+        broadcast_parameters: bool = True
+        """Copy replica 0's parameter shards to the other replicas at wrap, as DDP does at
+        construction, so replicas that were initialized differently cannot drift apart."""
+        check_wire_bytes: bool | None = None
+        """Check every payload's size against its compressor (None: the environment's
+        ``AUTOCOMP_CHECK_WIRE_BYTES``)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        state: HookState,
+        layouts: list[_GroupLayout],
+        plan: Plan,
+        shard_group: dist.ProcessGroup,
+    ) -> None:
+        self._model = model
+        self._state = state
+        self._layouts = layouts
+        self._rules = plan
+        self._shard_group = shard_group
+        self._in_step = False
+        self._closed = False
+
+    # ---- reading ----------------------------------------------------------------------------
+
+    @property
+    def plan(self) -> dict[str, str]:
+        """Every parameter's compressor spec."""
+        return {name: slot.compressor.spec for name, slot in self._state.slots.items()}
+
+    @property
+    def step(self) -> int:
+        """Backward passes whose gradients crossed the replicate dimension."""
+        return self._state.step
+
+    @property
+    def replicate_size(self) -> int:
+        return self._state.world_size
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes this rank sent across the replicate dimension, all steps."""
+        return sum(slot.bytes_sent for slot in self._state.slots.values())
+
+    @property
+    def bytes_raw(self) -> int:
+        """Bytes an uncompressed replica all-reduce would have sent, all steps."""
+        return sum(slot.bytes_raw for slot in self._state.slots.values())
+
+    @property
+    def nonfinite_events(self) -> list[tuple[int, str]]:
+        """(step, parameter) of every non-finite average (error feedback reset for it)."""
+        return list(self._state.nonfinite_events)
+
+    def stats(self) -> dict[str, Any]:
+        """Bytes across the replicate dimension, in total and per parameter (local shard)."""
+        layers = {
+            name: {
+                "compressor": slot.compressor.spec,
+                "shard_shape": list(slot.shape),
+                "wire_bytes_per_step": slot.wire_bytes(),
+                "uncompressed_bytes_per_step": slot.numel * slot.dtype.itemsize,
+                "bytes_sent": slot.bytes_sent,
+                "bytes_uncompressed": slot.bytes_raw,
+            }
+            for name, slot in self._state.slots.items()
+        }
+        sent, raw = self.bytes_sent, self.bytes_raw
+        return {
+            "step": self.step,
+            "replicate_size": self.replicate_size,
+            "bytes_sent": sent,
+            "bytes_uncompressed": raw,
+            "compression_ratio": raw / sent if sent else 1.0,
+            "layers": layers,
+        }
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop compressing: from the next backward the hook does a plain averaging
+        all-reduce (FSDP's module must still be averaged across replicas, so the hook stays).
+        Residuals are dropped. Call it on every rank between the same two steps. Idempotent.
+        """
+        if self._closed:
+            return
+        self._state.enabled = False
+        for slot in self._state.slots.values():
+            slot.residual = None
+            slot.state = {}
+        self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __repr__(self) -> str:
+        compressed = sum(1 for spec in self.plan.values() if spec != "none")
+        return (
+            f"<autocomp.FSDPController step={self.step} layers={len(self.plan)} "
+            f"compressed={compressed} replicas={self.replicate_size}>"
+        )
+
+    # ---- the hook ---------------------------------------------------------------------------
+
+    def _begin_step(self) -> None:
+        """First hook call of a backward: last step's non-finite flags (before any collective
+        of this step, identically on every replica), and a callback at the end of backward
+        that counts the step."""
+        if self._in_step:
+            return
+        self._in_step = True
+        self._state.resolve_nonfinite()
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_step)
+
+    def _end_step(self) -> None:
+        if self._in_step:
+            self._in_step = False
+            self._state.step += 1
+
+    def _forward_pre_hook(self, *_: Any) -> None:
+        """A backward that raised never ran its end-of-step callback; count it here."""
+        if self._in_step:
+            logger.warning("autocomp: the previous backward did not finish; counting it ended")
+            self._end_step()
+
+    def _reduce(self, layout: _GroupLayout, flat: torch.Tensor) -> None:
+        """FSDP's all-reduce hook for one module: average ``flat`` across replicas in place."""
+        with torch.no_grad():
+            self._begin_step()
+            if flat.numel() != layout.total or flat.dtype != layout.dtype:
+                raise RuntimeError(
+                    f"autocomp.wrap_fsdp: FSDP module {layout.module_name!r} reduced "
+                    f"{flat.numel()} {flat.dtype} elements, expected {layout.total} "
+                    f"{layout.dtype}. Every trainable parameter must receive a gradient in "
+                    "every backward (call model.set_reduce_scatter_unused_params(True) for "
+                    "parameters some steps do not use), and the mixed-precision policy must "
+                    "not change after wrap_fsdp."
+                )
+            self._exchange(layout, flat)
+
+    def _exchange(self, layout: _GroupLayout, flat: torch.Tensor) -> None:
+        state = self._state
+        group = state.process_group
+        assert group is not None
+        world = state.world_size
+        slots = [(s, o) for s, o in zip(layout.slots, layout.offsets, strict=True) if s]
+        flat.div_(world)  # summing what the replicas send then yields their average
+        if not state.enabled or all(state.sends_plain(s) for s, _ in slots):
+            for slot, _ in slots:
+                raw = slot.numel * slot.dtype.itemsize
+                slot.bytes_sent += raw
+                slot.bytes_raw += raw
+            _all_reduce(flat, group).wait()
+            return
+
+        pending = _Pending()
+        reduce_parts: dict[torch.dtype, list[_Part]] = {}
+        for slot, offset in slots:
+            grad = flat[offset : offset + slot.numel]
+            if state.sends_plain(slot):
+                encoding = _Encoding(slot, grad, grad, plain=True)
+            else:
+                encoding = _begin(slot, grad, state)
+            raw = slot.numel * slot.dtype.itemsize
+            slot.bytes_sent += raw if encoding.plain else slot.wire_bytes()
+            slot.bytes_raw += raw
+            part = _Part(encoding, offset)
+            summable = encoding.plain or slot.compressor.collective is Collective.ALL_REDUCE
+            if summable or not encoding.settled:
+                reduce_parts.setdefault(encoding.payload.dtype, []).append(part)
+            else:
+                pending.gather_parts.append(part)
+
+        # Round one: one all-reduce per dtype (sorted by name), then the gather.
+        for dtype in sorted(reduce_parts, key=str):
+            parts = reduce_parts[dtype]
+            pending.reduce_groups.append((_pack(parts), parts))
+            pending.futures.append(_all_reduce(pending.reduce_groups[-1][0], group))
+        if pending.gather_parts:
+            local = _pack(pending.gather_parts)
+            pending.gathered = torch.empty(
+                world * local.numel(), dtype=torch.uint8, device=local.device
+            )
+            pending.futures.append(_all_gather(pending.gathered, local, group))
+
+        # Round two (PowerSGD's Q from the summed P), launched as soon as round one's sums
+        # arrive: the gather may still be in flight.
+        for (payload, parts), fut in zip(pending.reduce_groups, pending.futures, strict=False):
+            unsettled = [p for p in parts if not p.encoding.settled]
+            if not unsettled:
+                continue
+            fut.wait()
+            for part in unsettled:
+                received = payload[part.start : part.start + part.size]
+                _advance(part.encoding, received, state)
+                pending.final_parts.append(part)
+        if pending.final_parts:
+            pending.final_flat = _pack(pending.final_parts)
+            pending.futures.append(_all_reduce(pending.final_flat, group))
+        for fut in pending.futures:
+            fut.wait()
+        self._decode(pending, flat, world)
+
+    def _decode(self, pending: _Pending, flat: torch.Tensor, world: int) -> None:
+        """Write every parameter's average into its slice of the reduce-scatter output."""
+        checks = self._state._pending_checks
+        step = self._state.step
+
+        def write(part: _Part, received: Any) -> None:
+            slot = part.encoding.slot
+            target = flat[part.offset : part.offset + slot.numel]
+            if part.encoding.plain:
+                target.copy_(received)
+            else:
+                checks.append((step, slot, decode_into(slot, received, target)))
+
+        carriers = [(payload, parts) for payload, parts in pending.reduce_groups]
+        if pending.final_flat is not None:
+            carriers.append((pending.final_flat, pending.final_parts))
+        finals = {id(p) for p in pending.final_parts}
+        for payload, parts in carriers:
+            for part in parts:
+                if id(part) in finals and payload is not pending.final_flat:
+                    continue  # decoded from its final round
+                write(part, payload[part.start : part.start + part.size])
+        if pending.gathered is not None:
+            rows = pending.gathered.view(world, -1)
+            for part in pending.gather_parts:
+                end = part.start + part.size
+                write(part, [rows[r, part.start : end] for r in range(world)])
+
+
+def _pack(parts: list[_Part]) -> torch.Tensor:
+    """One flat payload of ``parts``, recording where each one starts in it."""
+    start = 0
+    for part in parts:
+        part.start = start
+        start += part.size
+    return torch.cat([p.encoding.payload.reshape(-1) for p in parts])
+
+
+# ---- wrapping ---------------------------------------------------------------------------------
+
+
+def _raise_on_all(problem: Exception | None, groups: list[dist.ProcessGroup], what: str) -> None:
+    """Collective over a 2-D mesh: raise on every rank if any rank has ``problem``.
+
+    A flag all-reduced over the replicate group, then over the shard group, reaches every
+    rank of the grid (the mesh need not be the whole world, so the default group will not do).
+    """
+    flag = torch.tensor([0 if problem is None else 1], dtype=torch.int64)
+    flag = flag.to(collective_device(groups[0]))
+    for group in groups:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    if problem is not None:
+        raise problem
+    if int(flag.item()):
+        raise RuntimeError(f"{what} failed on another rank; see that rank's error")
+
+
+def _require_same(digest: bytes, groups: list[dist.ProcessGroup], what: str) -> None:
+    """RuntimeError on every rank of the mesh unless ``digest`` is equal on all of them
+    (equal along every row and every column of the grid means equal everywhere)."""
+    problem: Exception | None = None
+    for group in groups:
+        if len(set(gather_digests(digest, group))) != 1:
+            problem = RuntimeError(
+                f"{what} differs between ranks of the mesh. Every rank must build the same "
+                "model, shard it the same way and pass the same plan and config; refusing to "
+                "start rather than issue mismatched collectives."
+            )
+    _raise_on_all(problem, groups, what)
+
+
+def _check_mesh(mesh: object) -> DeviceMesh:
+    if not isinstance(mesh, DeviceMesh):
+        raise TypeError(
+            f"wrap_fsdp expects a DeviceMesh, got {type(mesh).__name__}; build one with "
+            'init_device_mesh(device, (replicas, shards), mesh_dim_names=("replicate", "shard"))'
+        )
+    if mesh.ndim != 2:
+        raise ValueError(
+            f"wrap_fsdp needs a 2-D (replicate, shard) mesh, got a {mesh.ndim}-D mesh of shape "
+            f"{tuple(mesh.shape)}; dim 0 is the replicate dimension (the slow link), dim 1 the "
+            "shard dimension"
+        )
+    if mesh.get_coordinate() is None:
+        raise ValueError("this rank is not part of the mesh passed to wrap_fsdp")
+    return mesh
+
+
+def _effective_reduce_dtype(fsdp_param: Any) -> torch.dtype:
+    """The dtype FSDP reduce-scatters this parameter's gradient in (its mixed precision)."""
+    orig = fsdp_param.sharded_param.dtype
+    policy = fsdp_param.mp_policy
+    if not orig.is_floating_point:
+        return orig
+    return policy.reduce_dtype or policy.param_dtype or orig
+
+
+def _fsdp_groups(
+    model: torch.nn.Module, shard_ranks: list[int]
+) -> tuple[list[tuple[str, Any, Any]], Exception | None]:
+    """``(module name, FSDP module, param group)`` of every FSDP module with parameters, or
+    the first reason the model cannot be wrapped (rank-local: raised together later)."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard._fsdp_common import (
+        DDPMeshInfo,
+        FSDPMeshInfo,
+    )
+
+    if not isinstance(model, FSDPModule):
+        return [], TypeError(
+            f"wrap_fsdp expects a model sharded with fully_shard, got {type(model).__name__}; "
+            'shard it on the shard sub-mesh first: fully_shard(block, mesh=mesh["shard"]) for '
+            'each block, then fully_shard(model, mesh=mesh["shard"])'
+        )
+    if getattr(model, _WRAPPED_ATTR, None) is not None:
+        return [], RuntimeError(
+            "this model is already wrapped by autocomp.wrap_fsdp; use the controller returned "
+            "by the first call"
+        )
+    found = []
+    for name, module in model.named_modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        groups = module._get_fsdp_state()._fsdp_param_groups
+        if not groups:
+            continue
+        where = name or "<root>"
+        if len(groups) > 1:
+            return [], ValueError(
+                f"FSDP module {where!r} has {len(groups)} parameter groups (per-parameter "
+                "meshes from shard_placement_fn); wrap_fsdp supports one mesh per module"
+            )
+        group = groups[0]
+        info = group.mesh_info
+        if isinstance(info, DDPMeshInfo):
+            return [], ValueError(
+                f"FSDP module {where!r} is sharded on a mesh with a replicate dimension "
+                "(native HSDP), whose replica all-reduce FSDP2 runs before any hook can "
+                "replace it. Shard on the shard sub-mesh instead: "
+                'fully_shard(module, mesh=mesh["shard"]) (mesh[<name of dim 1>]), and '
+                "pass the 2-D mesh to wrap_fsdp, which then averages across replicas."
+            )
+        if not isinstance(info, FSDPMeshInfo):
+            return [], ValueError(f"FSDP module {where!r} is not sharded (mesh info {info!r})")
+        ranks = dist.get_process_group_ranks(info.shard_process_group)
+        if ranks != shard_ranks:
+            return [], ValueError(
+                f"FSDP module {where!r} shards over ranks {ranks}, but dim 1 of the mesh "
+                f"given to wrap_fsdp groups this rank with {shard_ranks}; shard with "
+                'fully_shard(module, mesh=mesh["shard"]) on the same mesh'
+            )
+        if getattr(group, "_all_reduce_hook", None) is not None:
+            return [], RuntimeError(
+                f"FSDP module {where!r} already has an all-reduce hook "
+                "(set_all_reduce_hook); FSDP2 holds one per module"
+            )
+        for fsdp_param in group.fsdp_params:
+            if fsdp_param.fsdp_placement.dim != 0:
+                return [], ValueError(
+                    f"parameter {fsdp_param._param_fqn!r} is sharded on dim "
+                    f"{fsdp_param.fsdp_placement.dim}; wrap_fsdp supports Shard(0) only"
+                )
+        found.append((where, module, group))
+    if not found:
+        return [], ValueError("the model has no parameters sharded by fully_shard")
+    return found, None
+
+
+def _build_layouts(
+    found: list[tuple[str, Any, Any]],
+    names: dict[int, str],
+) -> tuple[list[_GroupLayout], dict[str, tuple[torch.Size, torch.dtype]]]:
+    """Each FSDP module's reduce-scatter layout, and every parameter's local shard."""
+    layouts = []
+    shards: dict[str, tuple[torch.Size, torch.dtype]] = {}
+    for where, _module, group in found:
+        entries: list[str | None] = []
+        offsets, offset, dtypes = [], 0, set()
+        for fsdp_param in group.fsdp_params:
+            param = fsdp_param.sharded_param
+            if not param.requires_grad:
+                continue  # never in the reduce-scatter (FSDP skips parameters without grads)
+            name = names[id(param)]
+            # FSDP pads dim 0 to a multiple of the shard count; every shard is that long.
+            padded = torch.Size(fsdp_param.padded_sharded_param_size).numel()
+            dtype = _effective_reduce_dtype(fsdp_param)
+            dtypes.add(dtype)
+            local = torch.Size(fsdp_param.sharded_size)
+            shards[name] = (local, dtype)
+            entries.append(name if local.numel() else None)
+            offsets.append(offset)
+            offset += padded
+        if len(dtypes) > 1:
+            raise ValueError(f"FSDP module {where!r} reduces gradients in several dtypes")
+        if entries:
+            layouts.append(
+                _GroupLayout(where, entries, offsets, offset, dtypes.pop())  # type: ignore[arg-type]
+            )
+    return layouts, shards
+
+
+def _broadcast_shards(params: dict[str, DTensor], group: dist.ProcessGroup) -> None:
+    """Replica 0's local shards to every replica: one broadcast per dtype."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for name in sorted(params):
+        local = params[name].to_local()
+        if local.numel():
+            by_dtype.setdefault(local.dtype, []).append(local)
+    with torch.no_grad():
+        for dtype in sorted(by_dtype, key=str):
+            locals_ = by_dtype[dtype]
+            flat = torch.cat([t.reshape(-1) for t in locals_])
+            dist.broadcast(flat, group=group, group_src=0)
+            start = 0
+            for t in locals_:
+                t.copy_(flat[start : start + t.numel()].view_as(t))
+                start += t.numel()
+
+
+def _default_assignment(params: Mapping[str, torch.nn.Parameter]) -> dict[str, Compressor]:
+    matrix, plain = build_compressor(DEFAULT_MATRIX_SPEC), build_compressor("none")
+    return {name: matrix if p.ndim >= 2 else plain for name, p in params.items()}
+
+
+def wrap_fsdp(
+    model: torch.nn.Module,
+    mesh: DeviceMesh,
+    plan: Plan | Mapping[str, str] | list[tuple[str, str]] | str | None = None,
+    *,
+    config: FSDPController.Config | None = None,
+) -> FSDPController:
+    """Compress ``model``'s gradient all-reduce across the replicate dimension of ``mesh``.
+
+    ``mesh`` is a 2-D ``DeviceMesh``: dim 0 replicates (the slow link between nodes), dim 1
+    shards. ``model`` must already be sharded with ``fully_shard(..., mesh=mesh["shard"])``
+    (the 1-D shard sub-mesh, root included): FSDP2 reduce-scatters inside each shard group,
+    and autocomp's hook then averages every parameter's gradient shard across the replicas,
+    through the parameter's compressor with error feedback, before FSDP hands it to
+    ``param.grad``. The training loop is unchanged (forward, backward, ``optimizer.step()``).
+
+    ``plan`` maps parameter-name globs to compressor specs, as for :func:`autocomp.wrap`
+    (first match wins, unmatched parameters are sent uncompressed). ``None`` means
+    ``powersgd:rank=4`` on parameters of two or more dimensions and ``none`` on the rest. The
+    plan is static: the adaptive policy is not wired for FSDP.
+
+    A collective: call it on every rank of the mesh, after sharding and before the first
+    backward. Unless ``config.broadcast_parameters`` is False it copies replica 0's
+    parameter shards to the other replicas.
+
+    Raises:
+        TypeError: ``mesh`` is not a DeviceMesh, or ``model`` is not sharded by fully_shard.
+        ValueError: the mesh is not 2-D, the model is sharded natively as HSDP or on another
+            mesh, a trainable parameter is not an FSDP DTensor, or a plan/config value is bad.
+        RuntimeError: the model is already wrapped, or ranks disagree on the model, plan or
+            config (raised on every rank before any training collective).
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("torch.distributed is not initialized; call init_process_group first")
+    mesh = _check_mesh(mesh)
+    config = FSDPController.Config() if config is None else config
+    if not isinstance(config, FSDPController.Config):
+        raise TypeError(f"config must be a FSDPController.Config, got {type(config).__name__}")
+    warmup = config.warmup_steps
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup_steps must be an int >= 0, got {warmup!r}")
+    if config.seed is not None and (
+        isinstance(config.seed, bool) or not isinstance(config.seed, int)
+    ):
+        raise TypeError(f"seed must be an int, got {config.seed!r}")
+    rules = None if plan is None else load_plan(plan)
+
+    replicate_group, shard_group = mesh.get_group(0), mesh.get_group(1)
+    groups = [replicate_group, shard_group]
+    shard_ranks = dist.get_process_group_ranks(shard_group)
+    found, problem = _fsdp_groups(model, shard_ranks)
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    managed = {id(g_param.sharded_param) for _, _, g in found for g_param in g.fsdp_params}
+    if problem is None:
+        stray = [n for n, p in params.items() if not isinstance(p, DTensor) or id(p) not in managed]
+        if stray:
+            problem = ValueError(
+                f"parameters {stray[:5]}{' ...' if len(stray) > 5 else ''} are not DTensors "
+                "sharded by fully_shard (ignored_params, or modules outside the sharded root); "
+                "wrap_fsdp averages only FSDP-managed parameters, so these would diverge "
+                "between replicas"
+            )
+    layouts: list[_GroupLayout] = []
+    shards: dict[str, tuple[torch.Size, torch.dtype]] = {}
+    if problem is None:
+        try:
+            names = {id(p): n for n, p in params.items()}
+            layouts, shards = _build_layouts(found, names)
+        except Exception as err:  # rank-local: every rank must hear of it
+            problem = err
+    _raise_on_all(problem, groups, "autocomp.wrap_fsdp setup")
+
+    if rules is not None:
+        for pattern in rules.unmatched_patterns(params):
+            logger.warning("autocomp plan: glob %r matches no parameter of the model", pattern)
+    disabled = AUTOCOMP_DISABLE.get()
+    if disabled:
+        logger.warning("AUTOCOMP_DISABLE is set: every parameter uses plain all-reduce")
+        assignment = {name: build_compressor("none") for name in params}
+    elif rules is None:
+        assignment = _default_assignment(params)
+    else:
+        assignment = rules.resolve(params)
+    base_seed = AUTOCOMP_SEED.get() if config.seed is None else config.seed
+    settings = {
+        "\0mesh": (tuple(mesh.shape), base_seed, warmup, config.broadcast_parameters, disabled),
+        "\0plan": (
+            None if rules is None else tuple((r.pattern, r.compressor.spec) for r in rules.rules),
+        ),
+    }
+    digest = assignment_digest(
+        {**assignment, **{key: build_compressor("none") for key in settings}},
+        {**{n: tuple(p.shape) for n, p in params.items()}, **settings},
+    )
+    _require_same(digest, groups, "the autocomp configuration (or the model)")
+
+    slots = {
+        name: LayerSlot(name=name, shape=local, dtype=dtype, seed=layer_seed(base_seed, name))
+        for name, (local, dtype) in shards.items()
+    }
+    check = (
+        AUTOCOMP_CHECK_WIRE_BYTES.get()
+        if config.check_wire_bytes is None
+        else config.check_wire_bytes
+    )
+    state = HookState(
+        replicate_group,
+        slots,
+        {id(p): n for n, p in params.items()},
+        rank=dist.get_rank(replicate_group),
+        world_size=dist.get_world_size(replicate_group),
+        check_wire_bytes=check,
+    )
+    state.assign(
+        {n: c if slots[n].numel else build_compressor("none") for n, c in assignment.items()}
+    )
+    for slot in slots.values():
+        slot.uncompressed_until = warmup
+    for layout in layouts:
+        layout.slots = [None if name is None else slots[name] for name in layout.names]
+    if config.broadcast_parameters:
+        _broadcast_shards(params, replicate_group)  # type: ignore[arg-type]
+
+    controller = FSDPController(model, state, layouts, rules or Plan(), shard_group)
+    by_name = {where: module for where, module, _ in found}
+    for layout in layouts:
+        module = by_name[layout.module_name]
+        module.set_all_reduce_hook(_bound(controller, layout))
+    model.register_forward_pre_hook(controller._forward_pre_hook)
+    setattr(model, _WRAPPED_ATTR, controller)
+    if list(mesh.get_coordinate() or ()) == [0, 0]:
+        compressed = sum(1 for c in assignment.values() if c.name != "none")
+        logger.info(
+            "autocomp: wrap_fsdp over a %s mesh: %d parameters in %d FSDP modules, %d compressed",
+            "x".join(map(str, mesh.shape)),
+            len(assignment),
+            len(layouts),
+            compressed,
+        )
+    return controller
+
+
+def _bound(controller: FSDPController, layout: _GroupLayout) -> Any:
+    def hook(reduce_output: torch.Tensor) -> None:
+        controller._reduce(layout, reduce_output)
+
+    return hook

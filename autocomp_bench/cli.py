@@ -29,6 +29,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "autocomp_bench.tta",
         "time to accuracy: validation metric per method in the same wall-clock budget",
     ),
+    "hier": (
+        "autocomp_bench.hier",
+        "two nodes x 2 ranks over a shaped link: DDP, flat/hierarchical autocomp, HSDP",
+    ),
     "advisor": (
         "autocomp_bench.advisor_accuracy",
         "advisor predictions vs measured step times on the shaped link (50, 200 Mbit/s)",

@@ -1,0 +1,462 @@
+"""Two nodes over a shaped link: hierarchical autocomp, flat autocomp, DDP and HSDP.
+
+Run as::
+
+    autocomp-bench hier [--task gpt] [--rate 200mbit] [--budget-s 40] [--evals 4]
+        [--methods allreduce,flat,hier,hsdp,hsdp-autocomp] [--threads 1]
+        [--json out.json] [--markdown out.md] [--from-json saved.json]
+
+(or ``python -m autocomp_bench.hier``). Four gloo ranks as two "nodes": two network
+namespaces (:class:`~autocomp_bench.shaped_link.ShapedLink` with 2 hosts) of two ranks each,
+every rank started with the environment torchrun gives it (``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE=2``, ``GROUP_RANK`` = node, ``MASTER_ADDR`` = node 0's
+address, ``MASTER_PORT``) and ``GLOO_SOCKET_IFNAME`` = its namespace's veth. The two ranks of a
+node connect to the node's own address, which Linux routes over the namespace's loopback; only
+traffic between nodes crosses the veth pair, which ``tc tbf`` shapes on both ends (default
+200 Mbit/s). Every method trains a fresh model of one task (:mod:`autocomp_bench.tasks`) from
+the same seed for the same wall-clock budget with the shared budget loop
+(:mod:`autocomp_bench.worker`, via :mod:`autocomp_bench.hier_worker`); the report
+(:mod:`autocomp_bench.hier_report`) compares the validation loss they reach, their steps and
+median step, the bytes the veth carried (its kernel counters, read in each namespace before
+and after each method), and whether the replicas' final parameters are bit-identical.
+
+Needs root and iproute2; there is no loopback fallback (one machine cannot tell nodes apart
+without namespaces).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import logging
+import math
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autocomp_bench.harness import GLOO_TIMEOUT_S, SEED, exit_on_sigterm, snapshot_code
+from autocomp_bench.hier_report import (
+    hier_checks,
+    link_delta,
+    render_markdown,
+    summarize_method,
+    text_report,
+)
+from autocomp_bench.machine import (
+    load_average,
+    machine_busy_seconds,
+    machine_info,
+    own_cpu_seconds,
+    tail,
+)
+from autocomp_bench.report import jsonable
+from autocomp_bench.shaped_link import ShapedLink, parse_rate, shaped_link_unavailable_reason
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["METHODS", "HierBenchmark", "build_parser", "main", "method_problems", "rank_env"]
+
+NODES = 2
+RANKS_PER_NODE = 2
+WORLD_SIZE = NODES * RANKS_PER_NODE
+DEFAULT_TASK = "gpt"
+DEFAULT_RATE = "200mbit"
+TARGET_OVERLAP = 0.9
+WORKER_MODULE = "autocomp_bench.hier_worker"
+FIRST_PORT = 29500
+STARTUP_S = 120.0
+"""Per run: four interpreters importing torch on a shared machine, the rendezvous, set-up."""
+EVAL_MARGIN_S = 15.0
+
+METHODS: dict[str, str] = {
+    "allreduce": "plain DDP all-reduce (gloo's ring over all 4 ranks)",
+    "flat": f"`autocomp.wrap(ddp, target_overlap={TARGET_OVERLAP}, hierarchy=False)`",
+    "hier": f"`autocomp.wrap(ddp, target_overlap={TARGET_OVERLAP}, hierarchy=True)`",
+    "hsdp": "FSDP2 `fully_shard` on the 2x2 (replicate, shard) mesh (FSDP's own HSDP; "
+    "blocks, then the root)",
+    "hsdp-autocomp": '`fully_shard(..., mesh=mesh["shard"])`, then '
+    "`autocomp.wrap_fsdp(model, mesh)` (its default plan)",
+}
+"""Method name -> one line for the report."""
+
+
+def rank_env(
+    rank: int, addresses: list[str], interfaces: list[str], master_port: int
+) -> dict[str, str]:
+    """torchrun's environment for global ``rank`` (node ``rank // 2``), plus the gloo interface.
+
+    ``addresses[n]``/``interfaces[n]``: node ``n``'s address and veth name in its namespace.
+    """
+    if not 0 <= rank < WORLD_SIZE:
+        raise ValueError(f"rank must be in [0, {WORLD_SIZE}), got {rank}")
+    if len(addresses) != NODES or len(interfaces) != NODES:
+        raise ValueError(f"need {NODES} addresses and interfaces")
+    if not 0 < master_port < 65536:
+        raise ValueError(f"master_port out of range: {master_port}")
+    node, local = divmod(rank, RANKS_PER_NODE)
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(WORLD_SIZE),
+        "LOCAL_RANK": str(local),
+        "LOCAL_WORLD_SIZE": str(RANKS_PER_NODE),
+        "GROUP_RANK": str(node),
+        "GROUP_WORLD_SIZE": str(NODES),
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(WORLD_SIZE),
+        "MASTER_ADDR": addresses[0],
+        "MASTER_PORT": str(master_port),
+        "GLOO_SOCKET_IFNAME": interfaces[node],
+    }
+
+
+def method_problems() -> dict[str, str]:
+    """Methods the installed autocomp or torch cannot run here, with the reason."""
+    import autocomp
+
+    problems = {}
+    if "hierarchy" not in inspect.signature(autocomp.wrap).parameters:
+        problems["hier"] = "autocomp.wrap has no hierarchy keyword"
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except ImportError:
+        problems["hsdp"] = problems["hsdp-autocomp"] = "torch has no FSDP2 fully_shard"
+    if not hasattr(autocomp, "wrap_fsdp"):
+        problems.setdefault("hsdp-autocomp", "autocomp has no wrap_fsdp")
+    return problems
+
+
+def link_counters(link: ShapedLink) -> list[dict[str, int]]:
+    """``{"tx_bytes", "rx_bytes"}`` of each node's veth end, read inside its namespace."""
+    out = []
+    for ns, dev in zip(link.namespaces, link.interfaces, strict=True):
+        text = subprocess.run(
+            ["ip", "-n", ns, "-j", "-s", "link", "show", "dev", dev],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout
+        out.append(parse_link_stats(text))
+    return out
+
+
+def parse_link_stats(text: str) -> dict[str, int]:
+    """tx/rx bytes from ``ip -j -s link show dev X``."""
+    stats = json.loads(text)[0]["stats64"]
+    return {"tx_bytes": int(stats["tx"]["bytes"]), "rx_bytes": int(stats["rx"]["bytes"])}
+
+
+class HierBenchmark:
+    """Runs every method on one shaped link, one after the other, and builds the document."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        task: str = DEFAULT_TASK
+        methods: list[str] = field(default_factory=lambda: list(METHODS))
+        rate: str = DEFAULT_RATE
+        rate_mbit: float | None = 200.0
+        budget_s: float = 40.0
+        """Training seconds per method (evaluation excluded)."""
+        evals: int = 4
+        threads: int = 1
+        """torch threads per rank."""
+        seed: int = SEED
+        gloo_timeout_s: float = GLOO_TIMEOUT_S
+
+    def __init__(self, config: Config, link: ShapedLink, root: Path, code_dir: Path | None):
+        self.config = config
+        self.link = link
+        self.root = root
+        self.code_dir = code_dir
+        self.port = FIRST_PORT
+        self.count = 0
+
+    def worker_config(self, method: str) -> dict[str, Any]:
+        c = self.config
+        cfg: dict[str, Any] = {
+            "loop": "hier-budget",
+            "task": c.task,
+            "method": method,
+            "seed": c.seed,
+            "threads": c.threads,
+            "budget_s": c.budget_s,
+            "evals": c.evals,
+            "gloo_timeout_s": c.gloo_timeout_s,
+        }
+        if method in ("flat", "hier"):
+            cfg["method"] = "adaptive"
+            kwargs: dict[str, Any] = {"target_overlap": TARGET_OVERLAP}
+            if method == "hier" or "hier" not in method_problems():
+                kwargs["hierarchy"] = method == "hier"  # flat: without it where wrap lacks it
+            cfg["adaptive_kwargs"] = kwargs
+        return cfg
+
+    def timeout_s(self, gradient_bytes: int) -> float:
+        """Budget, start-up, evaluations and two slow uncompressed steps, with 50% slack."""
+        c = self.config
+        step = 5.0
+        if c.rate_mbit is not None:
+            # gloo's ring over 4 ranks crosses the link with 1.5x the gradient per direction.
+            step += 1.5 * gradient_bytes * 8 / (c.rate_mbit * 1e6) / 0.9
+        return 1.5 * (c.budget_s + (c.evals + 1) * EVAL_MARGIN_S + 2 * step) + STARTUP_S
+
+    def launch(self, method: str, timeout_s: float) -> dict[str, Any]:
+        """Start the four ranks of one method; their results, link bytes and wall time."""
+        self.count += 1
+        self.port += 1  # a private network, but a fresh port avoids TIME_WAIT
+        run_dir = self.root / f"run{self.count:02d}-{method}"
+        run_dir.mkdir(parents=True)
+        cfg = {**self.worker_config(method), "run_dir": str(run_dir)}
+        config_path = run_dir / "config.json"
+        config_path.write_text(json.dumps(cfg), encoding="utf-8")
+        argv = [sys.executable, "-m", WORKER_MODULE, str(config_path)]
+        extra = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(self.config.threads)}
+        if self.code_dir is not None:
+            extra["PYTHONPATH"] = os.pathsep.join(
+                [str(self.code_dir), *filter(None, [os.environ.get("PYTHONPATH")])]
+            )
+        addresses, interfaces = self.link.addresses, self.link.interfaces
+        before = link_counters(self.link)
+        busy_before, own_before = machine_busy_seconds(), own_cpu_seconds()
+        started = time.monotonic()
+        procs: list[subprocess.Popen[Any]] = []
+        logs = []
+        error: str | None = None
+        try:
+            for rank in range(WORLD_SIZE):
+                log = open(run_dir / f"rank{rank}.log", "w", encoding="utf-8")  # noqa: SIM115
+                logs.append(log)
+                env = {**rank_env(rank, addresses, interfaces, self.port), **extra}
+                node = rank // RANKS_PER_NODE
+                procs.append(
+                    self.link.popen(
+                        node, argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=run_dir
+                    )
+                )
+            while error is None:
+                codes = [p.poll() for p in procs]
+                if all(c == 0 for c in codes):
+                    break
+                failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+                if failed:
+                    error = ", ".join(f"rank {r} exited with {c}" for r, c in failed)
+                elif time.monotonic() - started > timeout_s:
+                    error = f"timed out after {timeout_s:.0f} s"
+                else:
+                    time.sleep(0.2)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    try:
+                        proc.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        logger.error("rank process %d did not exit after kill", proc.pid)
+            for log in logs:
+                log.close()
+        wall = time.monotonic() - started
+        outcome: dict[str, Any] = {
+            "wall_seconds": wall,
+            "link": link_delta(before, link_counters(self.link)),
+            "load_after": load_average(),
+        }
+        busy_after, own_after = machine_busy_seconds(), own_cpu_seconds()
+        if busy_before is not None and busy_after is not None and wall > 0:
+            other = (busy_after - busy_before) - (own_after - own_before)
+            outcome["other_cpu_share"] = max(0.0, other) / (wall * (os.cpu_count() or 1))
+        if error is not None:
+            logger.error("%s FAILED: %s", method, error)
+            logs_text = [f"rank {r}:\n{tail(run_dir / f'rank{r}.log', 25)}" for r in range(4)]
+            logger.error("last log lines:\n%s", "\n".join(logs_text))
+            return {**outcome, "error": error, "log_tail": tail(run_dir / "rank0.log", 25)}
+        results = [
+            json.loads((run_dir / f"result-rank{r}.json").read_text(encoding="utf-8"))
+            for r in range(WORLD_SIZE)
+        ]
+        if self.code_dir is not None:
+            for result in results:
+                for key in ("autocomp_path", "bench_path"):
+                    if not result[key].startswith(str(self.code_dir)):
+                        raise RuntimeError(f"a rank imported {result[key]}, not the snapshot")
+        return {**outcome, "results": results}
+
+    def run(self) -> dict[str, Any]:
+        """Every method in turn; the rows and checks."""
+        from autocomp_bench.tasks import build_task
+
+        c = self.config
+        task = build_task(c.task)
+        numel = sum(p.numel() for p in task.build_model().parameters())
+        timeout = self.timeout_s(4 * numel)
+        problems = method_problems()
+        rows = []
+        for method in c.methods:
+            print(f"   {method:<14} ...", end="", flush=True)
+            if method in problems:
+                outcome: dict[str, Any] = {"skipped": problems[method]}
+            else:
+                outcome = self.launch(method, timeout)
+            row = summarize_method(method, METHODS[method], outcome, WORLD_SIZE)
+            rows.append(row)
+            if "skipped" in row:
+                print(f" SKIPPED: {row['skipped']}", flush=True)
+            elif "error" in row:
+                print(f" FAILED: {row['error']}", flush=True)
+            else:
+                print(
+                    f" {row['steps']} steps, median {row['median_step_s']:.4f} s/step, valid "
+                    f"loss {row['valid_loss']:.4f}, link {row['link']['total'] / 1e6:.1f} MB, "
+                    f"identical: {row['identical_detail'] if row['identical'] else 'NO'}, "
+                    f"wall {row['wall_seconds']:.0f} s",
+                    flush=True,
+                )
+        return {
+            "task_description": task.description,
+            "numel": numel,
+            "timeout_s": timeout,
+            "rows": rows,
+            "checks": hier_checks(rows),
+        }
+
+
+# ---- command line ----------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="autocomp-bench hier",
+        description="Two nodes of two gloo ranks in network namespaces, a tbf-shaped veth "
+        "between them: DDP, flat and hierarchical autocomp, HSDP plain and compressed, each "
+        "trained for the same wall-clock budget.",
+    )
+    parser.add_argument("--task", default=DEFAULT_TASK, help="default: %(default)s")
+    parser.add_argument(
+        "--rate", default=DEFAULT_RATE, help="link rate between the nodes (default: %(default)s)"
+    )
+    parser.add_argument("--methods", default=",".join(METHODS), help="default: %(default)s")
+    parser.add_argument(
+        "--budget-s", type=float, default=40.0, help="training seconds per method (default: 40)"
+    )
+    parser.add_argument(
+        "--evals", type=int, default=4, help="validation points before the end (default: 4)"
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument(
+        "--gloo-timeout", type=float, default=GLOO_TIMEOUT_S, help="gloo timeout in seconds"
+    )
+    parser.add_argument("--json", type=Path, default=None, help="write all results as JSON")
+    parser.add_argument("--markdown", type=Path, default=None, help="write a markdown section")
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="run nothing: re-render the report (text, --markdown) of a saved --json",
+    )
+    return parser
+
+
+def parse_config(argv: list[str]) -> tuple[argparse.Namespace, HierBenchmark.Config]:
+    """Parsed arguments and the benchmark's config; exits with a usage error on bad values."""
+    from autocomp_bench.tasks import TASKS
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.task not in TASKS:
+        parser.error(f"--task: unknown {args.task!r}; choose from {', '.join(TASKS)}")
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        parser.error(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")
+    if len(set(methods)) != len(methods):
+        parser.error("--methods: a method is named twice")
+    try:
+        rate_mbit = parse_rate(args.rate)
+    except ValueError as err:
+        parser.error(f"--rate: {err}")
+    if not (math.isfinite(args.budget_s) and args.budget_s > 0):
+        parser.error("--budget-s must be > 0")
+    if args.evals < 0 or args.threads < 1:
+        parser.error("need --evals >= 0 and --threads >= 1")
+    config = HierBenchmark.Config(
+        task=args.task,
+        methods=methods,
+        rate=args.rate,
+        rate_mbit=rate_mbit,
+        budget_s=args.budget_s,
+        evals=args.evals,
+        threads=args.threads,
+        gloo_timeout_s=args.gloo_timeout,
+    )
+    return args, config
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark (or re-render a saved one); 0 when every check passed, else 1."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, config = parse_config(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.from_json is not None:
+        document = json.loads(args.from_json.read_text(encoding="utf-8"))
+        print("\n".join(text_report(document)))
+        return _write_outputs(document, args)
+    reason = shaped_link_unavailable_reason()
+    if reason is not None:
+        print(f"autocomp-bench hier: cannot build the two nodes: {reason}", file=sys.stderr)
+        return 2
+    command = shlex.join(["autocomp-bench", "hier", *argv])
+    print(f"autocomp two-node benchmark: {command}", flush=True)
+    exit_on_sigterm()
+    started = time.monotonic()
+    document: dict[str, Any] = {"benchmark": "autocomp_bench.hier", "command": command}
+    document["machine"] = machine_info()
+    document["machine"]["network"] = (
+        f"{NODES} network namespaces x {RANKS_PER_NODE} ranks (loopback inside), one veth pair "
+        "between them with tc tbf on both ends (ShapedLink)"
+    )
+    with tempfile.TemporaryDirectory(prefix="autocomp-hier-") as tmp:
+        root = Path(tmp)
+        code_dir, digest = snapshot_code(root)
+        document["code_digest"] = digest
+        link_config = ShapedLink.Config(hosts=NODES, rate_mbit=config.rate_mbit)
+        with ShapedLink(link_config) as link:
+            print(
+                f"== {config.task} on {NODES} nodes x {RANKS_PER_NODE} ranks, link "
+                f"{config.rate}, {config.budget_s:g} s per method",
+                flush=True,
+            )
+            document.update(HierBenchmark(config, link, root, code_dir).run())
+    document["settings"] = {
+        **asdict(config),
+        "nodes": NODES,
+        "ranks_per_node": RANKS_PER_NODE,
+        "target_overlap": TARGET_OVERLAP,
+    }
+    document["runtime_s"] = time.monotonic() - started
+    document["machine"]["load_average_after"] = load_average()
+    document = jsonable(document)
+    print()
+    print("\n".join(text_report(document)), flush=True)
+    if args.json is not None:
+        args.json.write_text(json.dumps(document, indent=1, default=str) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}")
+    return _write_outputs(document, args)
+
+
+def _write_outputs(document: dict[str, Any], args: argparse.Namespace) -> int:
+    if args.markdown is not None:
+        args.markdown.write_text(render_markdown(document), encoding="utf-8")
+        print(f"wrote {args.markdown}")
+    return 0 if all(c["passed"] for c in document["checks"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""``autocomp-bench hier``'s arithmetic and report: per-method rows, the checks, text, markdown.
+
+Pure functions of the four ranks' results and the link counters (no processes), so they are
+tested on synthetic numbers and re-run on a saved document (``--from-json``).
+
+* **median step**: the median training seconds per step after the first
+  :data:`~autocomp_bench.tta_analysis.SKIP_STEPS` steps, on rank 0's agreed clock (every rank
+  stops at the same step);
+* **valid loss**: rank 0's validation loss at the end of the budget (DDP ranks hold the same
+  model; under HSDP rank 0 evaluates replica 0, all-gathering the shards of its node);
+* **link bytes**: what the veth between the two namespaces carried while the method's four
+  processes lived (start-up and the gloo rendezvous included, a few hundred KB), per
+  direction, from the kernel's counters of each namespace's veth end;
+* **bit-identical**: every rank's final parameters hash alike (DDP methods: all four ranks;
+  HSDP: the two replicas of each shard).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from autocomp_bench.report import (
+    MB,
+    Check,
+    check_from_dict,
+    markdown_table,
+    plain_table,
+)
+from autocomp_bench.tta_analysis import median_step
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "COLUMNS",
+    "hier_checks",
+    "link_delta",
+    "render_markdown",
+    "replicas_identical",
+    "summarize_method",
+    "text_report",
+]
+
+COLUMNS = (
+    "method",
+    "steps",
+    "median s/step",
+    "valid loss",
+    "link MB 0->1",
+    "link MB 1->0",
+    "link MB/step",
+    "bit-identical",
+)
+
+
+def link_delta(before: list[dict[str, int]], after: list[dict[str, int]]) -> dict[str, Any]:
+    """Bytes the shaped link carried between two readings of both veth ends' counters.
+
+    ``before[i]``/``after[i]``: ``{"tx_bytes", "rx_bytes"}`` of node ``i``'s veth end. Node 0's
+    sent bytes went to node 1 and the other way round; each end's received bytes are kept as a
+    cross-check (the two should agree to within packets in flight).
+    """
+    if len(before) != 2 or len(after) != 2:
+        raise ValueError("need the counters of both veth ends")
+    tx = [after[i]["tx_bytes"] - before[i]["tx_bytes"] for i in range(2)]
+    rx = [after[i]["rx_bytes"] - before[i]["rx_bytes"] for i in range(2)]
+    if min(tx + rx) < 0:
+        raise ValueError(f"link counters went backwards: tx {tx}, rx {rx}")
+    return {
+        "node0_to_node1": tx[0],
+        "node1_to_node0": tx[1],
+        "total": tx[0] + tx[1],
+        "received_by_node1": rx[1],
+        "received_by_node0": rx[0],
+    }
+
+
+def replicas_identical(results: Sequence[dict[str, Any]]) -> tuple[bool, str]:
+    """(all replicas bit-identical, a short description) from each rank's ``parameter_digest``.
+
+    ``digest_scope`` ``full`` (DDP): every rank must match; ``shard`` (HSDP): the ranks with the
+    same ``local_rank`` (the same shard, one per node) must match.
+    """
+    scope = results[0]["digest_scope"]
+    if scope == "full":
+        digests = {r["parameter_digest"] for r in results}
+        n = len(results)
+        if len(digests) == 1:
+            return True, f"all {n} ranks"
+        return False, f"{len(digests)} different parameter sets on {n} ranks"
+    groups: dict[int, set[str]] = {}
+    for r in results:
+        groups.setdefault(r["local_rank"], set()).add(r["parameter_digest"])
+    bad = sorted(shard for shard, digests in groups.items() if len(digests) > 1)
+    if not bad:
+        return True, f"replicas of all {len(groups)} shards"
+    return False, f"replicas differ on shard(s) {', '.join(map(str, bad))} of {len(groups)}"
+
+
+def summarize_method(
+    method: str, description: str, outcome: dict[str, Any], world_size: int
+) -> dict[str, Any]:
+    """One report row from a method's outcome (four rank results, link bytes, wall time)."""
+    row: dict[str, Any] = {"method": method, "description": description}
+    if "skipped" in outcome:
+        return {**row, "skipped": outcome["skipped"]}
+    for key in ("wall_seconds", "other_cpu_share", "load_after"):
+        row[key] = outcome.get(key)
+    if "link" in outcome:
+        row["link"] = outcome["link"]
+    if "error" in outcome:
+        return {**row, "error": outcome["error"], "log_tail": outcome.get("log_tail", "")}
+    results = sorted(outcome["results"], key=lambda r: r["rank"])
+    if len(results) != world_size:
+        return {**row, "error": f"{len(results)} rank results, expected {world_size}"}
+    first = results[0]
+    steps = [r["steps"] for r in results]
+    identical, identical_detail = replicas_identical(results)
+    final = first["curve"][-1]
+    link = outcome["link"]
+    return {
+        **row,
+        "task": first["task"],
+        "numel": first["numel"],
+        "steps": first["steps"],
+        "steps_per_rank": steps,
+        "median_step_s": median_step(first["step_times"]),
+        "mean_step_s": statistics.fmean(first["step_times"]) if first["step_times"] else None,
+        "train_seconds": first["train_seconds"],
+        "eval_seconds": first["eval_seconds"],
+        "valid_loss": final["valid_loss"],
+        "curve": first["curve"],
+        "link_bytes_per_step": link["total"] / first["steps"] if first["steps"] else None,
+        "controller_bytes_per_step": first["bytes_per_step"],
+        "identical": identical,
+        "identical_detail": identical_detail,
+        "digest_scope": first["digest_scope"],
+        "info": first.get("info") or {},
+    }
+
+
+def _ok(row: dict[str, Any] | None) -> bool:
+    return row is not None and "error" not in row and "skipped" not in row
+
+
+def _lower_loss(rows: dict[str, dict[str, Any]], a: str, b: str) -> Check:
+    name = f"{a}: lower validation loss than {b} at equal wall-clock"
+    ra, rb = rows.get(a), rows.get(b)
+    if not (_ok(ra) and _ok(rb)):
+        missing = [m for m, r in ((a, ra), (b, rb)) if not _ok(r)]
+        return Check(name, None, f"{', '.join(missing)} did not run or failed")
+    assert ra is not None and rb is not None
+    la, lb = ra["valid_loss"], rb["valid_loss"]
+    return Check(name, la < lb, f"{la:.4f} vs {lb:.4f} ({la - lb:+.4f})")
+
+
+def hier_checks(rows: list[dict[str, Any]]) -> list[Check]:
+    """The issue's targets: hierarchical autocomp below flat autocomp and plain all-reduce
+    with all four ranks bit-identical; compressed HSDP below plain HSDP."""
+    by_method = {row["method"]: row for row in rows}
+    checks = [
+        _lower_loss(by_method, "hier", "flat"),
+        _lower_loss(by_method, "hier", "allreduce"),
+    ]
+    hier = by_method.get("hier")
+    name = "hier: the 4 ranks' final parameters bit-identical"
+    if _ok(hier):
+        assert hier is not None
+        checks.append(Check(name, bool(hier["identical"]), hier["identical_detail"]))
+    else:
+        checks.append(Check(name, None, "hier did not run or failed"))
+    checks.append(_lower_loss(by_method, "hsdp-autocomp", "hsdp"))
+    return checks
+
+
+def _row_cells(row: dict[str, Any]) -> list[str]:
+    if "skipped" in row:
+        return [row["method"], "SKIPPED", *["-"] * (len(COLUMNS) - 3), row["skipped"]]
+    if "error" in row:
+        return [row["method"], "FAILED", *["-"] * (len(COLUMNS) - 3), str(row["error"])]
+    link = row["link"]
+    return [
+        row["method"],
+        str(row["steps"]),
+        f"{row['median_step_s']:.4f}",
+        f"{row['valid_loss']:.4f}",
+        f"{link['node0_to_node1'] / MB:.1f}",
+        f"{link['node1_to_node0'] / MB:.1f}",
+        f"{row['link_bytes_per_step'] / MB:.3f}",
+        ("yes, " if row["identical"] else "NO, ") + row["identical_detail"],
+    ]
+
+
+def _checks(document: dict[str, Any]) -> list[Check]:
+    return [check_from_dict(c) if isinstance(c, dict) else c for c in document["checks"]]
+
+
+def _settings_line(document: dict[str, Any]) -> str:
+    s = document["settings"]
+    return (
+        f"task {s['task']}, {s['nodes']} nodes x {s['ranks_per_node']} ranks, link "
+        f"{s['rate']}, {s['budget_s']:g} s of training per method, {s['threads']} torch "
+        f"thread(s) per rank"
+    )
+
+
+def text_report(document: dict[str, Any]) -> list[str]:
+    rows = document["rows"]
+    lines = [f"== autocomp-bench hier: {_settings_line(document)}", ""]
+    lines += plain_table(COLUMNS, [_row_cells(r) for r in rows])
+    lines.append("")
+    for row in rows:
+        if "error" in row and row.get("log_tail"):
+            lines += [f"-- {row['method']} (rank 0 log tail):", row["log_tail"], ""]
+    lines += [check.line() for check in _checks(document)]
+    return lines
+
+
+def render_markdown(document: dict[str, Any]) -> str:
+    """A section for docs/benchmarks.md: the command, the machine, the table, the checks."""
+    machine = document.get("machine", {})
+    rows = document["rows"]
+    out = [
+        "## Two nodes: hierarchical autocomp and HSDP (`autocomp-bench hier`)",
+        "",
+        f"Run: `{document['command']}` (code digest `{document.get('code_digest', '?')}`, "
+        f"{document.get('runtime_s', 0) / 60:.1f} min).",
+        "",
+        f'Setup: {_settings_line(document)}. Two network namespaces ("nodes") of two gloo '
+        "ranks each, started with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, "
+        "LOCAL_WORLD_SIZE=2, GROUP_RANK, MASTER_ADDR/PORT); the two ranks of a node talk over "
+        "the namespace's loopback, the nodes over one veth pair with `tc tbf` on both ends. "
+        f"Machine: {machine.get('cpu', '?')}, {machine.get('logical_cpus', '?')} logical CPUs "
+        f"for all four ranks, torch {machine.get('torch', '?')}.",
+        "",
+        "Methods:",
+        "",
+    ]
+    out += [f"- `{row['method']}`: {row['description']}" for row in rows]
+    out += [
+        "",
+        "Validation loss at the end of the budget (lower is better); link MB are the bytes the "
+        "veth carried in each direction while the method's processes ran (kernel counters); "
+        "bit-identical compares every rank's final parameters (HSDP: the two replicas of each "
+        "shard):",
+        "",
+    ]
+    out += markdown_table(COLUMNS, [_row_cells(r) for r in rows])
+    out += ["", "Checks (the issue's targets):", ""]
+    out += [f"- {check.line()}" for check in _checks(document)]
+    out.append("")
+    return "\n".join(out)

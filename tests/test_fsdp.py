@@ -19,14 +19,8 @@ import torch.distributed as dist
 
 import autocomp
 from autocomp.compressors import build_compressor
-from autocomp.fsdp import (
-    DEFAULT_MATRIX_SPEC,
-    FSDPController,
-    _check_mesh,
-    _default_assignment,
-    _pack,
-    _Part,
-)
+from autocomp.fsdp import FSDPController, _pack, _Part
+from autocomp.fsdp_setup import DEFAULT_MATRIX_SPEC, check_mesh, default_assignment
 from autocomp.hook_layer import LayerSlot, _Encoding
 from tests.multirank import run_ranks
 
@@ -45,14 +39,14 @@ def test_needs_an_initialized_process_group() -> None:
 
 def test_mesh_must_be_a_device_mesh() -> None:
     with pytest.raises(TypeError, match="DeviceMesh"):
-        _check_mesh([[0, 1], [2, 3]])
+        check_mesh([[0, 1], [2, 3]])
 
 
 def test_default_plan_compresses_matrices_only() -> None:
     params = dict(
         torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3)).named_parameters()
     )
-    specs = {name: c.spec for name, c in _default_assignment(params).items()}
+    specs = {name: c.spec for name, c in default_assignment(params).items()}
     powersgd = build_compressor(DEFAULT_MATRIX_SPEC).spec
     assert specs == {"0.weight": powersgd, "0.bias": "none", "1.weight": "none", "1.bias": "none"}
 
@@ -214,18 +208,37 @@ def _compressed(rank: int, world: int) -> dict[str, Any]:
     per_step_raw = sum(s.numel * s.dtype.itemsize for s in ctl._state.slots.values())
     losses = _train(model, rank, STEPS, lr=0.05)
     replicate = mesh.get_group(0)
+    identical = _replicas_identical(model, replicate)
+    bytes_compressed = (ctl.bytes_sent, ctl.bytes_raw)
+    steps = ctl.step
+    ctl.close()  # plain averaging from here on
+    _train(model, rank, 2, lr=0.05)
+    closed = (
+        _replicas_identical(model, replicate),
+        ctl.bytes_sent - bytes_compressed[0],
+        ctl.bytes_raw - bytes_compressed[1],
+    )
+    # A NaN on one rank's batch: every replica sees the non-finite average and resets.
+    poisoned = _shard(_net(), mesh["shard"])
+    poisoned_ctl = autocomp.wrap_fsdp(poisoned, mesh)
+    for step in range(2):
+        x, y = _batch(rank, step)
+        if step == 0 and rank == 0:
+            x[0, 0] = float("nan")
+        torch.nn.functional.mse_loss(poisoned(x), y).backward()
     default = _shard(_net(), mesh["shard"])
     default_ctl = autocomp.wrap_fsdp(default, mesh)
-    default_losses = _train(default, rank, STEPS, lr=0.05)
+    _train(default, rank, 5, lr=0.05)
     return {
         "losses": losses,
-        "identical": _replicas_identical(model, replicate),
-        "bytes": (ctl.bytes_sent, ctl.bytes_raw),
+        "identical": identical,
+        "bytes": bytes_compressed,
+        "closed": closed,
+        "nonfinite": poisoned_ctl.nonfinite_events,
         "expected": (STEPS * per_step_wire, STEPS * per_step_raw),
-        "step": ctl.step,
+        "step": steps,
         "shapes": {n: tuple(s.shape) for n, s in ctl._state.slots.items()},
         "stats": ctl.stats(),
-        "default_losses": default_losses,
         "default_identical": _replicas_identical(default, replicate),
         "default_ratio": default_ctl.bytes_raw / default_ctl.bytes_sent,
     }
@@ -272,12 +285,14 @@ def test_compressed_replicas_agree_loss_falls_bytes_exact(tmp_path: Path) -> Non
         assert r["shapes"]["4.weight"] == ((1, 32) if shard == 0 else (0, 32))
         first, last = sum(r["losses"][:5]) / 5, sum(r["losses"][-5:]) / 5
         assert last < 0.5 * first, r["losses"]
-        d_first, d_last = sum(r["default_losses"][:5]) / 5, sum(r["default_losses"][-5:]) / 5
-        assert d_last < 0.5 * d_first, r["default_losses"]
         sent, raw = r["bytes"]
         assert (sent, raw) == r["expected"]
         assert sent < raw
         assert r["default_ratio"] > 1.5
+        identical_after_close, sent_after_close, raw_after_close = r["closed"]
+        assert identical_after_close and sent_after_close == raw_after_close > 0
+        # Step 0's NaN reaches every compressed layer's average (PowerSGD mixes all rows).
+        assert (0, "0.weight") in r["nonfinite"] and (0, "2.weight") in r["nonfinite"], r
     # What each shard index sends, from the compressors' own wire_bytes (16x8 PowerSGD rank 2:
     # (16 + 8) * 2 * 4 = 192 bytes of 512; topk 10% of a 16x32 shard: 51 * 8 = 408 of 2048).
     layers = results[0]["stats"]["layers"]

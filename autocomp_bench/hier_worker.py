@@ -81,8 +81,13 @@ def attach(method: str, model: Any, cfg: dict[str, Any]) -> worker.Attached:
         shard_model(model, mesh)  # 2-D mesh: FSDP2's own HSDP
         # Each rank all-reduces its shard (about numel / shards floats) across the replicas.
         return worker.Attached(model, None, 4.0 * numel / shards)
+    from autocomp.fsdp import FSDPController
+
     shard_model(model, mesh["shard"])
-    ctl = autocomp.wrap_fsdp(model, mesh, cfg.get("fsdp_plan"))
+    # No start-up broadcast of replica 0's shards: like DDP's init_sync=False in the shared
+    # attach, check_same_init has already verified that every rank built the same weights.
+    config = FSDPController.Config(broadcast_parameters=False)
+    ctl = autocomp.wrap_fsdp(model, mesh, cfg.get("fsdp_plan"), config=config)
     return worker.Attached(model, ctl, None)
 
 

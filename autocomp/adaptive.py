@@ -35,11 +35,12 @@ from __future__ import annotations
 import json
 import logging
 import math
+import statistics
 import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -59,6 +60,9 @@ from autocomp.profiler import StepProfiler, WindowProfile
 from autocomp.runlog import RunLog
 from autocomp.timing import clock_for
 from autocomp.window import TIMING_FIELDS, LayerWindow, WindowMeasurement, WindowRecord
+
+if TYPE_CHECKING:
+    from autocomp.hook_hierarchy import HierarchicalReduce
 
 logger = logging.getLogger(__name__)
 
@@ -152,12 +156,14 @@ class AdaptiveLoop:
             {name: slot.dtype for name, slot in state.slots.items()},
             pins,
             planner_config,
-            world_size=state.world_size,
+            world_size=state.link_world_size,
             runlog=runlog,
         )
         """Rank 0 decides with it; every rank holds one (the same configuration)."""
         if state.rank == 0:  # only rank 0 decides
-            _calibrate(self.planner.cost_model, rules.candidates, state.world_size, self.device)
+            _calibrate(
+                self.planner.cost_model, rules.candidates, state.link_world_size, self.device
+            )
         self._probe_next = 0  # payload bytes rank 0 asked for at the next boundary
         self._probe_buffer: torch.Tensor | None = None
         self.history: deque[WindowRecord] = deque(maxlen=config.history)
@@ -312,7 +318,7 @@ class AdaptiveLoop:
 
     def _boundary(self, step: int) -> None:
         group = self.state.process_group
-        world = self.state.world_size
+        world = self.state.link_world_size
         profile = self.profiler.end_window()
         device = collective_device(group)
         combined = self._local_vector(profile).to(device)
@@ -334,7 +340,9 @@ class AdaptiveLoop:
         reduced = busy.cpu().tolist()
         busy_min = [v for v in reduced[:window] if v < _MISSING]
         probe_seconds = reduced[window] if reduced[window] < _MISSING else None
-        probe = (probe_bytes, probe_seconds) if probe_bytes > 0 and probe_seconds else None
+        # A node's owners probe their shard groups at once, over the one cross-node link.
+        share = self.state.link_share
+        probe = (probe_bytes * share, probe_seconds) if probe_bytes > 0 and probe_seconds else None
         self._loss_sum, self._loss_count = 0.0, 0
 
         sent, raw = self._bytes_totals()
@@ -395,6 +403,8 @@ class AdaptiveLoop:
             record.probe_bytes, record.probe_seconds = probe
             record.probe_bytes_per_s = link_bytes(Collective.ALL_REDUCE, probe[0], world) / probe[1]
         record.changes = changes
+        if self.state.hierarchy is not None:
+            record.node_link_bytes_per_s = _node_link_rate(self.state.hierarchy)
         self.history.append(record)
         if self.runlog is not None:
             self.runlog.append_window(record.to_dict())  # queued: never waits on disk
@@ -412,7 +422,7 @@ class AdaptiveLoop:
         nonfinite: list[str],
     ) -> WindowMeasurement:
         """Rank 0: the combined vector as the planner's input."""
-        world = self.state.world_size
+        world = self.state.link_world_size  # hook costs: summed over the layer's owners
         timings, loss = self._means(combined)
         ranks = max(1.0, float(combined[0]))
         bucket_of = self.state.bucket_of()
@@ -455,7 +465,7 @@ class AdaptiveLoop:
             buffer = torch.zeros(numel, dtype=torch.float32, device=device)  # sums stay zero
             self._probe_buffer = buffer
         view = buffer[:numel]
-        group = self.state.process_group
+        group = self.state.link_group
         seconds = math.inf
         for _ in range(PROBE_PASSES):  # the first primes the path; the last one is timed
             if view.is_cuda:
@@ -507,6 +517,17 @@ class AdaptiveLoop:
     def load_loop_state_dict(self, state: dict[str, Any]) -> None:
         self._probe_next = int(state.get("probe_next_bytes", 0))
         self._last_boundary = int(state["last_boundary"])
+
+
+def _node_link_rate(hierarchy: HierarchicalReduce) -> float | None:
+    """Median bus bytes/s of this rank's intra-node collectives since the last window."""
+    samples = hierarchy.take_intra_samples()
+    if not samples:
+        return None
+    parts = hierarchy.local_world_size
+    # A ring reduce-scatter or all-gather moves (L - 1) / L of the full buffer per rank.
+    rates = [size * (parts - 1) / parts / seconds for size, seconds in samples]
+    return statistics.median(rates)
 
 
 def _forward_hook(function: Any) -> Any:

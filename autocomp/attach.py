@@ -39,11 +39,13 @@ from autocomp.env import (
     AUTOCOMP_SEED,
 )
 from autocomp.hook import autocomp_hook
+from autocomp.hook_hierarchy import HierarchicalReduce, hierarchical_hook
 from autocomp.hook_layer import LayerSlot
 from autocomp.hook_state import HookState
 from autocomp.plan import Plan, assignment_digest
 from autocomp.policy.rules import PolicyRules
 from autocomp.runlog import RunLog, default_run_dir, new_run_id
+from autocomp.topology import build_hierarchy_groups, detect_topology, resolve_hierarchy
 
 logger = logging.getLogger(__name__)
 
@@ -182,6 +184,7 @@ def bind(
         check_wire_bytes=AUTOCOMP_CHECK_WIRE_BYTES.get(),
     )
     state.assign(assignment)
+    state.hierarchy = _hierarchy(source.hierarchy, process_group)
     if not resolved.adaptive and resolved.warmup_steps:
         for slot in slots.values():
             slot.uncompressed_until = resolved.warmup_steps
@@ -209,6 +212,31 @@ def bind(
             detail,
         )
     return controller
+
+
+def _hierarchy(setting: str | bool, group: dist.ProcessGroup | None) -> HierarchicalReduce | None:
+    """The two-level reduce's runtime when ``setting`` asks for it and the job has the nodes
+    (collective; the same answer, or the same error, on every rank)."""
+    if setting is False:
+        return None
+    topology = detect_topology(group)
+    problem: Exception | None = None
+    use = False
+    try:
+        use = resolve_hierarchy(setting, topology, group)  # type: ignore[arg-type]
+    except ValueError as err:
+        problem = err
+    raise_together(problem, group, "autocomp's hierarchy setting")
+    if not use:
+        if setting == "auto" and topology.num_nodes > 1 and dist.get_rank(group) == 0:
+            logger.info("autocomp: %s, flat reduce", topology.describe())
+        return None
+    return HierarchicalReduce(build_hierarchy_groups(topology), dist.get_rank(group))
+
+
+def comm_hook_for(state: HookState) -> Any:
+    """The comm hook matching ``state``: hierarchical when it has a hierarchy, else flat."""
+    return hierarchical_hook if state.hierarchy is not None else autocomp_hook
 
 
 def _adaptive_loop(
@@ -259,6 +287,7 @@ def wrap(
     seed: int | None = None,
     run_dir: str | Path | bool | None = None,
     dashboard: bool | int = False,
+    hierarchy: str | bool = "auto",
     config: AutocompConfig | None = None,
 ) -> Controller:
     """Register autocomp's comm hook on ``model`` (in place) and return its controller.
@@ -301,14 +330,14 @@ def wrap(
         "run_dir": run_dir,
     }
     if config is not None:
-        if any(v is not None for v in given.values()) or dashboard:
+        if any(v is not None for v in given.values()) or dashboard or hierarchy != "auto":
             raise ValueError("pass either config= or the individual settings to wrap, not both")
     else:
-        config = AutocompConfig(**given, dashboard=dashboard)
+        config = AutocompConfig(**given, dashboard=dashboard, hierarchy=hierarchy)
     resolved = config.resolve()
     controller = bind(ddp, resolved, ddp.process_group)
     try:
-        ddp.register_comm_hook(controller._state, autocomp_hook)
+        ddp.register_comm_hook(controller._state, comm_hook_for(controller._state))
     except RuntimeError as err:
         controller.close()
         raise RuntimeError(
@@ -381,7 +410,7 @@ def autocomp_comm_hook(state, bucket):  # type: ignore[no-untyped-def]
     controller = state.controller
     if controller is None:
         controller = state.bind_registered()
-    return autocomp_hook(controller._state, bucket)
+    return comm_hook_for(controller._state)(controller._state, bucket)
 
 
 def make_hook(

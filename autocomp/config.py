@@ -36,6 +36,7 @@ _FIELDS_IN_TOML = (
     "run_dir",
     "first_look_steps",
     "sampled_steps",
+    "hierarchy",
 )
 
 
@@ -68,6 +69,9 @@ class AutocompConfig:
     """Step of the early boundary that may end the warm-up on a slow link (adaptive)."""
     sampled_steps: int = 2
     """Steps per window whose gradient norms and errors are measured (adaptive)."""
+    hierarchy: str | bool = "auto"
+    """Reduce at full precision inside each node and compress only across nodes: ``"auto"``
+    (when the job spans several nodes of more than one rank each), True or False."""
 
     @property
     def adaptive(self) -> bool:
@@ -80,8 +84,8 @@ class AutocompConfig:
 
         The file may carry an ``[autocomp]`` table with any of ``plan`` (a table of glob =
         spec), ``target_overlap``, ``window``, ``warmup_steps``, ``seed``, ``run_dir``,
-        ``first_look_steps`` and ``sampled_steps``; the rest of the file is the policy (schema
-        in ``policies/default.toml``). Keyword arguments override both.
+        ``first_look_steps``, ``sampled_steps`` and ``hierarchy``; the rest of the file is the
+        policy (schema in ``policies/default.toml``). Keyword arguments override both.
         """
         fields: dict[str, Any] = {}
         text = str(source)
@@ -130,6 +134,8 @@ class AutocompConfig:
             isinstance(self.seed, bool) or not isinstance(self.seed, int)
         ):
             raise TypeError(f"seed must be an int, got {self.seed!r}")
+        if self.hierarchy != "auto" and not isinstance(self.hierarchy, bool):
+            raise ValueError(f"hierarchy must be 'auto', True or False, got {self.hierarchy!r}")
         policy_rules: PolicyRules | None = None
         target = window = None
         if adaptive:
@@ -190,4 +196,5 @@ class ResolvedConfig:
             self.warmup_steps,
             s.first_look_steps,
             s.sampled_steps,
+            s.hierarchy,
         )

@@ -220,6 +220,8 @@ class Controller:
             self.adaptive.close()
         self._stop_dashboard()
         self._state.enabled = False
+        if self._state.hierarchy is not None:
+            self._state.hierarchy.close()  # after its queued buckets; the hook is flat from now
         for slot in self._state.slots.values():
             slot.residual = None
             slot.state = {}

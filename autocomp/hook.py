@@ -76,6 +76,12 @@ class _BucketWork:
 
     step: int
     buffer: torch.Tensor
+    group: Any
+    """Process group of this bucket's (compressed) collectives."""
+    world: int
+    """Ranks in ``group``: payloads an all-gather returns."""
+    link_share: int = 1
+    """Ranks whose collectives share this link concurrently (bytes are reported times this)."""
     profiled_step: Any = None
     """The profiler's record of the step (decode may finish after the next step began)."""
     futures: list[torch.futures.Future] = field(default_factory=list)
@@ -137,50 +143,12 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
     work = _BucketWork(
         step=state.step,
         buffer=buffer,
+        group=group,
+        world=world,
         profiled_step=profiler.current_step if profiler is not None else None,
     )
-    reduce_parts: dict[torch.dtype, list[_Part]] = {}
-    for slot, offset in zip(layout.slots, layout.offsets, strict=True):
-        grad = buffer[offset : offset + slot.numel]
-        if state.sends_plain(slot):
-            encoding = _Encoding(slot, grad, grad, plain=True)
-            if sample and profiler is not None:
-                _sample_plain(slot, grad, profiler)
-        else:
-            started = profiler.stamp() if profiler is not None and profiler.time_layers else None
-            encoding = _begin(slot, grad, state)
-            if started is not None and profiler is not None:
-                profiler.layer_cost(slot.name, started)
-        raw = slot.numel * slot.dtype.itemsize
-        slot.bytes_sent += raw if encoding.plain else slot.wire_bytes()
-        slot.bytes_raw += raw
-        part = _Part(encoding, offset)
-        payload = encoding.payload
-        if not encoding.settled:
-            work.round_parts.append(part)
-        elif encoding.plain or slot.compressor.collective is Collective.ALL_REDUCE:
-            reduce_parts.setdefault(payload.dtype, []).append(part)
-        else:
-            work.gather_parts.append(part)
-
-    # Launch order is a pure function of the plan: the first round of two-round layers (small,
-    # and awaited by the next bucket's hook call, so it goes first), then one all-reduce per
-    # dtype sorted by name, then the gather.
-    if work.round_parts:
-        work.round_flat = torch.cat([p.encoding.payload.reshape(-1) for p in work.round_parts])
-        work.round_future = _all_reduce(work.round_flat, group, profiler)
-    for dtype in sorted(reduce_parts, key=str):
-        parts = reduce_parts[dtype]
-        flat = torch.cat([p.encoding.payload.reshape(-1) for p in parts])
-        work.reduce_groups.append((flat, parts))
-        work.futures.append(_all_reduce(flat, group, profiler))
-    if work.gather_parts:
-        local = torch.cat([p.encoding.payload for p in work.gather_parts])
-        work.gathered = torch.empty(world * local.numel(), dtype=torch.uint8, device=local.device)
-        fut = _all_gather(work.gathered, local, group)
-        work.futures.append(fut)
-        if profiler is not None:
-            profiler.collective(Collective.ALL_GATHER, local.numel(), fut)
+    reduce_parts = encode_bucket(state, work, layout.slots, layout.offsets, sample)
+    launch_bucket(work, reduce_parts, profiler)
     if is_last:
         state.step += 1
         state._in_step = False
@@ -202,12 +170,77 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
     return work.result
 
 
+def encode_bucket(
+    state: HookState,
+    work: _BucketWork,
+    slots: list[LayerSlot],
+    offsets: list[int],
+    sample: bool,
+) -> dict[torch.dtype, list[_Part]]:
+    """First round of every layer of ``work.buffer``; sorts the parts by the collective they
+    need (two-round layers into ``work.round_parts``, opaque payloads into
+    ``work.gather_parts``) and returns the all-reduce parts by payload dtype."""
+    profiler = state.profiler
+    buffer = work.buffer
+    reduce_parts: dict[torch.dtype, list[_Part]] = {}
+    for slot, offset in zip(slots, offsets, strict=True):
+        grad = buffer[offset : offset + slot.numel]
+        if state.sends_plain(slot):
+            encoding = _Encoding(slot, grad, grad, plain=True)
+            if sample and profiler is not None:
+                _sample_plain(slot, grad, profiler)
+        else:
+            started = profiler.stamp() if profiler is not None and profiler.time_layers else None
+            encoding = _begin(slot, grad, state)
+            if started is not None and profiler is not None:
+                profiler.layer_cost(slot.name, started)
+        raw = slot.numel * slot.dtype.itemsize
+        slot.bytes_sent += raw if encoding.plain else slot.wire_bytes()
+        slot.bytes_raw += raw
+        part = _Part(encoding, offset)
+        if not encoding.settled:
+            work.round_parts.append(part)
+        elif encoding.plain or slot.compressor.collective is Collective.ALL_REDUCE:
+            reduce_parts.setdefault(encoding.payload.dtype, []).append(part)
+        else:
+            work.gather_parts.append(part)
+    return reduce_parts
+
+
+def launch_bucket(
+    work: _BucketWork,
+    reduce_parts: dict[torch.dtype, list[_Part]],
+    profiler: StepProfiler | None,
+) -> None:
+    """Launch a bucket's first-round collectives, in an order that is a pure function of the
+    plan: the first round of two-round layers (small, and awaited before the final round, so
+    it goes first), then one all-reduce per dtype sorted by name, then the gather."""
+    if work.round_parts:
+        work.round_flat = torch.cat([p.encoding.payload.reshape(-1) for p in work.round_parts])
+        work.round_future = _all_reduce(work.round_flat, work, profiler)
+    for dtype in sorted(reduce_parts, key=str):
+        parts = reduce_parts[dtype]
+        flat = torch.cat([p.encoding.payload.reshape(-1) for p in parts])
+        work.reduce_groups.append((flat, parts))
+        work.futures.append(_all_reduce(flat, work, profiler))
+    if work.gather_parts:
+        local = torch.cat([p.encoding.payload for p in work.gather_parts])
+        work.gathered = torch.empty(
+            work.world * local.numel(), dtype=torch.uint8, device=local.device
+        )
+        fut = _all_gather(work.gathered, local, work.group)
+        work.futures.append(fut)
+        if profiler is not None:
+            profiler.collective(Collective.ALL_GATHER, local.numel() * work.link_share, fut)
+
+
 def _all_reduce(
-    flat: torch.Tensor, group: Any, profiler: StepProfiler | None
+    flat: torch.Tensor, work: _BucketWork, profiler: StepProfiler | None
 ) -> torch.futures.Future:
-    fut = dist.all_reduce(flat, group=group, async_op=True).get_future()
+    fut = dist.all_reduce(flat, group=work.group, async_op=True).get_future()
     if profiler is not None:
-        profiler.collective(Collective.ALL_REDUCE, flat.numel() * flat.element_size(), fut)
+        size = flat.numel() * flat.element_size() * work.link_share
+        profiler.collective(Collective.ALL_REDUCE, size, fut)
     return fut
 
 
@@ -216,7 +249,7 @@ def _fail(work: _BucketWork, err: BaseException) -> None:
         work.result.set_exception(err)
 
 
-def _launch_final_round(state: HookState, work: _BucketWork) -> None:
+def _launch_final_round(state: HookState, work: _BucketWork, blocks_backward: bool = True) -> None:
     """Wait for a bucket's first round, compute and launch its final round (hook thread).
 
     Called from the next bucket's hook call (or the last bucket's own): by then the small
@@ -232,7 +265,7 @@ def _launch_final_round(state: HookState, work: _BucketWork) -> None:
     except BaseException as err:
         _fail(work, err)
         raise
-    if profiler is not None and waiting is not None:
+    if profiler is not None and waiting is not None and blocks_backward:
         profiler.link_wait(waiting)
     try:
         start = 0
@@ -251,7 +284,7 @@ def _launch_final_round(state: HookState, work: _BucketWork) -> None:
     except BaseException as err:
         _fail(work, err)
         raise
-    work.futures.append(_all_reduce(work.final_flat, state.process_group, profiler))
+    work.futures.append(_all_reduce(work.final_flat, work, profiler))
     _complete_when_done(state, work)
 
 
@@ -262,7 +295,7 @@ def _complete_when_done(state: HookState, work: _BucketWork) -> None:
 
     def finish(_: torch.futures.Future) -> None:
         try:
-            result.set_result(_finish(state, work, state.world_size))
+            result.set_result(_finish(state, work))
         except BaseException as err:  # never leave DDP waiting on a future nobody completes
             if not result.done():
                 result.set_exception(err)
@@ -270,7 +303,7 @@ def _complete_when_done(state: HookState, work: _BucketWork) -> None:
     torch.futures.collect_all(work.futures).add_done_callback(finish)
 
 
-def _finish(state: HookState, work: _BucketWork, world: int) -> torch.Tensor:
+def _finish(state: HookState, work: _BucketWork) -> torch.Tensor:
     """Decode everything that arrived for one bucket into its buffer (completion callback)."""
     profiler = state.profiler
     for fut in work.futures:
@@ -294,6 +327,7 @@ def _finish(state: HookState, work: _BucketWork, world: int) -> torch.Tensor:
             _write_back(buffer, part, work.final_flat[start : start + size], work.step, checks)
             start += size
     if work.gathered is not None:
+        world = work.world
         rows = work.gathered.view(world, -1)
         start = 0
         for part in work.gather_parts:

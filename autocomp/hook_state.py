@@ -22,6 +22,7 @@ from autocomp.profiler import StepProfiler
 
 if TYPE_CHECKING:
     from autocomp.hook import _BucketWork
+    from autocomp.hook_hierarchy import HierarchicalReduce
 
 __all__ = ["HookState"]
 
@@ -69,9 +70,26 @@ class HookState:
         """(step, layer) of every non-finite average seen; drained by the controller."""
         self.pending_round: _BucketWork | None = None
         """A bucket whose final round the next bucket's hook call launches."""
+        self.hierarchy: HierarchicalReduce | None = None
+        """Set when gradients are reduced inside each node first (the hierarchical hook)."""
         self._layouts: dict[int, _BucketLayout] = {}
         self._pending_checks: list[tuple[int, LayerSlot, torch.Tensor]] = []
         self._checked_step = 0
+
+    @property
+    def link_group(self) -> dist.ProcessGroup | None:
+        """The group whose link the compressed collectives cross (the policy's link)."""
+        return self.hierarchy.groups.cross if self.hierarchy is not None else self.process_group
+
+    @property
+    def link_world_size(self) -> int:
+        """Ranks in :attr:`link_group`: the world size of the policy's link model."""
+        return self.hierarchy.num_nodes if self.hierarchy is not None else self.world_size
+
+    @property
+    def link_share(self) -> int:
+        """Ranks sending concurrently over one instance of that link (a node's owners)."""
+        return self.hierarchy.local_world_size if self.hierarchy is not None else 1
 
     def resolve_nonfinite(self) -> None:
         """React to last step's non-finite averages, identically on every rank.

@@ -167,6 +167,9 @@ class WindowRecord:
     """What the previous decision predicted for this window's step."""
     compute_seconds: float = 0.0
     """The window's compute-only step (minimum over its steps, mean over ranks)."""
+    node_link_bytes_per_s: float | None = None
+    """Hierarchical reduce only: the intra-node link's bus bytes/s (rank 0's reduce-scatters
+    and gathers, median); ``bandwidth_bytes_per_s`` is then the cross-node link."""
 
     def summary(self) -> str:
         """One log line: bandwidth seen, bytes per step, what changed and why."""
@@ -181,6 +184,8 @@ class WindowRecord:
             f"({ratio:,.1f}x), step {self.step_seconds * 1e3:,.0f} ms, "
             f"overlap {self.measured_overlap:.2f}"
         )
+        if self.node_link_bytes_per_s is not None:
+            head += f", node link {self.node_link_bytes_per_s * 8 / 1e9:,.1f} Gbit/s"
         if self.probe_bytes and self.probe_seconds is not None:
             rate = self.probe_bytes_per_s or 0.0
             head += (

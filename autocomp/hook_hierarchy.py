@@ -1,0 +1,318 @@
+"""The hierarchical comm hook: full precision inside a node, compression only across nodes.
+
+Per bucket, on every rank of a job with N nodes of L ranks each:
+
+1. **Reduce-scatter inside the node** at full precision. The bucket's layers are cut into L
+   contiguous runs of about equal bytes (whole layers: a compressor such as PowerSGD needs the
+   layer's matrix); local rank j owns run j. The runs are laid out in a zero-padded staging
+   buffer of L equal chunks, so one ``reduce_scatter_tensor`` leaves each local rank its own
+   run summed over the node.
+2. **The per-layer compressed exchange across nodes** among the N ranks that own the same run
+   (the ``cross`` group of :mod:`autocomp.topology`): the same encoding, collectives and
+   decode as the flat hook (:func:`~autocomp.hook.encode_bucket`,
+   :func:`~autocomp.hook.launch_bucket`), so every compressor works, PowerSGD with its two
+   rounds included. Error feedback lives on the owner only: it is per shard.
+3. **All-gather inside the node** of the decoded runs, copied back into the bucket.
+
+Each node's slow-link traffic is every layer once (compressed), sent by the L owners in
+parallel, instead of every rank's whole gradient.
+
+Ordering. DDP calls the hook in bucket order on the autograd thread. The hook only divides,
+stages and launches the reduce-scatter there (group ``intra``), then hands the bucket to an
+*exchange thread*, which waits for its reduce-scatter, encodes and launches the cross-node
+collectives (waiting for PowerSGD's first round before the second), and hands it on to a
+*finish thread*, which waits for the decode and launches the all-gather (group
+``intra_gather``). Each thread takes buckets first-in first-out, and each group is used by one
+thread only, so every group sees its collectives in bucket order on every rank, whatever the
+timing. The backward never waits for the slow link; the ranks' exchange threads do.
+
+The link meter measures the cross-node link: the profiler records the cross-node collectives,
+their bytes multiplied by L (the L owners of a node send concurrently over the same link), so
+the bandwidth it fits is the node's. The intra-node gathers are timed separately
+(:meth:`HierarchicalReduce.take_intra_samples`) and reported as the node link.
+
+(No ``from __future__ import annotations``: DDP inspects the hook's annotations.)
+"""
+
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from autocomp.hook import (
+    _BucketWork,
+    _complete_when_done,
+    _launch_final_round,
+    autocomp_hook,
+    encode_bucket,
+    launch_bucket,
+)
+from autocomp.hook_layer import LayerSlot
+from autocomp.hook_state import HookState, _BucketLayout
+from autocomp.timing import Stamp, clock_for
+from autocomp.topology import HierarchyGroups
+
+__all__ = ["HierarchicalReduce", "hierarchical_hook", "split_runs"]
+
+logger = logging.getLogger(__name__)
+
+
+def split_runs(sizes: list[int], parts: int) -> list[tuple[int, int]]:
+    """Cut a sequence of layer sizes into ``parts`` contiguous runs of about equal total.
+
+    Returns ``(first, stop)`` layer indices per run (a run may be empty). Run j ends at the
+    first layer boundary at or past j/parts of the total, so the largest run is at most the
+    ideal share plus one layer; a pure function of the sizes, hence identical on every rank.
+    """
+    total = sum(sizes)
+    runs, first, acc = [], 0, 0
+    index = 0
+    for j in range(1, parts + 1):
+        goal = total * j / parts
+        while index < len(sizes) and (acc + sizes[index] / 2 <= goal or j == parts):
+            acc += sizes[index]
+            index += 1
+        runs.append((first, index))
+        first = index
+    return runs
+
+
+@dataclass(slots=True)
+class _ShardLayout:
+    """One bucket cut into per-local-rank runs, with the buffers its hook calls reuse."""
+
+    key: tuple[int, ...]
+    bounds: list[tuple[int, int]]
+    """Element range ``[start, stop)`` of every local rank's run in the bucket."""
+    chunk: int
+    """Elements per chunk of the staging buffer (the longest run)."""
+    slots: list[LayerSlot]
+    """This rank's layers."""
+    offsets: list[int]
+    """Their offsets inside this rank's chunk."""
+    staging: torch.Tensor
+    own: torch.Tensor
+
+
+class _OrderedWorker:
+    """A daemon thread running submitted jobs one at a time, first in, first out."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self._jobs.put(job)
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            job()  # jobs catch their own errors and fail their bucket's future
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout=10.0)
+
+
+class HierarchicalReduce:
+    """The hierarchical hook's runtime: groups, shard layouts, threads, intra-node timings."""
+
+    def __init__(self, groups: HierarchyGroups, rank: int) -> None:
+        self.groups = groups
+        self.topology = groups.topology
+        self.rank = rank
+        self._layouts: dict[int, _ShardLayout] = {}
+        self._exchange = _OrderedWorker("autocomp-exchange")
+        self._finish = _OrderedWorker("autocomp-finish")
+        self._intra: list[tuple[int, Stamp, Any]] = []
+        self._intra_lock = threading.Lock()
+        self._clock: Any = None
+
+    @property
+    def local_world_size(self) -> int:
+        return self.topology.local_world_size
+
+    @property
+    def num_nodes(self) -> int:
+        return self.topology.num_nodes
+
+    def shard_layout(self, index: int, layout: _BucketLayout, buffer: torch.Tensor) -> _ShardLayout:
+        cached = self._layouts.get(index)
+        if cached is not None and cached.key == layout.key:
+            return cached
+        parts = self.local_world_size
+        runs = split_runs([s.numel for s in layout.slots], parts)
+        ends = [*layout.offsets[1:], buffer.numel()]
+        bounds = []
+        for first, stop in runs:
+            start = layout.offsets[first] if first < len(layout.slots) else buffer.numel()
+            end = ends[stop - 1] if stop > first else start
+            bounds.append((start, end))
+        chunk = max(1, max(end - start for start, end in bounds))
+        mine = runs[self.topology.local_rank]
+        base = bounds[self.topology.local_rank][0]
+        shard = _ShardLayout(
+            key=layout.key,
+            bounds=bounds,
+            chunk=chunk,
+            slots=layout.slots[mine[0] : mine[1]],
+            offsets=[o - base for o in layout.offsets[mine[0] : mine[1]]],
+            staging=torch.zeros(parts * chunk, dtype=buffer.dtype, device=buffer.device),
+            own=torch.zeros(chunk, dtype=buffer.dtype, device=buffer.device),
+        )
+        # DDP rebuilds its buckets after the first iteration, which can move a layer to another
+        # local rank. What a former owner kept for it (error feedback, warm starts) is dropped:
+        # the new owner starts afresh, as after a switch of compressor.
+        owned = set(map(id, shard.slots))
+        for slot in layout.slots:
+            if id(slot) not in owned and (slot.residual is not None or slot.state):
+                slot.residual = None
+                slot.state = slot.compressor.init_state(slot.shape, slot.seed, self.rank)
+        self._layouts[index] = shard
+        return shard
+
+    def owned(self) -> set[str]:
+        """Layers this rank exchanges across nodes (error feedback and samples live here)."""
+        return {slot.name for shard in self._layouts.values() for slot in shard.slots}
+
+    # ---- intra-node timing -------------------------------------------------------------------
+
+    def _time_intra(self, buffer: torch.Tensor, payload_bytes: int, fut: Any) -> None:
+        if self._clock is None:
+            self._clock = clock_for(buffer.device)
+        clock = self._clock
+        entry: list[Any] = [payload_bytes, clock.stamp(), None]
+
+        def done(_: Any) -> None:
+            entry[2] = clock.stamp()
+
+        fut.add_done_callback(done)
+        with self._intra_lock:
+            self._intra.append(entry)  # type: ignore[arg-type]
+
+    def take_intra_samples(self) -> list[tuple[int, float]]:
+        """``(bytes per rank, seconds)`` of the intra-node collectives finished since last
+        asked (their stamps read once, at the window boundary)."""
+        with self._intra_lock:
+            entries, self._intra = self._intra, []
+        if not entries or self._clock is None:
+            return []
+        clock = self._clock
+        ready = [e for e in entries if e[2] is not None and clock.ready((e[1], e[2]))]
+        samples = []
+        for payload_bytes, started, finished in ready:
+            read = clock.reader(started)
+            samples.append((payload_bytes, max(read(finished), 1e-9)))
+        return samples
+
+    def close(self) -> None:
+        self._exchange.stop()
+        self._finish.stop()
+
+
+def hierarchical_hook(
+    state: HookState, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook of the two-level reduce; see the module docstring."""
+    hierarchy = state.hierarchy
+    assert hierarchy is not None, "hierarchical_hook needs a HookState with a hierarchy"
+    if not state.enabled:  # closed: a plain flat all-reduce, as the flat hook does then
+        return autocomp_hook(state, bucket)
+    state.resolve_nonfinite()
+    if not state._in_step:
+        state._in_step = True
+        if state.step_listener is not None:
+            state.step_listener(state.step)
+    profiler = state.profiler
+    entered = profiler.hook_entered(bucket.index()) if profiler is not None else None
+    buffer = bucket.buffer()
+    buffer.div_(state.world_size)
+    layout = state.layout(bucket)
+    shard = hierarchy.shard_layout(bucket.index(), layout, buffer)
+    chunk = shard.chunk
+    for j, (start, stop) in enumerate(shard.bounds):
+        shard.staging[j * chunk : j * chunk + stop - start].copy_(buffer[start:stop])
+    # gloo's reduce-scatter work has no future: the exchange thread waits on the work itself.
+    # (The node link is timed on the gathers, whose completion callbacks stamp the transfer.)
+    scatter = _reduce_scatter(shard.own, shard.staging, hierarchy.groups.intra)
+    devices = [buffer.device] if buffer.is_cuda else None
+    result: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=devices)
+    work = _BucketWork(
+        step=state.step,
+        buffer=shard.own,
+        group=hierarchy.groups.cross,
+        world=hierarchy.num_nodes,
+        link_share=hierarchy.local_world_size,
+        profiled_step=profiler.current_step if profiler is not None else None,
+    )
+    sample = profiler is not None and profiler.sample_this_step
+    stream = torch.cuda.current_stream(buffer.device) if buffer.is_cuda else None
+
+    def exchange() -> None:
+        try:
+            with _on_stream(stream):
+                scatter.wait()
+                reduce_parts = encode_bucket(state, work, shard.slots, shard.offsets, sample)
+                launch_bucket(work, reduce_parts, profiler)
+                work.result = torch.futures.Future(devices=devices)
+                if work.round_parts:
+                    _launch_final_round(state, work, blocks_backward=False)
+                else:
+                    _complete_when_done(state, work)
+        except BaseException as err:
+            _fail_bucket(result, err)
+            return
+        hierarchy._finish.submit(finish)
+
+    def finish() -> None:
+        try:
+            with _on_stream(stream):
+                assert work.result is not None
+                work.result.wait()
+                gather = _all_gather(shard.staging, shard.own, hierarchy.groups.intra_gather)
+                staged = shard.staging.numel() * shard.staging.element_size()
+                hierarchy._time_intra(buffer, staged, gather)
+                gather.wait()
+                for j, (start, stop) in enumerate(shard.bounds):
+                    buffer[start:stop].copy_(shard.staging[j * chunk : j * chunk + stop - start])
+                result.set_result(buffer)
+        except BaseException as err:
+            _fail_bucket(result, err)
+
+    hierarchy._exchange.submit(exchange)
+    if bucket.is_last():
+        state.step += 1
+        state._in_step = False
+    if profiler is not None and entered is not None:
+        profiler.hook_exited(entered)
+    return result
+
+
+def _reduce_scatter(output: torch.Tensor, source: torch.Tensor, group: Any) -> Any:
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return scatter(output, source, group=group, async_op=True)
+
+
+def _all_gather(output: torch.Tensor, source: torch.Tensor, group: Any) -> torch.futures.Future:
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(output, source, group=group, async_op=True).get_future()
+
+
+def _on_stream(stream: Any) -> contextlib.AbstractContextManager[Any]:
+    """Run a worker's kernels on the stream the hook was called on (CUDA), else nothing."""
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+def _fail_bucket(result: torch.futures.Future, err: BaseException) -> None:
+    logger.error("autocomp: hierarchical reduce of a bucket failed: %s", err)
+    if not result.done():
+        result.set_exception(err)

@@ -1,0 +1,271 @@
+"""Hierarchical reduce: full precision inside a node, compression across nodes.
+
+Tier 1 (pure unit): how buckets are cut into per-local-rank runs, the topology arithmetic and
+the ``hierarchy`` setting's resolution.
+Tier 2 (4 local gloo ranks as 2 "nodes" of 2, set through torchrun's ``GROUP_RANK`` and
+``LOCAL_WORLD_SIZE``): the two-level reduce equals the flat average with no compression;
+every compressor keeps the 4 ranks bit-identical and the loss falling on a multi-bucket model;
+each node sends every layer across once (the bytes); adaptive mode plans for the cross-node
+link and reports the node link; bad settings fail on every rank; ``close()`` falls back to a
+flat all-reduce. (The shaped two-node benchmark is ``autocomp-bench hier``.)
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import autocomp
+from autocomp.hook_hierarchy import split_runs
+from autocomp.topology import Topology, resolve_hierarchy
+from tests.models import MultiBucketNet, classification_batch
+from tests.multirank import run_ranks
+
+BUCKET_CAP_MB = 0.02
+
+# ---- tier 1 ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sizes", "parts"),
+    [([10, 10, 10, 10], 2), ([100], 2), ([1, 1, 50, 1, 1], 2), ([5, 3, 8, 1, 9, 2], 3), ([], 2)],
+)
+def test_split_runs_covers_every_layer_once_in_order(sizes: list[int], parts: int) -> None:
+    runs = split_runs(sizes, parts)
+    assert len(runs) == parts
+    assert runs[0][0] == 0 and runs[-1][1] == len(sizes)
+    for (_, stop), (first, _) in itertools.pairwise(runs):
+        assert stop == first
+    # Balanced up to one layer: no run exceeds the ideal share by more than its largest layer.
+    ideal = sum(sizes) / parts
+    for first, stop in runs:
+        run = sizes[first:stop]
+        assert sum(run) <= ideal + (max(run) if run else 0)
+
+
+def test_split_runs_balances_equal_layers() -> None:
+    assert split_runs([10, 10, 10, 10], 2) == [(0, 2), (2, 4)]
+    assert split_runs([10, 10, 10, 10], 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+
+
+def test_topology_arithmetic() -> None:
+    topo = Topology(rank=3, node_of=(0, 0, 1, 1))
+    assert (topo.num_nodes, topo.node, topo.local_rank, topo.local_world_size) == (2, 1, 1, 2)
+    assert topo.shard_ranks(0) == [0, 2] and topo.shard_ranks(1) == [1, 3]
+    assert topo.uniform and topo.worth_it()
+    assert not Topology(rank=0, node_of=(0, 0, 0, 0)).worth_it()  # one node
+    assert not Topology(rank=0, node_of=(0, 1, 2, 3)).worth_it()  # one rank per node
+    assert not Topology(rank=0, node_of=(0, 0, 0, 1)).uniform
+
+
+def test_resolve_hierarchy_settings() -> None:
+    two_by_two = Topology(rank=0, node_of=(0, 0, 1, 1))
+    single = Topology(rank=0, node_of=(0, 0))
+    assert resolve_hierarchy("auto", two_by_two, None) is True
+    assert resolve_hierarchy("auto", single, None) is False
+    assert resolve_hierarchy(False, two_by_two, None) is False
+    assert resolve_hierarchy(True, two_by_two, None) is True
+    with pytest.raises(ValueError, match="more than one node"):
+        resolve_hierarchy(True, single, None)
+    with pytest.raises(ValueError, match="same number of ranks"):
+        resolve_hierarchy(True, Topology(rank=0, node_of=(0, 0, 0, 1, 1)), None)
+
+
+def test_config_rejects_bad_hierarchy() -> None:
+    with pytest.raises(ValueError, match="hierarchy must be"):
+        autocomp.AutocompConfig(hierarchy="yes").resolve()
+
+
+# ---- tier 2 ----------------------------------------------------------------------------------
+
+
+def _as_node(rank: int, local_world: int = 2) -> None:
+    """Make this rank look like torchrun's rank ``rank`` on node ``rank // local_world``."""
+    os.environ["GROUP_RANK"] = str(rank // local_world)
+    os.environ["LOCAL_WORLD_SIZE"] = str(local_world)
+    os.environ["LOCAL_RANK"] = str(rank % local_world)
+
+
+def _exact_average(rank: int, world_size: int) -> dict[str, Any]:
+    """One backward with plan none, hierarchical: the gradient is the exact average."""
+    _as_node(rank)
+    torch.manual_seed(0)
+    model = MultiBucketNet()
+    ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
+    ctl = autocomp.wrap(ddp, plan={"*": "none"}, hierarchy=True)
+    assert ctl._state.hierarchy is not None
+    x, y = classification_batch(rank, 0)
+    reference = MultiBucketNet()
+    reference.load_state_dict(model.state_dict())
+    torch.nn.functional.cross_entropy(reference(x), y).backward()
+    local = torch.cat([p.grad.reshape(-1) for p in reference.parameters()])
+    gathered = [torch.empty_like(local) for _ in range(world_size)]
+    dist.all_gather(gathered, local)
+    expected = torch.stack(gathered).mean(0)
+    torch.nn.functional.cross_entropy(ddp(x), y).backward()
+    got = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    return {"error": float((got - expected).abs().max()), "scale": float(expected.abs().max())}
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(240)
+def test_uncompressed_hierarchy_is_the_exact_average(tmp_path: Path) -> None:
+    results = run_ranks(_exact_average, 4, tmp_path)
+    for result in results:
+        # Sums in a different order than the reference: equal to float32 rounding.
+        assert result["error"] <= 1e-6 * max(1.0, result["scale"]), result
+
+
+MIXED_PLAN = {
+    "conv.weight": "sign",
+    "fc1.weight": "powersgd:rank=4",
+    "fc1.bias": "fp16",
+    "norm.*": "none",
+    "fc2.weight": "topk:ratio=0.1",
+    "fc2.bias": "qsgd:levels=16",
+    "fc3.weight": "int8",
+    "fc3.bias": "randomk:ratio=0.5",
+    "head.*": "powersgd:rank=2",
+}
+
+
+def _train_mixed(rank: int, world_size: int, steps: int) -> dict[str, Any]:
+    _as_node(rank)
+    torch.manual_seed(0)
+    model = MultiBucketNet()
+    ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
+    ctl = autocomp.wrap(ddp, plan=MIXED_PLAN, hierarchy=True)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    losses = []
+    for step in range(steps):
+        x, y = classification_batch(rank, step)
+        loss = torch.nn.functional.cross_entropy(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    state = ctl._state
+    assert state.hierarchy is not None
+    sent = {name: slot.bytes_sent for name, slot in state.slots.items()}
+    wire = {name: slot.wire_bytes() for name, slot in state.slots.items()}
+    owned = sorted(state.hierarchy.owned())
+    residuals = sorted(n for n, s in state.slots.items() if s.residual is not None)
+    ctl.close()
+    # After close() the hook is a flat plain all-reduce; training goes on.
+    for step in range(steps, steps + 3):
+        x, y = classification_batch(rank, step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return {
+        "params": params,
+        "losses": losses,
+        "sent": sent,
+        "wire": wire,
+        "owned": owned,
+        "residuals": residuals,
+        "buckets": len(state._layouts),
+    }
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(300)
+def test_every_compressor_across_nodes_keeps_ranks_identical(tmp_path: Path) -> None:
+    steps = 30
+    results = run_ranks(_train_mixed, 4, tmp_path, steps)
+    reference = results[0]
+    assert reference["buckets"] >= 3
+    for rank, result in enumerate(results[1:], start=1):
+        assert torch.equal(reference["params"], result["params"]), f"rank {rank} differs"
+    losses = reference["losses"]
+    assert sum(losses[-5:]) / 5 < 0.9 * sum(losses[:3]) / 3, losses
+    # Inside a node, the local ranks own disjoint layers that cover the model ...
+    for node in (0, 1):
+        a, b = results[2 * node], results[2 * node + 1]
+        assert not set(a["owned"]) & set(b["owned"])
+        assert set(a["owned"]) | set(b["owned"]) == set(reference["sent"])
+        # ... and error feedback lives only with the owner.
+        for result in (a, b):
+            assert set(result["residuals"]) <= set(result["owned"])
+    # Shard groups pair the same local rank on both nodes: same layers.
+    assert results[0]["owned"] == results[2]["owned"]
+    # Each node sends every layer across once per step, at the compressor's wire size.
+    for node in (0, 1):
+        a, b = results[2 * node], results[2 * node + 1]
+        for name, wire in reference["wire"].items():
+            assert a["sent"][name] + b["sent"][name] == wire * steps, name
+
+
+def _adaptive(rank: int, world_size: int) -> dict[str, Any]:
+    _as_node(rank)
+    torch.manual_seed(0)
+    model = MultiBucketNet(width=128)
+    ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
+    ctl = autocomp.wrap(ddp, window=4, warmup_steps=4, run_dir=False, hierarchy="auto")
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for step in range(14):
+        x, y = classification_batch(rank, step)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(ddp(x), y)
+        loss.backward()
+        ctl.observe_loss(loss.detach())
+        opt.step()
+    loop = ctl.adaptive
+    assert loop is not None
+    return {
+        "hierarchical": ctl._state.hierarchy is not None,
+        "link_world": ctl._state.link_world_size,
+        "planner_world": loop.planner.cost_model.config.world_size,
+        "node_link": [r.node_link_bytes_per_s for r in ctl.history],
+        "params": torch.cat([p.detach().reshape(-1) for p in model.parameters()]),
+        "windows": len(ctl.history),
+    }
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(300)
+def test_adaptive_plans_for_the_cross_node_link(tmp_path: Path) -> None:
+    results = run_ranks(_adaptive, 4, tmp_path)
+    reference = results[0]
+    assert reference["hierarchical"], "auto must turn the hierarchy on for 2 nodes x 2 ranks"
+    assert reference["link_world"] == 2 and reference["planner_world"] == 2
+    assert reference["windows"] >= 2
+    assert all(rate is not None and rate > 0 for rate in reference["node_link"]), reference
+    for result in results[1:]:
+        assert torch.equal(reference["params"], result["params"])
+
+
+def _refused(rank: int, world_size: int, case: str) -> str:
+    if case == "single-node":
+        os.environ.pop("GROUP_RANK", None)
+        os.environ.pop("NODE_RANK", None)
+        os.environ.pop("LOCAL_WORLD_SIZE", None)
+    elif case == "bad-local-world":
+        _as_node(rank)
+        os.environ["LOCAL_WORLD_SIZE"] = "3"
+    ddp = DDP(MultiBucketNet())
+    try:
+        autocomp.wrap(ddp, plan={"*": "none"}, hierarchy=True)
+    except (ValueError, RuntimeError) as err:
+        return str(err)
+    return "no error"
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [("single-node", "more than one node"), ("bad-local-world", "LOCAL_WORLD_SIZE=3")],
+)
+def test_impossible_hierarchy_fails_on_every_rank(case: str, message: str, tmp_path: Path) -> None:
+    results = run_ranks(_refused, 4, tmp_path, case, timeout=150)
+    for result in results:
+        assert message in result or "another rank" in result, result

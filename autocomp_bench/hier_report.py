@@ -27,6 +27,7 @@ from autocomp_bench.report import (
     Check,
     check_from_dict,
     markdown_table,
+    other_share,
     plain_table,
 )
 from autocomp_bench.tta_analysis import median_step
@@ -35,8 +36,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "COLUMNS",
+    "detail_lines",
     "hier_checks",
     "link_delta",
+    "plan_line",
     "render_markdown",
     "replicas_identical",
     "summarize_method",
@@ -52,6 +55,7 @@ COLUMNS = (
     "link MB 1->0",
     "link MB/step",
     "bit-identical",
+    "other CPU",
 )
 
 
@@ -190,7 +194,37 @@ def _row_cells(row: dict[str, Any]) -> list[str]:
         f"{link['node1_to_node0'] / MB:.1f}",
         f"{row['link_bytes_per_step'] / MB:.3f}",
         ("yes, " if row["identical"] else "NO, ") + row["identical_detail"],
+        other_share(row),
     ]
+
+
+def plan_line(plan: dict[str, str]) -> str:
+    """``18 of 40 parameters compressed (powersgd:rank=4,ef=true 18, none 22)``."""
+    counts: dict[str, int] = {}
+    for spec in plan.values():
+        counts[spec] = counts.get(spec, 0) + 1
+    compressed = sum(n for spec, n in counts.items() if spec != "none")
+    ordered = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    return (
+        f"{compressed} of {len(plan)} parameters compressed ("
+        + ", ".join(f"{spec} {n}" for spec, n in ordered)
+        + ")"
+    )
+
+
+def detail_lines(row: dict[str, Any]) -> list[str]:
+    """The validation curve and (autocomp methods) the final plan of one method."""
+    if "curve" not in row:
+        return []
+    points = ", ".join(f"{p['valid_loss']:.3f} @{p['train_seconds']:.1f}s" for p in row["curve"])
+    lines = [f"validation loss: {points}"]
+    info = row.get("info") or {}
+    if info.get("plan"):
+        plan = plan_line(info["plan"])
+        if "decisions" in info:
+            plan += f"; {info['decisions']} decisions, first at step {info['first_decision_step']}"
+        lines.append(f"final plan: {plan}")
+    return lines
 
 
 def _checks(document: dict[str, Any]) -> list[Check]:
@@ -210,6 +244,11 @@ def text_report(document: dict[str, Any]) -> list[str]:
     rows = document["rows"]
     lines = [f"== autocomp-bench hier: {_settings_line(document)}", ""]
     lines += plain_table(COLUMNS, [_row_cells(r) for r in rows])
+    lines.append("")
+    for row in rows:
+        details = detail_lines(row)
+        if details:
+            lines += [f"{row['method']}:", *(f"  {line}" for line in details)]
     lines.append("")
     for row in rows:
         if "error" in row and row.get("log_tail"):
@@ -248,6 +287,15 @@ def render_markdown(document: dict[str, Any]) -> str:
         "",
     ]
     out += markdown_table(COLUMNS, [_row_cells(r) for r in rows])
+    out += [
+        "",
+        "Per method, the validation curve (loss @ training seconds) and the final plan:",
+        "",
+    ]
+    for row in rows:
+        details = detail_lines(row)
+        if details:
+            out.append(f"- `{row['method']}`: " + "; ".join(details))
     out += ["", "Checks (the issue's targets):", ""]
     out += [f"- {check.line()}" for check in _checks(document)]
     out.append("")

@@ -23,8 +23,10 @@ import torch
 
 from autocomp_bench import cli, hier
 from autocomp_bench.hier_report import (
+    detail_lines,
     hier_checks,
     link_delta,
+    plan_line,
     render_markdown,
     replicas_identical,
     summarize_method,
@@ -278,9 +280,25 @@ def test_reports_live_and_after_a_json_round_trip() -> None:
         assert "PASS: hier: lower validation loss than flat" in text
         markdown = render_markdown(document)
         assert "`autocomp-bench hier --budget-s 40`" in markdown
-        assert "| hier | 10 | 0.2000 | 2.5000 | 5.0 | 5.0 | 1.000 | yes, all 4 ranks |" in markdown
+        assert "| hier | 10 | 0.2000 | 2.5000 | 5.0 | 5.0 | 1.000 | yes, all 4 ranks | n/a |" in (
+            markdown
+        )
+        assert "- `hier`: validation loss: 2.500 @2.5s" in markdown
         assert "| hsdp | SKIPPED |" in markdown
         assert "- FAIL (not evaluated): hsdp-autocomp" in markdown
+
+
+def test_plan_line_and_details() -> None:
+    plan = {"a": "none", "b": "powersgd:rank=4", "c": "powersgd:rank=4", "d": "fp16"}
+    assert plan_line(plan) == "3 of 4 parameters compressed (powersgd:rank=4 2, fp16 1, none 1)"
+    row = summarize_method("flat", "d", _outcome(2.7), 4)
+    row["info"] = {"plan": plan, "decisions": 3, "first_decision_step": 1}
+    assert detail_lines(row) == [
+        "validation loss: 2.700 @2.5s",
+        "final plan: 3 of 4 parameters compressed (powersgd:rank=4 2, fp16 1, none 1); "
+        "3 decisions, first at step 1",
+    ]
+    assert detail_lines({"method": "hier", "skipped": "x"}) == []
 
 
 def test_main_rerenders_a_saved_document(tmp_path: Path) -> None:

@@ -180,6 +180,7 @@ def populate_run(run_dir: Path) -> dict[str, Any]:
                 changes=changes,
                 decision=decision.to_dict(),
                 guard_events=_guard_events(step),
+                node_link_bytes_per_s=None if mbit is None else 2.5e9,  # a hierarchical run
             ).to_dict()
             log.append_window(record)
             records.append(record)
@@ -265,6 +266,19 @@ def test_api_policy_is_the_current_plan(
         written["records"][-2]["decision"]["predicted_overlap"]
     )
     assert "record" not in window
+
+
+def test_both_link_levels_in_api_and_metrics(
+    client: TestClient, populated: tuple[Path, dict[str, Any]]
+) -> None:
+    last = populated[1]["records"][-1]
+    window = client.get("/api/policy").json()["window"]
+    assert window["bandwidth_bytes_per_s"] == last["bandwidth_bytes_per_s"]
+    assert window["node_link_bytes_per_s"] == last["node_link_bytes_per_s"]
+    assert last["node_link_bytes_per_s"] is not None
+    metrics = client.get("/metrics").text
+    line = next(x for x in metrics.splitlines() if x.startswith("autocomp_node_link_bytes"))
+    assert float(line.split()[-1]) == last["node_link_bytes_per_s"]
 
 
 def test_api_decisions_since_a_step(

@@ -73,6 +73,11 @@ class RunCollector(Collector):
                 ),
                 ("autocomp_latency_seconds", "Live per-hop latency fit.", summary.latency_s),
                 (
+                    "autocomp_node_link_bytes_per_second",
+                    "Hierarchical reduce: intra-node link bus bytes/s.",
+                    summary.node_link_bytes_per_s,
+                ),
+                (
                     "autocomp_nic_bytes_per_second",
                     "Bytes/s sent on the interface torch.distributed uses.",
                     summary.nic_bytes_per_s,

@@ -40,6 +40,11 @@ class WindowSummary(BaseModel):
         None, description="Live link bandwidth fit, bytes/s (None before the first fit)."
     )
     latency_s: float | None = Field(None, description="Live per-hop latency fit, seconds.")
+    node_link_bytes_per_s: float | None = Field(
+        None,
+        description="Hierarchical reduce: intra-node link, bus bytes/s (the bandwidth fit is "
+        "then the cross-node link); None for a flat reduce.",
+    )
     nic_bytes_per_s: float | None = Field(
         None, description="Bytes/s sent on the interface torch.distributed uses."
     )

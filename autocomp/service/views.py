@@ -93,8 +93,10 @@ def window_summary(window: Mapping[str, Any] | None) -> WindowSummary | None:
     """The flat columns of a run-log window row, with the compression ratio worked out."""
     if window is None:
         return None
+    record = window.get("record")
+    extra = record if isinstance(record, Mapping) else {}
     fields = {
-        name: finite(window.get(name))
+        name: finite(window.get(name, extra.get(name)))
         for name in WindowSummary.model_fields
         if name not in ("step", "compression_ratio")
     }

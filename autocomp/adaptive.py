@@ -168,6 +168,7 @@ class AdaptiveLoop:
         self._probe_buffer: torch.Tensor | None = None
         self.history: deque[WindowRecord] = deque(maxlen=config.history)
         self.decision_failures = 0
+        self._node_link_warned = False
         """Windows whose decision raised (the plan was kept); see the log for tracebacks."""
         self._last_boundary = 0
         self.boundary_seconds = 0.0
@@ -405,11 +406,28 @@ class AdaptiveLoop:
         record.changes = changes
         if self.state.hierarchy is not None:
             record.node_link_bytes_per_s = _node_link_rate(self.state.hierarchy)
+            self._check_node_link(record)
         self.history.append(record)
         if self.runlog is not None:
             self.runlog.append_window(record.to_dict())  # queued: never waits on disk
         if self.state.rank == 0:
             logger.info("autocomp %s", record.summary())
+
+    def _check_node_link(self, record: WindowRecord) -> None:
+        """Say so (once, rank 0) when the link inside a node is not much faster than the one
+        between nodes: the hierarchy then sends uncompressed over a slow link."""
+        node, cross = record.node_link_bytes_per_s, record.bandwidth_bytes_per_s
+        if self._node_link_warned or self.state.rank != 0 or node is None or cross is None:
+            return
+        if node < NODE_LINK_MIN_ADVANTAGE * cross:
+            self._node_link_warned = True
+            logger.warning(
+                "autocomp: the link inside a node (%.0f Mbit/s) is not much faster than the one "
+                "between nodes (%.0f Mbit/s); the hierarchy reduces inside the node "
+                "uncompressed. Consider hierarchy=False (compress every rank's traffic).",
+                node * 8 / 1e6,
+                cross * 8 / 1e6,
+            )
 
     def _measurement(
         self,
@@ -517,6 +535,10 @@ class AdaptiveLoop:
     def load_loop_state_dict(self, state: dict[str, Any]) -> None:
         self._probe_next = int(state.get("probe_next_bytes", 0))
         self._last_boundary = int(state["last_boundary"])
+
+
+NODE_LINK_MIN_ADVANTAGE = 4.0
+"""Below this ratio of node to cross-node link bandwidth, the hierarchy is questioned."""
 
 
 def _node_link_rate(hierarchy: HierarchicalReduce) -> float | None:

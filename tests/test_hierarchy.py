@@ -269,3 +269,39 @@ def test_impossible_hierarchy_fails_on_every_rank(case: str, message: str, tmp_p
     results = run_ranks(_refused, 4, tmp_path, case, timeout=150)
     for result in results:
         assert message in result or "another rank" in result, result
+
+
+def test_slow_node_link_is_reported_once(caplog: pytest.LogCaptureFixture) -> None:
+    from types import SimpleNamespace
+
+    from autocomp.adaptive import AdaptiveLoop
+    from autocomp.window import WindowRecord
+
+    def record(node: float | None, cross: float | None) -> WindowRecord:
+        return WindowRecord(
+            step=10,
+            bandwidth_bytes_per_s=cross,
+            latency_s=None,
+            nic_bytes_per_s=None,
+            step_seconds=0.1,
+            backward_seconds=0.05,
+            hideable_seconds=0.04,
+            comm_busy_seconds=0.05,
+            compress_seconds=0.0,
+            exposed_seconds=0.01,
+            measured_overlap=0.8,
+            predicted_overlap=None,
+            bytes_per_step=1.0,
+            uncompressed_bytes_per_step=1.0,
+            loss=None,
+            node_link_bytes_per_s=node,
+        )
+
+    loop = SimpleNamespace(_node_link_warned=False, state=SimpleNamespace(rank=0))
+    with caplog.at_level("WARNING", logger="autocomp.adaptive"):
+        AdaptiveLoop._check_node_link(loop, record(5e9, 25e6))  # type: ignore[arg-type]
+        assert not caplog.records  # 200x faster inside the node: as it should be
+        AdaptiveLoop._check_node_link(loop, record(50e6, 25e6))  # type: ignore[arg-type]
+        AdaptiveLoop._check_node_link(loop, record(40e6, 25e6))  # type: ignore[arg-type]
+    warnings = [r for r in caplog.records if "hierarchy=False" in r.getMessage()]
+    assert len(warnings) == 1

@@ -53,7 +53,7 @@ from autocomp.compressors import (
 )
 from autocomp.compressors.powersgd import matrix_shape
 from autocomp.compressors.sparse import kept
-from autocomp.cost_prior import CostSample, _effective_rank, _payloads, prior_seconds
+from autocomp.cost_prior import CostSample, effective_rank, payload_count, prior_seconds
 from autocomp.link_model import LinkEstimate, latency_hops, link_bytes
 
 __all__ = [
@@ -104,14 +104,14 @@ class _Features:
                 out.append(_log(float(value)))
         numel = shape.numel()
         rows, cols = matrix_shape(shape)
-        rank = _effective_rank(compressor, shape)
+        rank = effective_rank(compressor, shape)
         ratio = compressor.config.get("ratio")
         kept_elements = kept(numel, float(ratio)) if isinstance(ratio, float) else 0
         out += [
             _log(numel),
             _log(rows),
             _log(cols),
-            _log(_payloads(compressor, world_size)),
+            _log(payload_count(compressor, world_size)),
             _log(kept_elements),
             _log(rank * (rows + cols)),
             _log(rank * numel),

@@ -22,6 +22,8 @@ __all__ = [
     "PRIORS",
     "CostSample",
     "Prior",
+    "effective_rank",
+    "payload_count",
     "prior_seconds",
     "samples_from_bench",
 ]
@@ -85,11 +87,11 @@ FALLBACK_PRIOR = Prior(1.3e-08, 2.1e-04, 2.0e-09, 8.0e-05)
 """Prior of compressors not in :data:`PRIORS`: about the slowest measured one (qsgd/sign)."""
 
 
-def _payloads(compressor: Compressor, world_size: int) -> int:
+def payload_count(compressor: Compressor, world_size: int) -> int:
     return world_size if compressor.collective is Collective.ALL_GATHER else 1
 
 
-def _effective_rank(compressor: Compressor, shape: torch.Size) -> int:
+def effective_rank(compressor: Compressor, shape: torch.Size) -> int:
     if isinstance(compressor, PowerSGD) and compressor.compresses(shape):
         return int(compressor.config["rank"])
     return 0
@@ -106,7 +108,7 @@ def prior_seconds(compressor: Compressor, shape: torch.Size, world_size: int) ->
     prior = PRIORS.get(compressor.name, FALLBACK_PRIOR)
     numel = torch.Size(shape).numel()
     best_case = prior.seconds(
-        numel, _payloads(compressor, world_size), _effective_rank(compressor, torch.Size(shape))
+        numel, payload_count(compressor, world_size), effective_rank(compressor, torch.Size(shape))
     )
     return PRIOR_TYPICAL_FACTOR * best_case
 

@@ -19,23 +19,22 @@ post-divides) and views it as ``param.grad``. The hook averages it across the re
 group in place, each parameter's shard through its own compressor, with error feedback. The
 user's loop stays forward / backward / step.
 
-Per FSDP module the hook issues, in a fixed order that depends only on the plan: one
-all-reduce per payload dtype (plain gradients, summable payloads and PowerSGD's first round
-together), one all-gather of opaque payloads, then one all-reduce of the second rounds
-(PowerSGD's Q). FSDP calls the hooks in the same module order on every rank of a replicate
-group (the same module structure, the same backward), so the ranks always match.
+Per FSDP module the hook issues the DDP hook's exchange (:func:`autocomp.hook.exchange_now`),
+in a fixed order that depends only on the plan: PowerSGD's first round, one all-reduce per
+payload dtype, one all-gather of opaque payloads, then the second rounds (PowerSGD's Q). FSDP
+calls the hooks in the same module order on every rank of a replicate group (the same module
+structure, the same backward), so the ranks always match.
 
-The per-parameter work is the DDP hook's (:mod:`autocomp.hook_layer`: ``_begin``,
-``_advance``, ``decode_into``) on :class:`~autocomp.hook_state.HookState` slots keyed by
-parameter name, whose shapes are the *local shard* shapes (a shard of a matrix is a matrix,
-so PowerSGD compresses the shard's rows x cols view; the residual is per shard).
+The per-parameter work is the DDP hook's on :class:`~autocomp.hook_state.HookState` slots
+keyed by parameter name, whose shapes are the *local shard* shapes (a shard of a matrix is a
+matrix, so PowerSGD compresses the shard's rows x cols view; the residual is per shard).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -44,7 +43,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from autocomp.attach import layer_seed
-from autocomp.compressors import Collective, build_compressor
+from autocomp.compressors import build_compressor
 from autocomp.env import AUTOCOMP_CHECK_WIRE_BYTES, AUTOCOMP_DISABLE, AUTOCOMP_SEED
 from autocomp.fsdp_setup import (
     DEFAULT_MATRIX_SPEC,
@@ -58,7 +57,8 @@ from autocomp.fsdp_setup import (
     raise_on_mesh,
     require_same_on_mesh,
 )
-from autocomp.hook_layer import LayerSlot, _advance, _begin, _Encoding, decode_into
+from autocomp.hook import BucketWork, exchange_now
+from autocomp.hook_layer import LayerSlot
 from autocomp.hook_state import HookState
 from autocomp.plan import Plan, assignment_digest, load_plan
 
@@ -67,38 +67,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["DEFAULT_MATRIX_SPEC", "FSDPController", "wrap_fsdp"]
 
 
-@dataclass(slots=True)
-class _Part:
-    encoding: _Encoding
-    offset: int
-    """Where the parameter's shard lies in the reduce-scatter output."""
-    start: int = 0
-    """Where its payload lies in the collective that carries its final round."""
-
-    @property
-    def size(self) -> int:
-        return self.encoding.payload.numel()
-
-
-@dataclass(slots=True)
-class _Pending:
-    """One FSDP module's collectives of this step, from launch to decode."""
-
-    futures: list[torch.futures.Future] = field(default_factory=list)
-    reduce_groups: list[tuple[torch.Tensor, list[_Part]]] = field(default_factory=list)
-    gather_parts: list[_Part] = field(default_factory=list)
-    gathered: torch.Tensor | None = None
-    final_parts: list[_Part] = field(default_factory=list)
-    final_flat: torch.Tensor | None = None
-
-
 def _all_reduce(flat: torch.Tensor, group: dist.ProcessGroup) -> torch.futures.Future:
     return dist.all_reduce(flat, group=group, async_op=True).get_future()
-
-
-def _all_gather(out: torch.Tensor, local: torch.Tensor, group: dist.ProcessGroup) -> Any:
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return gather(out, local, group=group, async_op=True).get_future()
 
 
 class FSDPController:
@@ -272,90 +242,8 @@ class FSDPController:
             _all_reduce(flat, group).wait()
             return
 
-        pending = _Pending()
-        reduce_parts: dict[torch.dtype, list[_Part]] = {}
-        for slot, offset in slots:
-            grad = flat[offset : offset + slot.numel]
-            if state.sends_plain(slot):
-                encoding = _Encoding(slot, grad, grad, plain=True)
-            else:
-                encoding = _begin(slot, grad, state)
-            raw = slot.numel * slot.dtype.itemsize
-            slot.bytes_sent += raw if encoding.plain else slot.wire_bytes()
-            slot.bytes_raw += raw
-            part = _Part(encoding, offset)
-            summable = encoding.plain or slot.compressor.collective is Collective.ALL_REDUCE
-            if summable or not encoding.settled:
-                reduce_parts.setdefault(encoding.payload.dtype, []).append(part)
-            else:
-                pending.gather_parts.append(part)
-
-        # Round one: one all-reduce per dtype (sorted by name), then the gather.
-        for dtype in sorted(reduce_parts, key=str):
-            parts = reduce_parts[dtype]
-            pending.reduce_groups.append((_pack(parts), parts))
-            pending.futures.append(_all_reduce(pending.reduce_groups[-1][0], group))
-        if pending.gather_parts:
-            local = _pack(pending.gather_parts)
-            pending.gathered = torch.empty(
-                world * local.numel(), dtype=torch.uint8, device=local.device
-            )
-            pending.futures.append(_all_gather(pending.gathered, local, group))
-
-        # Round two (PowerSGD's Q from the summed P), launched as soon as round one's sums
-        # arrive: the gather may still be in flight.
-        for (payload, parts), fut in zip(pending.reduce_groups, pending.futures, strict=False):
-            unsettled = [p for p in parts if not p.encoding.settled]
-            if not unsettled:
-                continue
-            fut.wait()
-            for part in unsettled:
-                received = payload[part.start : part.start + part.size]
-                _advance(part.encoding, received, state)
-                pending.final_parts.append(part)
-        if pending.final_parts:
-            pending.final_flat = _pack(pending.final_parts)
-            pending.futures.append(_all_reduce(pending.final_flat, group))
-        for fut in pending.futures:
-            fut.wait()
-        self._decode(pending, flat, world)
-
-    def _decode(self, pending: _Pending, flat: torch.Tensor, world: int) -> None:
-        """Write every parameter's average into its slice of the reduce-scatter output."""
-        checks = self._state._pending_checks
-        step = self._state.step
-
-        def write(part: _Part, received: Any) -> None:
-            slot = part.encoding.slot
-            target = flat[part.offset : part.offset + slot.numel]
-            if part.encoding.plain:
-                target.copy_(received)
-            else:
-                checks.append((step, slot, decode_into(slot, received, target)))
-
-        carriers = [(payload, parts) for payload, parts in pending.reduce_groups]
-        if pending.final_flat is not None:
-            carriers.append((pending.final_flat, pending.final_parts))
-        finals = {id(p) for p in pending.final_parts}
-        for payload, parts in carriers:
-            for part in parts:
-                if id(part) in finals and payload is not pending.final_flat:
-                    continue  # decoded from its final round
-                write(part, payload[part.start : part.start + part.size])
-        if pending.gathered is not None:
-            rows = pending.gathered.view(world, -1)
-            for part in pending.gather_parts:
-                end = part.start + part.size
-                write(part, [rows[r, part.start : end] for r in range(world)])
-
-
-def _pack(parts: list[_Part]) -> torch.Tensor:
-    """One flat payload of ``parts``, recording where each one starts in it."""
-    start = 0
-    for part in parts:
-        part.start = start
-        start += part.size
-    return torch.cat([p.encoding.payload.reshape(-1) for p in parts])
+        work = BucketWork(step=state.step, buffer=flat, group=group, world=world)
+        exchange_now(state, work, [s for s, _ in slots], [o for _, o in slots]).wait()
 
 
 def wrap_fsdp(

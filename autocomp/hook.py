@@ -48,15 +48,25 @@ import torch.distributed as dist
 
 from autocomp.compressors import Collective
 from autocomp.hook_layer import (
+    Encoding,
     LayerSlot,
-    _advance,
-    _begin,
-    _Encoding,
-    _sample_plain,
+    advance_encoding,
+    begin_encoding,
     decode_into,
+    sample_plain,
 )
 from autocomp.hook_state import HookState
 from autocomp.profiler import StepProfiler
+
+__all__ = [
+    "BucketWork",
+    "autocomp_hook",
+    "complete_when_done",
+    "encode_bucket",
+    "exchange_now",
+    "launch_bucket",
+    "launch_final_round",
+]
 
 
 def _all_gather(output: torch.Tensor, payload: torch.Tensor, group: Any) -> torch.futures.Future:
@@ -66,12 +76,12 @@ def _all_gather(output: torch.Tensor, payload: torch.Tensor, group: Any) -> torc
 
 @dataclass(slots=True)
 class _Part:
-    encoding: _Encoding
+    encoding: Encoding
     offset: int
 
 
 @dataclass(slots=True)
-class _BucketWork:
+class BucketWork:
     """One bucket's collectives in flight, until its result is written back."""
 
     step: int
@@ -115,7 +125,7 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
                 "round was still pending (an exception inside backward?); the ranks can no "
                 "longer be assumed to issue the same collectives"
             )
-        _launch_final_round(state, pending)
+        launch_final_round(state, pending)
     buffer = bucket.buffer()
     group = state.process_group
     world = state.world_size
@@ -130,7 +140,7 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
             slot.bytes_sent += size
             slot.bytes_raw += size
             if sample and profiler is not None:
-                _sample_plain(slot, buffer[offset : offset + slot.numel], profiler)
+                sample_plain(slot, buffer[offset : offset + slot.numel], profiler)
         fut = dist.all_reduce(buffer, group=group, async_op=True).get_future()
         if profiler is not None:
             profiler.collective(Collective.ALL_REDUCE, buffer.numel() * buffer.element_size(), fut)
@@ -140,7 +150,7 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
             state._in_step = False
         return fut.then(lambda f: f.value()[0])
 
-    work = _BucketWork(
+    work = BucketWork(
         step=state.step,
         buffer=buffer,
         group=group,
@@ -159,10 +169,10 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
     devices = [buffer.device] if buffer.is_cuda else None
     work.result = torch.futures.Future(devices=devices)
     if not work.round_parts:
-        _complete_when_done(state, work)
+        complete_when_done(state, work)
     elif is_last:
         # No later bucket to carry the final round: launch it now, in the same fixed order.
-        _launch_final_round(state, work)
+        launch_final_round(state, work)
     else:
         state.pending_round = work
     if profiler is not None:
@@ -170,9 +180,32 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
     return work.result
 
 
+def exchange_now(
+    state: HookState,
+    work: BucketWork,
+    slots: list[LayerSlot],
+    offsets: list[int],
+    sample: bool = False,
+) -> torch.futures.Future[torch.Tensor]:
+    """The whole compressed exchange of ``work.buffer`` issued from the calling thread, for
+    callers outside DDP's bucket pipeline (the hierarchical hook's exchange thread, FSDP's
+    all-reduce hook): every collective launched here, a two-round layer's final round after
+    waiting for its first. Returns the future completed once the result is decoded in place.
+    """
+    reduce_parts = encode_bucket(state, work, slots, offsets, sample)
+    launch_bucket(work, reduce_parts, state.profiler)
+    devices = [work.buffer.device] if work.buffer.is_cuda else None
+    work.result = torch.futures.Future(devices=devices)
+    if work.round_parts:
+        launch_final_round(state, work, blocks_backward=False)
+    else:
+        complete_when_done(state, work)
+    return work.result
+
+
 def encode_bucket(
     state: HookState,
-    work: _BucketWork,
+    work: BucketWork,
     slots: list[LayerSlot],
     offsets: list[int],
     sample: bool,
@@ -186,12 +219,12 @@ def encode_bucket(
     for slot, offset in zip(slots, offsets, strict=True):
         grad = buffer[offset : offset + slot.numel]
         if state.sends_plain(slot):
-            encoding = _Encoding(slot, grad, grad, plain=True)
+            encoding = Encoding(slot, grad, grad, plain=True)
             if sample and profiler is not None:
-                _sample_plain(slot, grad, profiler)
+                sample_plain(slot, grad, profiler)
         else:
             started = profiler.stamp() if profiler is not None and profiler.time_layers else None
-            encoding = _begin(slot, grad, state)
+            encoding = begin_encoding(slot, grad, state)
             if started is not None and profiler is not None:
                 profiler.layer_cost(slot.name, started)
         raw = slot.numel * slot.dtype.itemsize
@@ -208,7 +241,7 @@ def encode_bucket(
 
 
 def launch_bucket(
-    work: _BucketWork,
+    work: BucketWork,
     reduce_parts: dict[torch.dtype, list[_Part]],
     profiler: StepProfiler | None,
 ) -> None:
@@ -235,7 +268,7 @@ def launch_bucket(
 
 
 def _all_reduce(
-    flat: torch.Tensor, work: _BucketWork, profiler: StepProfiler | None
+    flat: torch.Tensor, work: BucketWork, profiler: StepProfiler | None
 ) -> torch.futures.Future:
     fut = dist.all_reduce(flat, group=work.group, async_op=True).get_future()
     if profiler is not None:
@@ -244,12 +277,12 @@ def _all_reduce(
     return fut
 
 
-def _fail(work: _BucketWork, err: BaseException) -> None:
+def _fail(work: BucketWork, err: BaseException) -> None:
     if work.result is not None and not work.result.done():
         work.result.set_exception(err)
 
 
-def _launch_final_round(state: HookState, work: _BucketWork, blocks_backward: bool = True) -> None:
+def launch_final_round(state: HookState, work: BucketWork, blocks_backward: bool = True) -> None:
     """Wait for a bucket's first round, compute and launch its final round (hook thread).
 
     Called from the next bucket's hook call (or the last bucket's own): by then the small
@@ -276,7 +309,7 @@ def _launch_final_round(state: HookState, work: _BucketWork, blocks_backward: bo
             received = work.round_flat[start : start + size]
             start += size
             began = profiler.stamp() if profiler is not None and profiler.time_layers else None
-            _advance(encoding, received, state)
+            advance_encoding(encoding, received, state)
             if began is not None and profiler is not None:
                 profiler.layer_cost(encoding.slot.name, began)
             payloads.append(encoding.payload.reshape(-1))
@@ -285,10 +318,10 @@ def _launch_final_round(state: HookState, work: _BucketWork, blocks_backward: bo
         _fail(work, err)
         raise
     work.futures.append(_all_reduce(work.final_flat, work, profiler))
-    _complete_when_done(state, work)
+    complete_when_done(state, work)
 
 
-def _complete_when_done(state: HookState, work: _BucketWork) -> None:
+def complete_when_done(state: HookState, work: BucketWork) -> None:
     """Decode the bucket and complete its future once all its collectives are done."""
     result = work.result
     assert result is not None
@@ -303,7 +336,7 @@ def _complete_when_done(state: HookState, work: _BucketWork) -> None:
     torch.futures.collect_all(work.futures).add_done_callback(finish)
 
 
-def _finish(state: HookState, work: _BucketWork) -> torch.Tensor:
+def _finish(state: HookState, work: BucketWork) -> torch.Tensor:
     """Decode everything that arrived for one bucket into its buffer (completion callback)."""
     profiler = state.profiler
     for fut in work.futures:

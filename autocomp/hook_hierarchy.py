@@ -9,9 +9,8 @@ Per bucket, on every rank of a job with N nodes of L ranks each:
    run summed over the node.
 2. **The per-layer compressed exchange across nodes** among the N ranks that own the same run
    (the ``cross`` group of :mod:`autocomp.topology`): the same encoding, collectives and
-   decode as the flat hook (:func:`~autocomp.hook.encode_bucket`,
-   :func:`~autocomp.hook.launch_bucket`), so every compressor works, PowerSGD with its two
-   rounds included. Error feedback lives on the owner only: it is per shard.
+   decode as the flat hook (:func:`~autocomp.hook.exchange_now`), so every compressor works,
+   PowerSGD with its two rounds included. Error feedback lives on the owner only: it is per shard.
 3. **All-gather inside the node** of the decoded runs, copied back into the bucket.
 
 Each node's slow-link traffic is every layer once (compressed), sent by the L owners in
@@ -45,16 +44,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from autocomp.hook import (
-    _BucketWork,
-    _complete_when_done,
-    _launch_final_round,
-    autocomp_hook,
-    encode_bucket,
-    launch_bucket,
-)
+from autocomp.hook import BucketWork, autocomp_hook, exchange_now
 from autocomp.hook_layer import LayerSlot
-from autocomp.hook_state import HookState, _BucketLayout
+from autocomp.hook_state import BucketLayout, HookState
 from autocomp.timing import Stamp, clock_for
 from autocomp.topology import HierarchyGroups
 
@@ -145,7 +137,7 @@ class HierarchicalReduce:
     def num_nodes(self) -> int:
         return self.topology.num_nodes
 
-    def shard_layout(self, index: int, layout: _BucketLayout, buffer: torch.Tensor) -> _ShardLayout:
+    def shard_layout(self, index: int, layout: BucketLayout, buffer: torch.Tensor) -> _ShardLayout:
         cached = self._layouts.get(index)
         if cached is not None and cached.key == layout.key:
             return cached
@@ -246,7 +238,7 @@ def hierarchical_hook(
     scatter = _reduce_scatter(shard.own, shard.staging, hierarchy.groups.intra)
     devices = [buffer.device] if buffer.is_cuda else None
     result: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=devices)
-    work = _BucketWork(
+    work = BucketWork(
         step=state.step,
         buffer=shard.own,
         group=hierarchy.groups.cross,
@@ -261,13 +253,7 @@ def hierarchical_hook(
         try:
             with _on_stream(stream):
                 scatter.wait()
-                reduce_parts = encode_bucket(state, work, shard.slots, shard.offsets, sample)
-                launch_bucket(work, reduce_parts, profiler)
-                work.result = torch.futures.Future(devices=devices)
-                if work.round_parts:
-                    _launch_final_round(state, work, blocks_backward=False)
-                else:
-                    _complete_when_done(state, work)
+                exchange_now(state, work, shard.slots, shard.offsets, sample)
         except BaseException as err:
             _fail_bucket(result, err)
             return

@@ -17,10 +17,20 @@ from autocomp.compressors import Collective, Compressor, NoCompression
 from autocomp.profiler import StepProfiler
 from autocomp.timing import clock_for
 
-__all__ = ["LayerReplay", "LayerSlot", "decode_into", "encode_locally"]
+__all__ = [
+    "Encoding",
+    "LayerReplay",
+    "LayerSlot",
+    "advance_encoding",
+    "begin_encoding",
+    "decode_into",
+    "encode_locally",
+    "is_identity",
+    "sample_plain",
+]
 
 
-def _is_identity(compressor: Compressor) -> bool:
+def is_identity(compressor: Compressor) -> bool:
     return type(compressor) is NoCompression
 
 
@@ -59,7 +69,7 @@ class LayerSlot:
 
 
 @dataclass(slots=True)
-class _Encoding:
+class Encoding:
     """One layer's payload for this step, possibly still between rounds."""
 
     slot: LayerSlot
@@ -80,7 +90,7 @@ class _Encoding:
         return self.round_index == self.rounds - 1
 
 
-def _check_round_bytes(encoding: _Encoding) -> None:
+def _check_round_bytes(encoding: Encoding) -> None:
     slot = encoding.slot
     expected = slot.compressor.round_wire_bytes(slot.shape, slot.dtype)[encoding.round_index]
     sent = encoding.payload.numel() * encoding.payload.element_size()
@@ -91,7 +101,7 @@ def _check_round_bytes(encoding: _Encoding) -> None:
         )
 
 
-def _begin(slot: LayerSlot, grad: torch.Tensor, state: Any) -> _Encoding:
+def begin_encoding(slot: LayerSlot, grad: torch.Tensor, state: Any) -> Encoding:
     """First round of one layer's (already divided) gradient; settles single-round ones."""
     compressor = slot.compressor
     grad = grad.view(slot.shape)
@@ -105,17 +115,17 @@ def _begin(slot: LayerSlot, grad: torch.Tensor, state: Any) -> _Encoding:
         x = residual.add_(grad)
     else:
         x = grad.to(torch.float32, copy=compressor.error_feedback)
-    if _is_identity(compressor) or state.step < slot.uncompressed_until:
+    if is_identity(compressor) or state.step < slot.uncompressed_until:
         # A pending residual is flushed into an uncompressed layer in its own dtype.
         slot.residual = None
-        return _Encoding(slot, x, x.reshape(-1).to(slot.dtype), plain=True)
+        return Encoding(slot, x, x.reshape(-1).to(slot.dtype), plain=True)
     rounds = compressor.rounds_for(slot.shape)
     if rounds > 2:
         raise NotImplementedError(
             f"compressor {compressor.spec} needs {rounds} collectives per step; the hook "
             "pipelines at most 2"
         )
-    encoding = _Encoding(
+    encoding = Encoding(
         slot, x, compressor.compress(x, slot.state), False, rounds, grad_norm=grad_norm
     )
     if state.check_wire_bytes:
@@ -125,7 +135,7 @@ def _begin(slot: LayerSlot, grad: torch.Tensor, state: Any) -> _Encoding:
     return encoding
 
 
-def _advance(encoding: _Encoding, received: torch.Tensor, state: Any) -> None:
+def advance_encoding(encoding: Encoding, received: torch.Tensor, state: Any) -> None:
     """The next round's payload from the previous round's summed result."""
     slot = encoding.slot
     encoding.round_index += 1
@@ -138,7 +148,7 @@ def _advance(encoding: _Encoding, received: torch.Tensor, state: Any) -> None:
         _settle(encoding, state)
 
 
-def _settle(encoding: _Encoding, state: Any) -> None:
+def _settle(encoding: Encoding, state: Any) -> None:
     """Error feedback and the sampled error, once the final payload is known."""
     slot, x, payload = encoding.slot, encoding.work, encoding.payload
     compressor = slot.compressor
@@ -173,13 +183,13 @@ def encode_locally(slot: LayerSlot, grad: torch.Tensor, state: Any) -> tuple[tor
 
     The hook's exact per-layer code path without collectives: for tests and replays.
     """
-    encoding = _begin(slot, grad, state)
+    encoding = begin_encoding(slot, grad, state)
     while not encoding.settled:
-        _advance(encoding, encoding.payload, state)
+        advance_encoding(encoding, encoding.payload, state)
     return encoding.payload, encoding.plain
 
 
-def _sample_plain(slot: LayerSlot, grad: torch.Tensor, profiler: StepProfiler) -> None:
+def sample_plain(slot: LayerSlot, grad: torch.Tensor, profiler: StepProfiler) -> None:
     norm = torch.linalg.vector_norm(grad, dtype=torch.float32)
     profiler.layer_sample(slot.name, slot.compressor.spec, grad_norm=norm)
 

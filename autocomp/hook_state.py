@@ -17,20 +17,20 @@ import torch
 import torch.distributed as dist
 
 from autocomp.compressors import Compressor
-from autocomp.hook_layer import LayerSlot, _is_identity
+from autocomp.hook_layer import LayerSlot, is_identity
 from autocomp.profiler import StepProfiler
 
 if TYPE_CHECKING:
-    from autocomp.hook import _BucketWork
+    from autocomp.hook import BucketWork
     from autocomp.hook_hierarchy import HierarchicalReduce
 
-__all__ = ["HookState"]
+__all__ = ["BucketLayout", "HookState"]
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
-class _BucketLayout:
+class BucketLayout:
     key: tuple[int, ...]
     slots: list[LayerSlot]
     offsets: list[int]
@@ -68,11 +68,11 @@ class HookState:
         self._in_step = False
         self.nonfinite_events: list[tuple[int, str]] = []
         """(step, layer) of every non-finite average seen; drained by the controller."""
-        self.pending_round: _BucketWork | None = None
+        self.pending_round: BucketWork | None = None
         """A bucket whose final round the next bucket's hook call launches."""
         self.hierarchy: HierarchicalReduce | None = None
         """Set when gradients are reduced inside each node first (the hierarchical hook)."""
-        self._layouts: dict[int, _BucketLayout] = {}
+        self._layouts: dict[int, BucketLayout] = {}
         self._pending_checks: list[tuple[int, LayerSlot, torch.Tensor]] = []
         self._checked_step = 0
 
@@ -141,7 +141,7 @@ class HookState:
             changed.append(name)
         return changed
 
-    def layout(self, bucket: dist.GradBucket) -> _BucketLayout:
+    def layout(self, bucket: dist.GradBucket) -> BucketLayout:
         params = bucket.parameters()
         key = tuple(id(p) for p in params)
         cached = self._layouts.get(bucket.index())
@@ -163,7 +163,7 @@ class HookState:
                 f"autocomp: bucket {bucket.index()} holds {bucket.buffer().numel()} elements but "
                 f"its parameters add up to {offset}; this DDP layout is not supported"
             )
-        layout = _BucketLayout(key, slots, offsets)
+        layout = BucketLayout(key, slots, offsets)
         self._layouts[bucket.index()] = layout
         return layout
 
@@ -176,5 +176,5 @@ class HookState:
     def sends_plain(self, slot: LayerSlot) -> bool:
         """True when this layer goes into the bucket's all-reduce as it is this step."""
         return slot.residual is None and (
-            _is_identity(slot.compressor) or self.step < slot.uncompressed_until
+            is_identity(slot.compressor) or self.step < slot.uncompressed_until
         )

@@ -19,9 +19,8 @@ import torch.distributed as dist
 
 import autocomp
 from autocomp.compressors import build_compressor
-from autocomp.fsdp import FSDPController, _pack, _Part
+from autocomp.fsdp import FSDPController
 from autocomp.fsdp_setup import DEFAULT_MATRIX_SPEC, check_mesh, default_assignment
-from autocomp.hook_layer import LayerSlot, _Encoding
 from tests.multirank import run_ranks
 
 WORLD = 4
@@ -56,18 +55,6 @@ def test_config_defaults() -> None:
     assert (config.seed, config.warmup_steps, config.broadcast_parameters) == (None, 0, True)
     with pytest.raises(TypeError):
         FSDPController.Config(0)  # type: ignore[misc]  # keyword-only
-
-
-def test_pack_records_where_each_payload_starts() -> None:
-    parts = []
-    for n in (3, 0, 5):
-        slot = LayerSlot(f"p{n}", torch.Size([n]), torch.float32, 0)
-        payload = torch.arange(n, dtype=torch.float32) + 10 * n
-        parts.append(_Part(_Encoding(slot, payload, payload, plain=True), offset=0))
-    flat = _pack(parts)
-    assert [p.start for p in parts] == [0, 3, 3]
-    for part in parts:
-        assert torch.equal(flat[part.start : part.start + part.size], part.encoding.payload)
 
 
 # ---- tier 2: helpers (run inside the spawned ranks) ---------------------------------------

@@ -56,7 +56,7 @@ from autocomp.advisor.verdict import DO_NOT_COMPRESS_HIDDEN as DO_NOT_COMPRESS_H
 from autocomp.advisor.verdict import Verdict, judge
 from autocomp.compressors import Collective, Compressor, NoCompression, build_compressor
 from autocomp.cost_model import CostModel
-from autocomp.cost_prior import CostSample
+from autocomp.cost_prior import CostSample, payload_count
 from autocomp.exposure import Group, Timeline, simulate
 from autocomp.link_model import LinkEstimate, link_bytes
 from autocomp.policy.engine import (
@@ -282,10 +282,6 @@ class Evaluation:
 # ---- the model -------------------------------------------------------------------------------
 
 
-def _payloads(compressor: Compressor, world_size: int) -> int:
-    return world_size if compressor.collective is Collective.ALL_GATHER else 1
-
-
 class WhatIfModel:
     """Predicts each option's step time for a scenario from one model of a profile."""
 
@@ -347,7 +343,7 @@ class WhatIfModel:
         out = []
         for item in self.profile.compressors:
             compressor = self.compressor(item.spec)
-            seconds = item.local_s + _payloads(compressor, world_size) * item.decode_s
+            seconds = item.local_s + payload_count(compressor, world_size) * item.decode_s
             if seconds > 0:
                 out.append(CostSample(item.spec, item.shape, seconds, world_size))
         return out
@@ -418,7 +414,7 @@ class WhatIfModel:
             return 0.0, 0.0
         measured = self.profile.measurement(compressor.spec, layer.shape)
         if measured is not None:
-            return measured.local_s, measured.decode_s * _payloads(compressor, world)
+            return measured.local_s, measured.decode_s * payload_count(compressor, world)
         return float(costs.compress_seconds(compressor, torch.Size(layer.shape))), 0.0
 
     # ---- evaluation ------------------------------------------------------------------------

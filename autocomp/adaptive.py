@@ -104,6 +104,9 @@ class AdaptiveLoop:
         """Active link probe while compressed steps are too small to measure the link."""
         planner: WindowPlanner.Config | None = None
         """Planner settings beyond the ones above (None: its defaults)."""
+        blocking_hook: bool = False
+        """The hook returns only once its collectives are done (FSDP's all-reduce hook):
+        measured and planned as if no communication hides behind the backward."""
 
     @staticmethod
     def validate(config: Config) -> None:
@@ -138,7 +141,7 @@ class AdaptiveLoop:
         self.names = list(state.slots)
         self.device = _gradient_device(ddp)
         """Where the gradients live: the profiler's clock and the calibration follow it."""
-        self.profiler = StepProfiler(clock_for(self.device))
+        self.profiler = StepProfiler(clock_for(self.device), blocking=config.blocking_hook)
         state.profiler = self.profiler
         base = config.planner or WindowPlanner.Config()
         # The controller's own keys win; the rest of a given planner configuration is kept.

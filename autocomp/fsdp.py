@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,8 +43,10 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from autocomp.adaptive import AdaptiveLoop
 from autocomp.attach import layer_seed
-from autocomp.compressors import build_compressor
+from autocomp.compressors import Collective, build_compressor
+from autocomp.config import AutocompConfig, ResolvedConfig
 from autocomp.env import AUTOCOMP_CHECK_WIRE_BYTES, AUTOCOMP_DISABLE, AUTOCOMP_SEED
 from autocomp.fsdp_setup import (
     DEFAULT_MATRIX_SPEC,
@@ -58,9 +61,11 @@ from autocomp.fsdp_setup import (
     require_same_on_mesh,
 )
 from autocomp.hook import BucketWork, exchange_now
-from autocomp.hook_layer import LayerSlot
+from autocomp.hook_layer import LayerSlot, sample_plain
 from autocomp.hook_state import HookState
 from autocomp.plan import Plan, assignment_digest, load_plan
+from autocomp.policy.rules import PolicyRules
+from autocomp.window import WindowRecord
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +91,9 @@ class FSDPController:
 
         seed: int | None = None
         """Base seed of shared random choices (default ``AUTOCOMP_SEED`` or 0)."""
-        warmup_steps: int = 0
-        """Steps sent uncompressed at the start (the first gradients are the least stable)."""
+        warmup_steps: int | None = None
+        """Steps sent uncompressed at the start (the first gradients are the least stable);
+        None: 0 with a static plan, the policy's warm-up in adaptive mode."""
         broadcast_parameters: bool = True
         """Copy replica 0's parameter shards to the other replicas at wrap, as DDP does at
         construction, so replicas that were initialized differently cannot drift apart."""
@@ -108,6 +114,9 @@ class FSDPController:
         self._rules = plan
         self._in_step = False
         self._closed = False
+        self._layout_index = {id(layout): i for i, layout in enumerate(layouts)}
+        self.adaptive: AdaptiveLoop | None = None
+        """The window loop when the policy decides (``target_overlap`` or ``policy`` given)."""
 
     # ---- reading ----------------------------------------------------------------------------
 
@@ -163,6 +172,20 @@ class FSDPController:
             "layers": layers,
         }
 
+    @property
+    def mode(self) -> str:
+        return "adaptive" if self.adaptive is not None else "static"
+
+    @property
+    def history(self) -> list[WindowRecord]:
+        """One record per decision window (adaptive; this replicate group's, rank 0 decides)."""
+        return [] if self.adaptive is None else list(self.adaptive.history)
+
+    def observe_loss(self, loss: float | torch.Tensor) -> None:
+        """This step's loss, for the divergence guard (adaptive; a tensor is not synced)."""
+        if self.adaptive is not None:
+            self.adaptive.observe_loss(loss)
+
     # ---- lifecycle --------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -172,6 +195,8 @@ class FSDPController:
         """
         if self._closed:
             return
+        if self.adaptive is not None:
+            self.adaptive.close()
         self._state.enabled = False
         for slot in self._state.slots.values():
             slot.residual = None
@@ -198,8 +223,11 @@ class FSDPController:
         if self._in_step:
             return
         self._in_step = True
-        self._state.resolve_nonfinite()
+        state = self._state
+        state.resolve_nonfinite()
         torch.autograd.Variable._execution_engine.queue_callback(self._end_step)
+        if state.step_listener is not None:  # the window boundary, before this step's traffic
+            state.step_listener(state.step)
 
     def _end_step(self) -> None:
         if self._in_step:
@@ -225,25 +253,41 @@ class FSDPController:
                     "parameters some steps do not use), and the mixed-precision policy must "
                     "not change after wrap_fsdp."
                 )
+            profiler = self._state.profiler
+            index = self._layout_index[id(layout)]
+            entered = profiler.hook_entered(index) if profiler is not None else None
             self._exchange(layout, flat)
+            if profiler is not None and entered is not None:
+                profiler.hook_exited(entered)
 
     def _exchange(self, layout: GroupLayout, flat: torch.Tensor) -> None:
         state = self._state
         group = state.process_group
         assert group is not None
         world = state.world_size
+        profiler = state.profiler
+        sample = profiler is not None and profiler.sample_this_step
         slots = [(s, o) for s, o in zip(layout.slots, layout.offsets, strict=True) if s]
         flat.div_(world)  # summing what the replicas send then yields their average
         if not state.enabled or all(state.sends_plain(s) for s, _ in slots):
-            for slot, _ in slots:
+            for slot, offset in slots:
                 raw = slot.numel * slot.dtype.itemsize
                 slot.bytes_sent += raw
                 slot.bytes_raw += raw
-            _all_reduce(flat, group).wait()
-            return
-
-        work = BucketWork(step=state.step, buffer=flat, group=group, world=world)
-        exchange_now(state, work, [s for s, _ in slots], [o for _, o in slots]).wait()
+                if sample and profiler is not None and slot.numel:
+                    sample_plain(slot, flat[offset : offset + slot.numel], profiler)
+            done = _all_reduce(flat, group)
+            if profiler is not None:
+                profiler.collective(Collective.ALL_REDUCE, flat.numel() * flat.element_size(), done)
+        else:
+            work = BucketWork(step=state.step, buffer=flat, group=group, world=world)
+            slot_list, offsets = [s for s, _ in slots], [o for _, o in slots]
+            done = exchange_now(state, work, slot_list, offsets, sample, blocks_backward=True)
+        # FSDP reads the result as soon as this hook returns: the backward waits for the link.
+        waiting = profiler.stamp() if profiler is not None else None
+        done.wait()
+        if profiler is not None and waiting is not None:
+            profiler.link_wait(waiting)
 
 
 def wrap_fsdp(
@@ -251,6 +295,9 @@ def wrap_fsdp(
     mesh: DeviceMesh,
     plan: Plan | Mapping[str, str] | list[tuple[str, str]] | str | None = None,
     *,
+    target_overlap: float | None = None,
+    policy: str | Path | PolicyRules | None = None,
+    window: int | None = None,
     config: FSDPController.Config | None = None,
 ) -> FSDPController:
     """Compress ``model``'s gradient all-reduce across the replicate dimension of ``mesh``.
@@ -264,8 +311,15 @@ def wrap_fsdp(
 
     ``plan`` maps parameter-name globs to compressor specs, as for :func:`autocomp.wrap`
     (first match wins, unmatched parameters are sent uncompressed). ``None`` means
-    ``powersgd:rank=4`` on parameters of two or more dimensions and ``none`` on the rest. The
-    plan is static: the adaptive policy is not wired for FSDP.
+    ``powersgd:rank=4`` on parameters of two or more dimensions and ``none`` on the rest.
+
+    With ``target_overlap`` or ``policy`` the plan is adaptive, as with :func:`autocomp.wrap`:
+    the run starts uncompressed, and at every ``window`` boundary the time-to-accuracy policy
+    picks each parameter's compressor from the measured replica link, with ``plan`` rules as
+    pins. FSDP's hook must finish before FSDP reads the gradient, so the replica exchange
+    cannot hide behind the backward; the window loop measures and plans it as exposed
+    (``AdaptiveLoop.Config.blocking_hook``). Each replicate group (one per shard index)
+    decides for its own shards, its first rank deciding.
 
     A collective: call it on every rank of the mesh, after sharding and before the first
     backward. Unless ``config.broadcast_parameters`` is False it copies replica 0's
@@ -285,8 +339,23 @@ def wrap_fsdp(
     if not isinstance(config, FSDPController.Config):
         raise TypeError(f"config must be a FSDPController.Config, got {type(config).__name__}")
     warmup = config.warmup_steps
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+    if warmup is not None and (
+        isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0
+    ):
         raise ValueError(f"warmup_steps must be an int >= 0, got {warmup!r}")
+    adaptive = target_overlap is not None or policy is not None
+    resolved = None
+    if adaptive:  # the same validation and policy loading as wrap()
+        resolved = AutocompConfig(
+            plan=plan,
+            target_overlap=target_overlap,
+            policy=policy,
+            window=window,
+            warmup_steps=warmup,
+            run_dir=False,
+        ).resolve()
+    elif window is not None:
+        raise ValueError("window= needs adaptive mode (target_overlap= or policy=)")
     if config.seed is not None and (
         isinstance(config.seed, bool) or not isinstance(config.seed, int)
     ):
@@ -325,6 +394,8 @@ def wrap_fsdp(
     if disabled:
         logger.warning("AUTOCOMP_DISABLE is set: every parameter uses plain all-reduce")
         assignment = {name: build_compressor("none") for name in params}
+    elif adaptive:  # starts uncompressed; the policy switches parameters later
+        assignment = {name: build_compressor("none") for name in params}
     elif rules is None:
         assignment = default_assignment(params)
     else:
@@ -332,6 +403,7 @@ def wrap_fsdp(
     base_seed = AUTOCOMP_SEED.get() if config.seed is None else config.seed
     settings = {
         "\0mesh": (tuple(mesh.shape), base_seed, warmup, config.broadcast_parameters, disabled),
+        "\0adaptive": () if resolved is None else resolved.digest_fields(),
         "\0plan": (
             None if rules is None else tuple((r.pattern, r.compressor.spec) for r in rules.rules),
         ),
@@ -363,7 +435,7 @@ def wrap_fsdp(
         {n: c if slots[n].numel else build_compressor("none") for n, c in assignment.items()}
     )
     for slot in slots.values():
-        slot.uncompressed_until = warmup
+        slot.uncompressed_until = 0 if adaptive or warmup is None else warmup
     for layout in layouts:
         layout.slots = [None if name is None else slots[name] for name in layout.names]
     if config.broadcast_parameters:
@@ -374,6 +446,8 @@ def wrap_fsdp(
     for layout in layouts:
         module = by_name[layout.module_name]
         module.set_all_reduce_hook(_bound(controller, layout))
+    if resolved is not None and not disabled:
+        controller.adaptive = _adaptive_loop(model, state, resolved, groups)
     model.register_forward_pre_hook(controller._forward_pre_hook)
     setattr(model, WRAPPED_ATTR, controller)
     if list(mesh.get_coordinate() or ()) == [0, 0]:
@@ -386,6 +460,37 @@ def wrap_fsdp(
             compressed,
         )
     return controller
+
+
+def _adaptive_loop(
+    model: torch.nn.Module,
+    state: HookState,
+    resolved: ResolvedConfig,
+    groups: list[dist.ProcessGroup],
+) -> AdaptiveLoop:
+    """The window loop over the replicate group; a rank-local failure (calibration) is raised
+    on every rank of the mesh."""
+    policy = resolved.policy
+    assert policy is not None and resolved.window is not None
+    assert resolved.target_overlap is not None
+    loop_config = AdaptiveLoop.Config(
+        target_overlap=resolved.target_overlap,
+        window=resolved.window,
+        warmup_steps=policy.warmup_steps,
+        first_look_steps=resolved.source.first_look_steps,
+        sampled_steps=resolved.source.sampled_steps,
+        blocking_hook=True,
+    )
+    loop = None
+    problem: Exception | None = None
+    try:
+        pins = [(r.pattern, r.compressor.spec) for r in resolved.rules.rules]
+        loop = AdaptiveLoop(model, state, policy, pins, loop_config)
+    except Exception as err:  # rank-local: every rank must hear of it
+        problem = err
+    raise_on_mesh(problem, groups, "autocomp.wrap_fsdp adaptive setup")
+    assert loop is not None
+    return loop
 
 
 def _bound(controller: FSDPController, layout: GroupLayout) -> Any:

@@ -186,18 +186,21 @@ def exchange_now(
     slots: list[LayerSlot],
     offsets: list[int],
     sample: bool = False,
+    blocks_backward: bool = False,
 ) -> torch.futures.Future[torch.Tensor]:
     """The whole compressed exchange of ``work.buffer`` issued from the calling thread, for
     callers outside DDP's bucket pipeline (the hierarchical hook's exchange thread, FSDP's
     all-reduce hook): every collective launched here, a two-round layer's final round after
     waiting for its first. Returns the future completed once the result is decoded in place.
+    ``blocks_backward``: the caller holds up the backward meanwhile (FSDP's hook), so the wait
+    for a first round is reported to the profiler as exposed communication.
     """
     reduce_parts = encode_bucket(state, work, slots, offsets, sample)
     launch_bucket(work, reduce_parts, state.profiler)
     devices = [work.buffer.device] if work.buffer.is_cuda else None
     work.result = torch.futures.Future(devices=devices)
     if work.round_parts:
-        launch_final_round(state, work, blocks_backward=False)
+        launch_final_round(state, work, blocks_backward=blocks_backward)
     else:
         complete_when_done(state, work)
     return work.result

@@ -210,8 +210,11 @@ def _service_times(
 class StepProfiler:
     """Collects one rank's measurements; thread-safe where collectives complete off-thread."""
 
-    def __init__(self, clock: Clock | None = None) -> None:
+    def __init__(self, clock: Clock | None = None, *, blocking: bool = False) -> None:
         self.clock: Clock = clock or HostClock()
+        self.blocking = blocking
+        """The hook returns only once its collectives are done (FSDP's all-reduce hook): no
+        communication hides behind the backward, so nothing is hideable."""
         self._lock = threading.Lock()
         self._current: _Step | None = None
         self._forward_done: Stamp | None = None
@@ -342,7 +345,7 @@ class StepProfiler:
         forward_done = read(step.forward_done) if step.forward_done is not None else first_ready
         waits = sum(read(b) - read(a) for a, b in step.waits)
         backward = max(0.0, last_ready - forward_done - hook_before_last)
-        hideable = max(0.0, last_ready - first_ready - hook_before_last)
+        hideable = 0.0 if self.blocking else max(0.0, last_ready - first_ready - hook_before_last)
         services = _service_times(step.collectives, read)
         busy = sum(s for _, s in services)
         ends = [read(r.done) for r, _ in services if r.done is not None]
@@ -368,7 +371,8 @@ class StepProfiler:
             compress_seconds=work,
             exposed_seconds=exposed,
             bucket_hideable_seconds={
-                index: max(0.0, last_compute - ready) for index, ready in ready_compute.items()
+                index: 0.0 if self.blocking else max(0.0, last_compute - ready)
+                for index, ready in ready_compute.items()
             },
         )
 

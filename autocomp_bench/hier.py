@@ -3,7 +3,7 @@
 Run as::
 
     autocomp-bench hier [--task gpt] [--rate 200mbit] [--budget-s 40] [--evals 4]
-        [--methods allreduce,flat,hier,hsdp,hsdp-autocomp] [--threads 1]
+        [--methods allreduce,flat,hier,hsdp,hsdp-autocomp,hsdp-adaptive] [--threads 1]
         [--json out.json] [--markdown out.md] [--from-json saved.json]
 
 (or ``python -m autocomp_bench.hier``). Four gloo ranks as two "nodes": two network
@@ -83,6 +83,8 @@ METHODS: dict[str, str] = {
     "blocks, then the root)",
     "hsdp-autocomp": '`fully_shard(..., mesh=mesh["shard"])`, then '
     "`autocomp.wrap_fsdp(model, mesh)` (its default plan)",
+    "hsdp-adaptive": '`fully_shard(..., mesh=mesh["shard"])`, then '
+    f"`autocomp.wrap_fsdp(model, mesh, target_overlap={TARGET_OVERLAP})` (the policy decides)",
 }
 """Method name -> one line for the report."""
 
@@ -126,9 +128,11 @@ def method_problems() -> dict[str, str]:
     try:
         from torch.distributed.fsdp import fully_shard  # noqa: F401
     except ImportError:
-        problems["hsdp"] = problems["hsdp-autocomp"] = "torch has no FSDP2 fully_shard"
+        for name in ("hsdp", "hsdp-autocomp", "hsdp-adaptive"):
+            problems[name] = "torch has no FSDP2 fully_shard"
     if not hasattr(autocomp, "wrap_fsdp"):
         problems.setdefault("hsdp-autocomp", "autocomp has no wrap_fsdp")
+        problems.setdefault("hsdp-adaptive", "autocomp has no wrap_fsdp")
     return problems
 
 

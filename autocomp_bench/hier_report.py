@@ -176,6 +176,8 @@ def hier_checks(rows: list[dict[str, Any]]) -> list[Check]:
     else:
         checks.append(Check(name, None, "hier did not run or failed"))
     checks.append(_lower_loss(by_method, "hsdp-autocomp", "hsdp"))
+    if "hsdp-adaptive" in by_method:
+        checks.append(_lower_loss(by_method, "hsdp-adaptive", "hsdp"))
     return checks
 
 

@@ -30,7 +30,7 @@ from autocomp_bench import worker
 
 __all__ = ["HSDP_METHODS", "main", "parameter_digest", "shard_model"]
 
-HSDP_METHODS: tuple[str, ...] = ("hsdp", "hsdp-autocomp")
+HSDP_METHODS: tuple[str, ...] = ("hsdp", "hsdp-autocomp", "hsdp-adaptive")
 LOOP = "hier-budget"
 
 _shared_attach = worker.attach
@@ -87,7 +87,11 @@ def attach(method: str, model: Any, cfg: dict[str, Any]) -> worker.Attached:
     # No start-up broadcast of replica 0's shards: like DDP's init_sync=False in the shared
     # attach, check_same_init has already verified that every rank built the same weights.
     config = FSDPController.Config(broadcast_parameters=False)
-    ctl = autocomp.wrap_fsdp(model, mesh, cfg.get("fsdp_plan"), config=config)
+    if method == "hsdp-adaptive":
+        target = float(cfg.get("target_overlap", 0.9))
+        ctl = autocomp.wrap_fsdp(model, mesh, target_overlap=target, config=config)
+    else:
+        ctl = autocomp.wrap_fsdp(model, mesh, cfg.get("fsdp_plan"), config=config)
     return worker.Attached(model, ctl, None)
 
 

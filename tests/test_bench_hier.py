@@ -42,7 +42,7 @@ from autocomp_bench.shaped_link import shaped_link_unavailable_reason
 def test_defaults() -> None:
     args, config = hier.parse_config([])
     assert config.task == "gpt" and config.rate_mbit == 200.0 and config.budget_s == 40.0
-    assert config.methods == ["allreduce", "flat", "hier", "hsdp", "hsdp-autocomp"]
+    assert config.methods == ["allreduce", "flat", "hier", "hsdp", "hsdp-autocomp", "hsdp-adaptive"]
     assert args.json is None and args.from_json is None
 
 

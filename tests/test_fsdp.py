@@ -5,7 +5,9 @@ packing. Tier 2 (4 local gloo ranks on a 2x2 mesh, spawned processes): with plan
 parameters match FSDP2's native HSDP bit for bit; with compressors (PowerSGD's two rounds,
 a gathered topk, an fp16 all-reduce, an empty local shard) every replica of a shard stays
 bit-identical, the loss falls over 30 steps, and the bytes sent across the replicate dimension
-are exactly what the compressors report; bad input fails with a clear error on every rank.
+are exactly what the compressors report; bad input fails with a clear error on every rank; in
+adaptive mode the window loop decides (pins applied), measures the link and plans nothing as
+hideable (FSDP's hook blocks).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def test_default_plan_compresses_matrices_only() -> None:
 
 def test_config_defaults() -> None:
     config = FSDPController.Config()
-    assert (config.seed, config.warmup_steps, config.broadcast_parameters) == (None, 0, True)
+    assert (config.seed, config.warmup_steps, config.broadcast_parameters) == (None, None, True)
     with pytest.raises(TypeError):
         FSDPController.Config(0)  # type: ignore[misc]  # keyword-only
 
@@ -286,3 +288,54 @@ def test_compressed_replicas_agree_loss_falls_bytes_exact(tmp_path: Path) -> Non
     assert layers["0.weight"]["wire_bytes_per_step"] == 192
     assert layers["2.weight"]["wire_bytes_per_step"] == 408
     assert layers["0.bias"]["wire_bytes_per_step"] == 16 * 2
+
+
+def _adaptive(rank: int, world: int) -> dict[str, Any]:
+    mesh = _mesh()
+    model = _shard(_net(), mesh["shard"])
+    ctl = autocomp.wrap_fsdp(
+        model,
+        mesh,
+        {"2.weight": "topk:ratio=0.1"},  # a pin: the policy must apply it
+        target_overlap=0.9,
+        window=4,
+        config=FSDPController.Config(warmup_steps=4),
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for step in range(20):
+        x, y = _batch(rank, step)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        ctl.observe_loss(loss.detach())
+        opt.step()
+        losses.append(loss.item())
+    assert ctl.adaptive is not None
+    history = ctl.history
+    result = {
+        "mode": ctl.mode,
+        "losses": losses,
+        "windows": len(history),
+        "hideable": [r.hideable_seconds for r in history],
+        "comm": [r.comm_busy_seconds for r in history],
+        "plan": ctl.plan,
+        "identical": _replicas_identical(model, mesh.get_group(0)),
+    }
+    ctl.close()
+    return result
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(180)
+def test_adaptive_policy_decides_for_fsdp(tmp_path: Path) -> None:
+    results = run_ranks(_adaptive, WORLD, tmp_path, timeout=170)
+    for rank, r in enumerate(results):
+        assert r["mode"] == "adaptive" and r["identical"], rank
+        assert r["windows"] >= 3, r
+        # FSDP's hook blocks: nothing is hideable, and the link was measured.
+        assert all(h == 0.0 for h in r["hideable"]), r["hideable"]
+        assert any(c > 0 for c in r["comm"]), r["comm"]
+        assert r["plan"]["2.weight"].startswith("topk:ratio=0.1"), r["plan"]
+        first, last = sum(r["losses"][:5]) / 5, sum(r["losses"][-5:]) / 5
+        assert last < 0.5 * first, r["losses"]

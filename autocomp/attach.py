@@ -219,9 +219,16 @@ def _hierarchy(setting: str | bool, group: dist.ProcessGroup | None) -> Hierarch
     (collective; the same answer, or the same error, on every rank)."""
     if setting is False:
         return None
-    topology = detect_topology(group)
+    topology, unknown = detect_topology(group)
     problem: Exception | None = None
     use = False
+    if unknown is not None:
+        # Every rank holds a reason here, so every rank takes the same branch.
+        if setting is True:
+            raise ValueError(f"hierarchy=True: cannot tell the nodes apart: {unknown}")
+        if dist.get_rank(group) == 0:
+            logger.warning("autocomp: hierarchy='auto' falls back to a flat reduce: %s", unknown)
+        return None
     try:
         use = resolve_hierarchy(setting, topology, group)  # type: ignore[arg-type]
     except ValueError as err:

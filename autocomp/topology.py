@@ -26,9 +26,10 @@ import socket
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
 import torch.distributed as dist
 
-from autocomp.distributed import gather_digests, raise_together
+from autocomp.distributed import collective_device, gather_digests
 
 __all__ = ["HierarchyGroups", "Topology", "build_hierarchy_groups", "detect_topology"]
 
@@ -97,11 +98,13 @@ class Topology:
         return f"{self.num_nodes} nodes x {self.local_world_size} ranks"
 
 
-def detect_topology(group: dist.ProcessGroup | None = None) -> Topology:
+def detect_topology(group: dist.ProcessGroup | None = None) -> tuple[Topology, str | None]:
     """Collective over ``group``: every rank's node, from the environment (one all-gather).
 
-    Raises ValueError on every rank when ``LOCAL_WORLD_SIZE`` disagrees with the ranks that
-    report the same node (a launcher misconfiguration the reduce would otherwise trip on).
+    Also returns why the table cannot be trusted, or None: ``LOCAL_WORLD_SIZE`` disagreeing
+    with the ranks that report the same node (ranks in separate network namespaces of one
+    host without ``GROUP_RANK``, or a launcher misconfiguration). Every rank gets a reason
+    when any rank found one (one more all-reduce), so every rank decides alike.
     """
     key = node_key()
     digests = gather_digests(hashlib.sha256(key.encode()).digest(), group)
@@ -112,13 +115,16 @@ def detect_topology(group: dist.ProcessGroup | None = None) -> Topology:
     declared = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
     problem = None
     if declared.isdigit() and int(declared) != topology.local_world_size:
-        problem = ValueError(
+        problem = (
             f"LOCAL_WORLD_SIZE={declared} but {topology.local_world_size} ranks of this group "
             f"report this node ({key}); set GROUP_RANK or NODE_RANK per node, as torchrun does"
         )
-
-    raise_together(problem, group, "autocomp's node detection")
-    return topology
+    flag = torch.tensor([0 if problem is None else 1], dtype=torch.int64)
+    flag = flag.to(collective_device(group))
+    dist.all_reduce(flag, group=group)
+    if problem is None and int(flag.item()):
+        problem = "the node table is inconsistent on another rank; see that rank's log"
+    return topology, problem
 
 
 def resolve_hierarchy(

@@ -305,3 +305,37 @@ def test_slow_node_link_is_reported_once(caplog: pytest.LogCaptureFixture) -> No
         AdaptiveLoop._check_node_link(loop, record(40e6, 25e6))  # type: ignore[arg-type]
     warnings = [r for r in caplog.records if "hierarchy=False" in r.getMessage()]
     assert len(warnings) == 1
+
+
+def _auto_with_ambiguous_nodes(rank: int, world_size: int) -> dict[str, Any]:
+    # One rank per network namespace on one host, as the shaped-link benchmarks run: the
+    # launcher says one rank per node, the host names agree, and no GROUP_RANK tells them apart.
+    os.environ.pop("GROUP_RANK", None)
+    os.environ.pop("NODE_RANK", None)
+    os.environ["LOCAL_WORLD_SIZE"] = "1"
+    torch.manual_seed(0)
+    ddp = DDP(MultiBucketNet(), bucket_cap_mb=BUCKET_CAP_MB)
+    ctl = autocomp.wrap(ddp, plan={"*": "fp16"})  # hierarchy="auto"
+    x, y = classification_batch(rank, 0)
+    torch.nn.functional.cross_entropy(ddp(x), y).backward()
+    forced = _error(
+        lambda: autocomp.wrap(DDP(MultiBucketNet()), plan={"*": "none"}, hierarchy=True)
+    )
+    return {"hierarchical": ctl._state.hierarchy is not None, "forced": forced}
+
+
+def _error(fn: Any) -> str:
+    try:
+        fn()
+    except (ValueError, RuntimeError) as err:
+        return str(err)
+    return "no error"
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(180)
+def test_auto_falls_back_to_flat_when_nodes_are_ambiguous(tmp_path: Path) -> None:
+    results = run_ranks(_auto_with_ambiguous_nodes, 2, tmp_path, timeout=150)
+    for result in results:
+        assert not result["hierarchical"]
+        assert "cannot tell the nodes apart" in result["forced"], result

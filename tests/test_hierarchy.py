@@ -6,8 +6,9 @@ Tier 2 (4 local gloo ranks as 2 "nodes" of 2, set through torchrun's ``GROUP_RAN
 ``LOCAL_WORLD_SIZE``): the two-level reduce equals the flat average with no compression;
 every compressor keeps the 4 ranks bit-identical and the loss falling on a multi-bucket model;
 each node sends every layer across once (the bytes); adaptive mode plans for the cross-node
-link and reports the node link; bad settings fail on every rank; ``close()`` falls back to a
-flat all-reduce. (The shaped two-node benchmark is ``autocomp-bench hier``.)
+link and reports the node link; bad settings fail on every rank, and an ambiguous node table
+makes ``auto`` flat; ``close()`` falls back to a flat all-reduce; a checkpoint restores each
+owner's residuals and the resumed ranks stay identical. (The shaped two-node benchmark is ``autocomp-bench hier``.)
 """
 
 from __future__ import annotations
@@ -339,3 +340,50 @@ def test_auto_falls_back_to_flat_when_nodes_are_ambiguous(tmp_path: Path) -> Non
     for result in results:
         assert not result["hierarchical"]
         assert "cannot tell the nodes apart" in result["forced"], result
+
+
+def _resume(rank: int, world_size: int, path: str) -> dict[str, Any]:
+    """Train, save every rank's controller state, resume into a fresh DDP model, train on."""
+    _as_node(rank)
+
+    def build() -> tuple[Any, Any, Any]:
+        torch.manual_seed(0)
+        model = MultiBucketNet()
+        ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
+        ctl = autocomp.wrap(ddp, plan=MIXED_PLAN, hierarchy=True)
+        return model, ddp, ctl
+
+    def train(ddp: Any, opt: Any, steps: range) -> None:
+        for step in steps:
+            x, y = classification_batch(rank, step)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+
+    model, ddp, ctl = build()
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    train(ddp, opt, range(6))
+    saved = {"model": model.state_dict(), "autocomp": ctl.state_dict()}
+    residuals = sorted(n for n, s in ctl._state.slots.items() if s.residual is not None)
+    torch.save(saved, f"{path}/rank{rank}.pt")
+    ctl.close()
+
+    model2, ddp2, ctl2 = build()
+    loaded = torch.load(f"{path}/rank{rank}.pt", weights_only=False)
+    model2.load_state_dict(loaded["model"])
+    ctl2.load_state_dict(loaded["autocomp"])
+    restored = sorted(n for n, s in ctl2._state.slots.items() if s.residual is not None)
+    opt2 = torch.optim.SGD(ddp2.parameters(), lr=0.05)
+    train(ddp2, opt2, range(6, 10))
+    params = torch.cat([p.detach().reshape(-1) for p in model2.parameters()])
+    return {"residuals": residuals, "restored": restored, "step": ctl2.step, "params": params}
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(240)
+def test_checkpoint_resume_keeps_each_owners_residuals(tmp_path: Path) -> None:
+    results = run_ranks(_resume, 4, tmp_path / "ranks", str(tmp_path))
+    for result in results:
+        assert result["residuals"] and result["restored"] == result["residuals"]
+        assert result["step"] == 10
+        assert torch.equal(result["params"], results[0]["params"])

@@ -8,7 +8,8 @@ every compressor keeps the 4 ranks bit-identical and the loss falling on a multi
 each node sends every layer across once (the bytes); adaptive mode plans for the cross-node
 link and reports the node link; bad settings fail on every rank, and an ambiguous node table
 makes ``auto`` flat; ``close()`` falls back to a flat all-reduce; a checkpoint restores each
-owner's residuals and the resumed ranks stay identical. (The shaped two-node benchmark is ``autocomp-bench hier``.)
+owner's residuals and the resumed ranks stay identical. (The shaped two-node benchmark is
+``autocomp-bench hier``.)
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ Pure logic: no collectives, no clocks, no randomness. **Every rank must feed the
 same numbers in the same order** (the controller combines ranks' observations first, e.g. an
 all-reduce of squared norms and of the loss), because the decisions change what each rank
 sends; diverging decisions would mismatch the collectives and hang. The guard names, actions
-and events are in :mod:`autocomp.guard_events`; the tensor helpers that turn gradients and
+and events are in :mod:`autocomp.guard_events`, the loss-divergence test in
+:mod:`autocomp.guard_loss`; the tensor helpers that turn gradients and
 residuals into the numbers fed here are in :mod:`autocomp.guard_inputs`.
 
 Integration contract (what the controller/hook wire up):
@@ -89,6 +90,7 @@ from autocomp.guard_events import (
     WARMUP,
     GuardEvent,
 )
+from autocomp.guard_loss import LossDivergence
 
 logger = logging.getLogger(__name__)
 
@@ -168,24 +170,20 @@ class ConvergenceGuards:
         self.config = config if config is not None else ConvergenceGuards.Config()
         self._layers: dict[str, None] = dict.fromkeys(layers)
         self._warmup_announced = False
-        self._loss_ewma: float | None = None
-        self._loss_baseline: float | None = None
-        self._loss_streak = 0
-        self._loss_reference: float | None = None
-        """EWMA when the current above-threshold streak began."""
-        self._loss_escalation_bar: float | None = None
-        """EWMA level a further loss back-off must exceed (last back-off's EWMA + margin)."""
-        self._loss_troubled = False
-        """A loss observation was above the divergence threshold since the last window."""
+        self._loss = LossDivergence(
+            self.config.loss_ewma_alpha,
+            self.config.loss_divergence_ratio,
+            self.config.loss_patience,
+        )
         self._global_level = 0
         self._global_quiet = 0
         self._layer_level: dict[str, int] = {}
         self._layer_quiet: dict[str, int] = {}
         self._prev_grad_norm: dict[str, float] = {}
+        """Reference gradient norm per layer (smoothed over calm windows)."""
         self._common_ratio: float | None = None
         """Median norm/reference ratio of the last window without a loss-scale change: the
         common drift, divided out when looking for a scale change."""
-        """Reference gradient norm per layer (smoothed over calm windows)."""
         self._block_norms: dict[str, list[float]] = {}
         """The window norms of each layer's current Accordion interval."""
         self._critical_streak: dict[str, int] = {}
@@ -245,14 +243,8 @@ class ConvergenceGuards:
     def observe_loss(self, step: int, loss: float) -> None:
         """Feed the rank-averaged training loss of ``step``.
 
-        Warm-up losses build the EWMA; at the first loss after warm-up the EWMA is frozen as
-        the baseline (that loss itself if warm-up saw none). Afterwards the loss diverges when
-        its EWMA stays above ``baseline + margin`` (``margin = (ratio - 1) * |baseline|``) for
-        ``loss_patience`` observations in a row and ends that streak higher than it began:
-        every layer then backs off one level. A single spike only decays, so it never fires.
-        Each further back-off needs the EWMA to stay above ``EWMA at the last back-off +
-        margin`` the same way, so the EWMA catching up with a loss that merely stays high
-        does not escalate. Non-finite losses are recorded and otherwise ignored.
+        When the loss diverges (the rule is in :mod:`autocomp.guard_loss`), every layer backs
+        off one level. Non-finite losses are recorded and otherwise ignored.
         """
         self._note_step(step)
         value = float(loss)
@@ -260,53 +252,15 @@ class ConvergenceGuards:
             detail = f"loss is {value}; not fed to the EWMA"
             self._record(step, NONFINITE, None, detail, ACTION_IGNORED)
             return
-        cfg = self.config
-        if step >= self._warmup_end and self._loss_baseline is None:
-            self._loss_baseline = value if self._loss_ewma is None else self._loss_ewma
-            logger.info(
-                "autocomp guards step %d: loss baseline %.6g frozen", step, self._loss_baseline
-            )
-        if self._loss_ewma is None:
-            self._loss_ewma = value
-        else:
-            self._loss_ewma += cfg.loss_ewma_alpha * (value - self._loss_ewma)
-        if self._loss_baseline is None:
+        detail = self._loss.observe(step, value, compressing=step >= self._warmup_end)
+        if detail is None:
             return
-
-        ewma = self._loss_ewma
-        margin = (cfg.loss_divergence_ratio - 1.0) * abs(self._loss_baseline)
-        threshold = self._loss_baseline + margin
-        if ewma <= threshold:
-            self._loss_streak = 0
-            self._loss_reference = None
-            self._loss_escalation_bar = None
-            return
-        self._loss_troubled = True
-        bar = threshold if self._loss_escalation_bar is None else self._loss_escalation_bar
-        if ewma <= bar:
-            self._loss_streak = 0
-            self._loss_reference = None
-            return
-        if self._loss_reference is None:
-            self._loss_reference = ewma
-        self._loss_streak += 1
-        if self._loss_streak < cfg.loss_patience or ewma <= self._loss_reference:
-            return
-
-        detail = (
-            f"loss EWMA {ewma:.6g} > {bar:.6g} ({cfg.loss_divergence_ratio:g} x baseline "
-            f"{self._loss_baseline:.6g}) for {self._loss_streak} observations, up from "
-            f"{self._loss_reference:.6g}"
-        )
-        if self._global_level < cfg.max_backoff:
+        if self._global_level < self.config.max_backoff:
             self._global_level += 1
             action = ACTION_BACK_OFF_ALL
         else:
             action = ACTION_AT_MAX
         self._global_quiet = 0
-        self._loss_streak = 0
-        self._loss_reference = None
-        self._loss_escalation_bar = max(threshold, ewma + margin)
         detail += f"; global level now {self._global_level}"
         self._record(step, LOSS_DIVERGENCE, None, detail, action)
 
@@ -346,7 +300,7 @@ class ConvergenceGuards:
             elif math.isfinite(grad):
                 self._count_quiet_layer(step, name)
 
-        if self._loss_troubled:
+        if self._loss.troubled:
             self._global_quiet = 0
         elif self._global_level > 0:
             self._global_quiet += 1
@@ -361,7 +315,7 @@ class ConvergenceGuards:
                     ACTION_RECOVER,
                 )
                 self._global_quiet = 0
-        self._loss_troubled = False
+        self._loss.troubled = False
 
     # ---- decisions for the controller --------------------------------------------------------
 
@@ -398,12 +352,12 @@ class ConvergenceGuards:
             "config": asdict(self.config),
             "layers": list(self._layers),
             "warmup_announced": self._warmup_announced,
-            "loss_ewma": self._loss_ewma,
-            "loss_baseline": self._loss_baseline,
-            "loss_streak": self._loss_streak,
-            "loss_reference": self._loss_reference,
-            "loss_escalation_bar": self._loss_escalation_bar,
-            "loss_troubled": self._loss_troubled,
+            "loss_ewma": self._loss.ewma,
+            "loss_baseline": self._loss.baseline,
+            "loss_streak": self._loss.streak,
+            "loss_reference": self._loss.reference,
+            "loss_escalation_bar": self._loss.escalation_bar,
+            "loss_troubled": self._loss.troubled,
             "global_level": self._global_level,
             "global_quiet": self._global_quiet,
             "layer_level": dict(self._layer_level),
@@ -439,12 +393,12 @@ class ConvergenceGuards:
 
         self._layers = dict.fromkeys(str(name) for name in state["layers"])
         self._warmup_announced = bool(state["warmup_announced"])
-        self._loss_ewma = optional_float(state["loss_ewma"])
-        self._loss_baseline = optional_float(state["loss_baseline"])
-        self._loss_streak = int(state["loss_streak"])
-        self._loss_reference = optional_float(state["loss_reference"])
-        self._loss_escalation_bar = optional_float(state["loss_escalation_bar"])
-        self._loss_troubled = bool(state["loss_troubled"])
+        self._loss.ewma = optional_float(state["loss_ewma"])
+        self._loss.baseline = optional_float(state["loss_baseline"])
+        self._loss.streak = int(state["loss_streak"])
+        self._loss.reference = optional_float(state["loss_reference"])
+        self._loss.escalation_bar = optional_float(state["loss_escalation_bar"])
+        self._loss.troubled = bool(state["loss_troubled"])
         self._global_level = int(state["global_level"])
         self._global_quiet = int(state["global_quiet"])
         self._layer_level = {str(k): int(v) for k, v in state["layer_level"].items()}

@@ -388,3 +388,35 @@ def test_checkpoint_resume_keeps_each_owners_residuals(tmp_path: Path) -> None:
         assert result["residuals"] and result["restored"] == result["residuals"]
         assert result["step"] == 10
         assert torch.equal(result["params"], results[0]["params"])
+
+
+def _framework_pair(rank: int, world_size: int) -> dict[str, Any]:
+    """The (state, hook) pair frameworks register binds at the first backward, hierarchy too."""
+    _as_node(rank)
+    torch.manual_seed(0)
+    model = MultiBucketNet()
+    ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
+    state, hook = autocomp.make_hook(
+        autocomp.AutocompConfig(plan={"*.weight": "powersgd:rank=2"}, hierarchy=True)
+    )
+    ddp.register_comm_hook(state, hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for step in range(4):
+        x, y = classification_batch(rank, step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    assert state.controller is not None
+    return {
+        "hierarchical": state.controller._state.hierarchy is not None,
+        "params": torch.cat([p.detach().reshape(-1) for p in model.parameters()]),
+    }
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(180)
+def test_make_hook_pair_binds_the_hierarchy(tmp_path: Path) -> None:
+    results = run_ranks(_framework_pair, 4, tmp_path, timeout=150)
+    for result in results:
+        assert result["hierarchical"]
+        assert torch.equal(result["params"], results[0]["params"])

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from autocomp.compressors import Collective, PowerSGD, build_compressor
+from autocomp_bench import report
 from autocomp_bench.compressor_cost import (
     GRADIENT,
     MB,
@@ -89,6 +90,8 @@ COLUMNS = (
     "hook ms min",
     "break-even Gbit/s",
 )
+LABEL_COLUMNS = 4
+"""Columns that are labels (left-aligned); the rest are numbers."""
 
 
 def _ratio(ratio: float) -> str:
@@ -155,18 +158,8 @@ def header_lines(machine: dict[str, Any], settings: dict[str, Any]) -> list[str]
 
 def plain_table(results: list[Result], lines: list[str], notes: list[str]) -> str:
     """The report as aligned plain text (used when rich is not installed)."""
-    rows = [list(COLUMNS)] + [_row(r) for r in results]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    out = [*lines, ""]
-    for n, row in enumerate(rows):
-        cells = [
-            cell.ljust(width) if i < 4 else cell.rjust(width)
-            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
-        ]
-        out.append("  ".join(cells).rstrip())
-        if n == 0:
-            out.append("  ".join("-" * w for w in widths))
-    return "\n".join([*out, "", *notes])
+    table = report.plain_table(COLUMNS, [_row(r) for r in results], left=LABEL_COLUMNS)
+    return "\n".join([*lines, "", *table, "", *notes])
 
 
 def render_table(results: list[Result], lines: list[str], notes: list[str]) -> None:
@@ -182,7 +175,7 @@ def render_table(results: list[Result], lines: list[str], notes: list[str]) -> N
         console.print(line, highlight=False, soft_wrap=not sys.stdout.isatty())
     table = Table(show_lines=False)
     for i, name in enumerate(COLUMNS):
-        table.add_column(name, justify="left" if i < 4 else "right")
+        table.add_column(name, justify="left" if i < LABEL_COLUMNS else "right")
     previous = None
     for r in results:
         if previous is not None and r.tensor != previous:
@@ -197,12 +190,12 @@ def render_table(results: list[Result], lines: list[str], notes: list[str]) -> N
 def markdown(results: list[Result], lines: list[str], notes: list[str], command: str) -> str:
     out = [f"Command: `{command}`", ""]
     out += [f"{line}  " for line in lines[:-1]] + [lines[-1], ""]
-    out.append("| " + " | ".join(COLUMNS) + " |")
-    out.append("|" + "|".join("---" if i < 4 else "---:" for i in range(len(COLUMNS))) + "|")
+    rows = []
     for r in results:
         cells = [cell.replace("*", "\\*") for cell in _row(r)]
         cells[1] = f"`{cells[1]}`"
-        out.append("| " + " | ".join(cells) + " |")
+        rows.append(cells)
+    out += report.markdown_table(COLUMNS, rows, left=LABEL_COLUMNS)
     if notes:
         out.append("")
         out += [f"- {note.removeprefix('* ')}" for note in notes]

@@ -32,6 +32,7 @@ import torch
 
 from autocomp.compressors import Collective, Compressor, build_compressor
 from autocomp.hook_layer import LayerReplay
+from autocomp_bench import report
 from autocomp_bench.compressor_cost import gradient_like, parse_shape, tensor_label
 from autocomp_bench.compressors import DEFAULT_CONV, DEFAULT_SIZES, DEFAULT_SPECS
 
@@ -57,6 +58,8 @@ COLUMNS = (
     "encode+decode ms",
     "GB/s",
 )
+LABEL_COLUMNS = 3
+"""Columns that are labels (left-aligned); the rest are numbers."""
 
 
 @dataclass(slots=True)
@@ -138,29 +141,18 @@ def device_line(device: torch.device) -> str:
 
 
 def plain_table(rows: list[Row], lines: list[str]) -> str:
-    table = [list(COLUMNS)] + [_cells(r) for r in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
-    out = [*lines, ""]
-    for n, row in enumerate(table):
-        cells = [
-            cell.ljust(width) if i < 3 else cell.rjust(width)
-            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
-        ]
-        out.append("  ".join(cells).rstrip())
-        if n == 0:
-            out.append("  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    table = report.plain_table(COLUMNS, [_cells(r) for r in rows], left=LABEL_COLUMNS)
+    return "\n".join([*lines, "", *table])
 
 
 def markdown(rows: list[Row], lines: list[str], command: str) -> str:
     out = [f"Command: `{command}`", ""]
     out += [f"{line}  " for line in lines[:-1]] + [lines[-1], ""]
-    out.append("| " + " | ".join(COLUMNS) + " |")
-    out.append("|" + "|".join("---" if i < 3 else "---:" for i in range(len(COLUMNS))) + "|")
+    cells = []
     for row in rows:
-        cells = _cells(row)
-        cells[1] = f"`{cells[1]}`"
-        out.append("| " + " | ".join(cells) + " |")
+        cells.append(_cells(row))
+        cells[-1][1] = f"`{cells[-1][1]}`"
+    out += report.markdown_table(COLUMNS, cells, left=LABEL_COLUMNS)
     return "\n".join(out) + "\n"
 
 

@@ -63,14 +63,15 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def plain_table(columns: Sequence[str], rows: list[list[str]]) -> list[str]:
-    """Aligned text: the first column left-aligned, the others right-aligned."""
+def plain_table(columns: Sequence[str], rows: list[list[str]], left: int = 1) -> list[str]:
+    """Aligned text: the first ``left`` columns left-aligned (labels), the others right-aligned
+    (numbers)."""
     table = [list(columns), *rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(columns))]
     out = []
     for n, row in enumerate(table):
         cells = [
-            c.ljust(w) if i == 0 else c.rjust(w)
+            c.ljust(w) if i < left else c.rjust(w)
             for i, (c, w) in enumerate(zip(row, widths, strict=True))
         ]
         out.append("  ".join(cells).rstrip())
@@ -79,9 +80,10 @@ def plain_table(columns: Sequence[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
-def markdown_table(columns: Sequence[str], rows: list[list[str]]) -> list[str]:
+def markdown_table(columns: Sequence[str], rows: list[list[str]], left: int = 1) -> list[str]:
+    """A markdown table, aligned as :func:`plain_table`."""
     out = ["| " + " | ".join(columns) + " |"]
-    out.append("|" + "|".join("---" if i == 0 else "---:" for i in range(len(columns))) + "|")
+    out.append("|" + "|".join("---" if i < left else "---:" for i in range(len(columns))) + "|")
     out += ["| " + " | ".join(row) + " |" for row in rows]
     return out
 

@@ -47,7 +47,7 @@ import torch.distributed as dist
 from autocomp.hook import BucketWork, autocomp_hook, exchange_now
 from autocomp.hook_layer import LayerSlot
 from autocomp.hook_state import BucketLayout, HookState
-from autocomp.timing import Stamp, clock_for
+from autocomp.timing import clock_for
 from autocomp.topology import HierarchyGroups
 
 __all__ = ["HierarchicalReduce", "hierarchical_hook", "split_runs"]
@@ -58,9 +58,10 @@ logger = logging.getLogger(__name__)
 def split_runs(sizes: list[int], parts: int) -> list[tuple[int, int]]:
     """Cut a sequence of layer sizes into ``parts`` contiguous runs of about equal total.
 
-    Returns ``(first, stop)`` layer indices per run (a run may be empty). Run j ends at the
-    first layer boundary at or past j/parts of the total, so the largest run is at most the
-    ideal share plus one layer; a pure function of the sizes, hence identical on every rank.
+    Returns ``(first, stop)`` layer indices per run (a run may be empty). A layer joins run j
+    while its midpoint lies within the first j/parts of the total (the last run takes the
+    rest), so no run exceeds the ideal share by more than one layer; a pure function of the
+    sizes, hence identical on every rank.
     """
     total = sum(sizes)
     runs, first, acc = [], 0, 0
@@ -125,7 +126,8 @@ class HierarchicalReduce:
         self._layouts: dict[int, _ShardLayout] = {}
         self._exchange = _OrderedWorker("autocomp-exchange")
         self._finish = _OrderedWorker("autocomp-finish")
-        self._intra: list[tuple[int, Stamp, Any]] = []
+        self._intra: list[list[Any]] = []
+        """``[bytes, launched, finished]`` of each timed gather (finished set on completion)."""
         self._intra_lock = threading.Lock()
         self._clock: Any = None
 
@@ -182,14 +184,14 @@ class HierarchicalReduce:
         if self._clock is None:
             self._clock = clock_for(buffer.device)
         clock = self._clock
-        entry: list[Any] = [payload_bytes, clock.stamp(), None]
+        entry = [payload_bytes, clock.stamp(), None]
 
         def done(_: Any) -> None:
             entry[2] = clock.stamp()
 
         fut.add_done_callback(done)
         with self._intra_lock:
-            self._intra.append(entry)  # type: ignore[arg-type]
+            self._intra.append(entry)
 
     def take_intra_samples(self) -> list[tuple[int, float]]:
         """``(bytes per rank, seconds)`` of the intra-node collectives finished since last
@@ -199,7 +201,13 @@ class HierarchicalReduce:
         if not entries or self._clock is None:
             return []
         clock = self._clock
-        ready = [e for e in entries if e[2] is not None and clock.ready((e[1], e[2]))]
+        ready, pending = [], []
+        for entry in entries:
+            done = entry[2] is not None and clock.ready((entry[1], entry[2]))
+            (ready if done else pending).append(entry)
+        if pending:  # still in flight (a device clock): read at the next window
+            with self._intra_lock:
+                self._intra[:0] = pending
         samples = []
         for payload_bytes, started, finished in ready:
             read = clock.reader(started)

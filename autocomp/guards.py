@@ -31,7 +31,8 @@ same numbers in the same order** (the controller combines ranks' observations fi
 all-reduce of squared norms and of the loss), because the decisions change what each rank
 sends; diverging decisions would mismatch the collectives and hang. The guard names, actions
 and events are in :mod:`autocomp.guard_events`, the loss-divergence test in
-:mod:`autocomp.guard_loss`; the tensor helpers that turn gradients and
+:mod:`autocomp.guard_loss`, the critical-regime and loss-scale tests on gradient norms in
+:mod:`autocomp.guard_regimes`; the tensor helpers that turn gradients and
 residuals into the numbers fed here are in :mod:`autocomp.guard_inputs`.
 
 Integration contract (what the controller/hook wire up):
@@ -61,7 +62,6 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -91,6 +91,7 @@ from autocomp.guard_events import (
     GuardEvent,
 )
 from autocomp.guard_loss import LossDivergence
+from autocomp.guard_regimes import NormRegimes
 
 logger = logging.getLogger(__name__)
 
@@ -179,15 +180,13 @@ class ConvergenceGuards:
         self._global_quiet = 0
         self._layer_level: dict[str, int] = {}
         self._layer_quiet: dict[str, int] = {}
-        self._prev_grad_norm: dict[str, float] = {}
-        """Reference gradient norm per layer (smoothed over calm windows)."""
-        self._common_ratio: float | None = None
-        """Median norm/reference ratio of the last window without a loss-scale change: the
-        common drift, divided out when looking for a scale change."""
-        self._block_norms: dict[str, list[float]] = {}
-        """The window norms of each layer's current Accordion interval."""
-        self._critical_streak: dict[str, int] = {}
-        """Consecutive windows over the Accordion threshold (signed: + up, - down)."""
+        self._norms = NormRegimes(
+            change=self.config.critical_change,
+            patience=self.config.critical_patience,
+            smoothing=self.config.norm_smoothing,
+            block=self.config.critical_block,
+            scale_tolerance=self.config.loss_scale_tolerance,
+        )
         self._warmup_end = self.config.warmup_steps
         self._pending_resets: set[str] = set()
         self._uncompressed_steps: set[int] = set()
@@ -362,9 +361,9 @@ class ConvergenceGuards:
             "global_quiet": self._global_quiet,
             "layer_level": dict(self._layer_level),
             "layer_quiet": dict(self._layer_quiet),
-            "prev_grad_norm": dict(self._prev_grad_norm),
-            "critical_streak": dict(self._critical_streak),
-            "block_norms": {k: list(v) for k, v in self._block_norms.items()},
+            "prev_grad_norm": dict(self._norms.reference),
+            "critical_streak": dict(self._norms.streak),
+            "block_norms": {k: list(v) for k, v in self._norms.block_norms.items()},
             "warmup_end": self._warmup_end,
             "pending_resets": sorted(self._pending_resets),
             "uncompressed_steps": sorted(self._uncompressed_steps),
@@ -403,11 +402,9 @@ class ConvergenceGuards:
         self._global_quiet = int(state["global_quiet"])
         self._layer_level = {str(k): int(v) for k, v in state["layer_level"].items()}
         self._layer_quiet = {str(k): int(v) for k, v in state["layer_quiet"].items()}
-        self._prev_grad_norm = {str(k): float(v) for k, v in state["prev_grad_norm"].items()}
-        self._critical_streak = {
-            str(k): int(v) for k, v in state.get("critical_streak", {}).items()
-        }
-        self._block_norms = {
+        self._norms.reference = {str(k): float(v) for k, v in state["prev_grad_norm"].items()}
+        self._norms.streak = {str(k): int(v) for k, v in state.get("critical_streak", {}).items()}
+        self._norms.block_norms = {
             str(k): [float(x) for x in v] for k, v in state.get("block_norms", {}).items()
         }
         self._warmup_end = int(state.get("warmup_end", self.config.warmup_steps))
@@ -457,80 +454,17 @@ class ConvergenceGuards:
 
     def _check_critical(self, step: int, name: str, grad: float, compressing: bool) -> bool:
         """Accordion test of an interval against the reference; True if the layer backed off."""
-        if not math.isfinite(grad):
-            return False  # keep the last finite norm as the reference
-        cfg = self.config
-        block = [*self._block_norms.get(name, []), grad]
-        if len(block) < cfg.critical_block:
-            self._block_norms[name] = block
+        detail = self._norms.check_critical(name, grad, compressing)
+        if detail is None:
             return False
-        self._block_norms[name] = []
-        level = statistics.median(block)
-        reference = self._prev_grad_norm.get(name)
-        if reference is None or reference <= 0.0:
-            self._prev_grad_norm[name] = level
-            self._critical_streak[name] = 0
-            return False
-        change = (level - reference) / reference
-        if abs(change) <= cfg.critical_change or not compressing:
-            # Calm (or not compressing yet): the reference follows, smoothed.
-            self._prev_grad_norm[name] = reference + cfg.norm_smoothing * (level - reference)
-            self._critical_streak[name] = 0
-            return False
-        direction = 1 if change > 0 else -1
-        streak = self._critical_streak.get(name, 0)
-        streak = streak + direction if streak * direction > 0 else direction
-        self._critical_streak[name] = streak
-        if abs(streak) < cfg.critical_patience:
-            return False  # the reference stays where the calm intervals left it
-        self._prev_grad_norm[name] = level  # the new regime is the next reference
-        self._critical_streak[name] = 0
-        unit = "intervals" if cfg.critical_block > 1 else "windows"
-        detail = (
-            f"|d|g||/|g| = {abs(change):.3g} > {cfg.critical_change:g} for {abs(streak)} "
-            f"{unit} (|g| {reference:.4g} -> {level:.4g})"
-        )
         self._back_off_layer(step, CRITICAL_REGIME, name, detail, reset=False)
         return True
 
     def _check_loss_scale(self, step: int, grad_norms: Mapping[str, float]) -> None:
         """Rescale the references when all layers moved by one power of two (GradScaler)."""
-        ratios = []
-        for name, grad in grad_norms.items():
-            reference = self._prev_grad_norm.get(name)
-            if reference and reference > 0 and math.isfinite(grad) and grad > 0:
-                ratio = grad / reference
-                if math.isfinite(ratio) and ratio > 0:
-                    ratios.append(ratio)
-        if len(ratios) < 2:
+        factor = self._norms.check_loss_scale(grad_norms)
+        if factor is None:
             return
-        ratios.sort()
-        median = ratios[len(ratios) // 2]
-        # Norms drift while training (7-17% per window measured at lr 0.1), and a 2x scale
-        # growth on top of a 7.5% drift measures 2.15x, outside the tolerance. So the change is
-        # also tried with the last window's common drift divided out.
-        trends = [1.0] if self._common_ratio is None else [1.0, self._common_ratio]
-        exponent = 0
-        for trend in trends:
-            value = math.log2(median / trend)
-            nearest = round(value)
-            if nearest == 0 or abs(nearest) > 64:
-                continue
-            if abs(value - nearest) > self.config.loss_scale_tolerance:
-                continue
-            # Every layer must share the factor (a loss scale multiplies all gradients alike).
-            shared = sum(1 for r in ratios if abs(math.log2(r / trend) - nearest) <= 0.25)
-            if shared >= 0.8 * len(ratios):
-                exponent = nearest
-                break
-        if exponent == 0:
-            self._common_ratio = median
-            return
-        factor = 2.0**exponent
-        for name in self._prev_grad_norm:
-            self._prev_grad_norm[name] *= factor
-        for name, block in self._block_norms.items():
-            self._block_norms[name] = [value * factor for value in block]
         detail = f"all gradient norms moved by {factor:g}x at once (loss scale change)"
         self._record(step, LOSS_SCALE, None, detail, ACTION_RESCALED)
 

@@ -27,6 +27,7 @@ import logging
 import shlex
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -156,10 +157,48 @@ def header_lines(machine: dict[str, Any], settings: dict[str, Any]) -> list[str]
     ]
 
 
+def text_report(
+    columns: Sequence[str],
+    rows: list[list[str]],
+    lines: list[str],
+    *,
+    left: int,
+    notes: Sequence[str] | None = None,
+) -> str:
+    """Header ``lines``, then the aligned table, then ``notes`` (after a blank line; no notes
+    section when None). Shared with :mod:`autocomp_bench.gpu_check`, whose table has the same
+    layout."""
+    out = [*lines, "", *report.plain_table(columns, rows, left=left)]
+    if notes is not None:
+        out += ["", *notes]
+    return "\n".join(out)
+
+
+def markdown_report(
+    columns: Sequence[str],
+    rows: list[list[str]],
+    lines: list[str],
+    command: str,
+    *,
+    left: int,
+    notes: Sequence[str] = (),
+) -> str:
+    """The markdown form of :func:`text_report`: the command, the header lines, the table
+    with column 1 (the compressor spec) set as code, and the notes as a list."""
+    out = [f"Command: `{command}`", ""]
+    out += [f"{line}  " for line in lines[:-1]] + [lines[-1], ""]
+    cells = [[row[0], f"`{row[1]}`", *row[2:]] for row in rows]
+    out += report.markdown_table(columns, cells, left=left)
+    if notes:
+        out.append("")
+        out += [f"- {note.removeprefix('* ')}" for note in notes]
+    return "\n".join(out) + "\n"
+
+
 def plain_table(results: list[Result], lines: list[str], notes: list[str]) -> str:
     """The report as aligned plain text (used when rich is not installed)."""
-    table = report.plain_table(COLUMNS, [_row(r) for r in results], left=LABEL_COLUMNS)
-    return "\n".join([*lines, "", *table, "", *notes])
+    rows = [_row(r) for r in results]
+    return text_report(COLUMNS, rows, lines, left=LABEL_COLUMNS, notes=notes)
 
 
 def render_table(results: list[Result], lines: list[str], notes: list[str]) -> None:
@@ -188,18 +227,8 @@ def render_table(results: list[Result], lines: list[str], notes: list[str]) -> N
 
 
 def markdown(results: list[Result], lines: list[str], notes: list[str], command: str) -> str:
-    out = [f"Command: `{command}`", ""]
-    out += [f"{line}  " for line in lines[:-1]] + [lines[-1], ""]
-    rows = []
-    for r in results:
-        cells = [cell.replace("*", "\\*") for cell in _row(r)]
-        cells[1] = f"`{cells[1]}`"
-        rows.append(cells)
-    out += report.markdown_table(COLUMNS, rows, left=LABEL_COLUMNS)
-    if notes:
-        out.append("")
-        out += [f"- {note.removeprefix('* ')}" for note in notes]
-    return "\n".join(out) + "\n"
+    rows = [[cell.replace("*", "\\*") for cell in _row(r)] for r in results]
+    return markdown_report(COLUMNS, rows, lines, command, left=LABEL_COLUMNS, notes=notes)
 
 
 # ---- command line ----------------------------------------------------------------------------

@@ -32,9 +32,14 @@ import torch
 
 from autocomp.compressors import Collective, Compressor, build_compressor
 from autocomp.hook_layer import LayerReplay
-from autocomp_bench import report
 from autocomp_bench.compressor_cost import gradient_like, parse_shape, tensor_label
-from autocomp_bench.compressors import DEFAULT_CONV, DEFAULT_SIZES, DEFAULT_SPECS
+from autocomp_bench.compressors import (
+    DEFAULT_CONV,
+    DEFAULT_SIZES,
+    DEFAULT_SPECS,
+    markdown_report,
+    text_report,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -141,19 +146,14 @@ def device_line(device: torch.device) -> str:
 
 
 def plain_table(rows: list[Row], lines: list[str]) -> str:
-    table = report.plain_table(COLUMNS, [_cells(r) for r in rows], left=LABEL_COLUMNS)
-    return "\n".join([*lines, "", *table])
+    """The table as aligned plain text, after the header ``lines``."""
+    return text_report(COLUMNS, [_cells(r) for r in rows], lines, left=LABEL_COLUMNS)
 
 
 def markdown(rows: list[Row], lines: list[str], command: str) -> str:
-    out = [f"Command: `{command}`", ""]
-    out += [f"{line}  " for line in lines[:-1]] + [lines[-1], ""]
-    cells = []
-    for row in rows:
-        cells.append(_cells(row))
-        cells[-1][1] = f"`{cells[-1][1]}`"
-    out += report.markdown_table(COLUMNS, cells, left=LABEL_COLUMNS)
-    return "\n".join(out) + "\n"
+    """The table as markdown, after the command and the header ``lines``."""
+    cells = [_cells(r) for r in rows]
+    return markdown_report(COLUMNS, cells, lines, command, left=LABEL_COLUMNS)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -219,12 +219,7 @@ class Controller:
         if self.adaptive is not None:
             self.adaptive.close()
         self._stop_dashboard()
-        self._state.enabled = False
-        if self._state.hierarchy is not None:
-            self._state.hierarchy.close()  # after its queued buckets; the hook is flat from now
-        for slot in self._state.slots.values():
-            slot.residual = None
-            slot.state = {}
+        self._state.disable()
         self._closed = True
 
     @property

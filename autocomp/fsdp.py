@@ -197,10 +197,7 @@ class FSDPController:
             return
         if self.adaptive is not None:
             self.adaptive.close()
-        self._state.enabled = False
-        for slot in self._state.slots.values():
-            slot.residual = None
-            slot.state = {}
+        self._state.disable()
         self._closed = True
 
     @property

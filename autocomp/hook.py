@@ -109,11 +109,7 @@ class BucketWork:
 
 def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook applying each parameter's compressor; see the module docstring."""
-    state.resolve_nonfinite()
-    if not state._in_step:
-        state._in_step = True
-        if state.step_listener is not None:
-            state.step_listener(state.step)
+    state.enter_hook()
     profiler = state.profiler
     entered = profiler.hook_entered(bucket.index()) if profiler is not None else None
     pending, state.pending_round = state.pending_round, None

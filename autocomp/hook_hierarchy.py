@@ -227,11 +227,7 @@ def hierarchical_hook(
     assert hierarchy is not None, "hierarchical_hook needs a HookState with a hierarchy"
     if not state.enabled:  # closed: a plain flat all-reduce, as the flat hook does then
         return autocomp_hook(state, bucket)
-    state.resolve_nonfinite()
-    if not state._in_step:
-        state._in_step = True
-        if state.step_listener is not None:
-            state.step_listener(state.step)
+    state.enter_hook()
     profiler = state.profiler
     entered = profiler.hook_entered(bucket.index()) if profiler is not None else None
     buffer = bucket.buffer()

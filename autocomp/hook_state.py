@@ -91,6 +91,25 @@ class HookState:
         """Ranks sending concurrently over one instance of that link (a node's owners)."""
         return self.hierarchy.local_world_size if self.hierarchy is not None else 1
 
+    def enter_hook(self) -> None:
+        """First thing of every hook call: last step's non-finite flags, then, at the first
+        call of a step, the step listener (window boundaries), before any of its collectives."""
+        self.resolve_nonfinite()
+        if not self._in_step:
+            self._in_step = True
+            if self.step_listener is not None:
+                self.step_listener(self.step)
+
+    def disable(self) -> None:
+        """Stop compressing for good (``close()``): the hook sends plain averages from the
+        next call on, and every layer's residual and compressor state is freed."""
+        self.enabled = False
+        if self.hierarchy is not None:
+            self.hierarchy.close()  # after its queued buckets; the hook is flat from now
+        for slot in self.slots.values():
+            slot.residual = None
+            slot.state = {}
+
     def resolve_nonfinite(self) -> None:
         """React to last step's non-finite averages, identically on every rank.
 

@@ -14,6 +14,7 @@ accumulation steps, so the hook runs once per optimizer step.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 from pathlib import Path
 
@@ -103,6 +104,11 @@ def main() -> None:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         torch.save(result, args.out / f"rank{accelerator.process_index}.pt")
+    # Free the DDP model (and the futures its reducer keeps) while the process group is still
+    # alive: left to interpreter exit, gloo aborted a rank now and then ("terminate called
+    # without an active exception") after the work was done.
+    del ddp, model, opt, loader, ctl, result
+    gc.collect()
     accelerator.end_training()
 
 

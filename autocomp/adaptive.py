@@ -107,6 +107,10 @@ class AdaptiveLoop:
         blocking_hook: bool = False
         """The hook returns only once its collectives are done (FSDP's all-reduce hook):
         measured and planned as if no communication hides behind the backward."""
+        opening: bool = True
+        """At step 0, before its first collective, probe the link and decide at once when an
+        uncompressed step would be communication-bound (see ``WindowPlanner.open``). Needs
+        the model (its first forward is the compute estimate); off with ``make_hook``."""
 
     @staticmethod
     def validate(config: Config) -> None:
@@ -184,8 +188,17 @@ class AdaptiveLoop:
         # Forward ends mark where backwards begin (timing only; no collective here, and
         # compiled code must not trace it: boundaries run in the comm hook instead).
         self._handles = (
-            [] if ddp is None else [ddp.register_forward_hook(_forward_hook(self._on_forward_done))]
+            []
+            if ddp is None
+            else [
+                ddp.register_forward_pre_hook(_forward_hook(self._on_forward_start)),
+                ddp.register_forward_hook(_forward_hook(self._on_forward_done)),
+            ]
         )
+        self._forward_started: float | None = None
+        self.first_forward_seconds: float | None = None
+        """Wall time of the first training forward (the opening's compute estimate)."""
+        self._opened = False
 
     # ---- the planner's parts, for inspection and tests ------------------------------------------
 
@@ -268,15 +281,33 @@ class AdaptiveLoop:
         # boundary's own cost is charged to the step it delays).
         sample = self.next_boundary(step) - step <= self.config.sampled_steps
         self.profiler.begin_step(sample=sample)
+        if step == 0 and not self._opened:
+            self._opened = True
+            if self.config.opening and self.ddp is not None:
+                started = time.perf_counter()
+                self._opening()
+                self.boundary_seconds += time.perf_counter() - started
         if self.is_boundary(step) and step != self._last_boundary:
             self._last_boundary = step
             started = time.perf_counter()
             self._boundary(step)
             self.boundary_seconds += time.perf_counter() - started
 
+    def _on_forward_start(self, module: torch.nn.Module, args: Any) -> None:
+        if self.first_forward_seconds is None and torch.is_grad_enabled() and module.training:
+            self._sync_device()  # once per run: the first forward's time is device time
+            self._forward_started = time.perf_counter()
+
     def _on_forward_done(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if torch.is_grad_enabled() and module.training:
             self.profiler.forward_done()
+            if self.first_forward_seconds is None and self._forward_started is not None:
+                self._sync_device()
+                self.first_forward_seconds = time.perf_counter() - self._forward_started
+
+    def _sync_device(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def close(self) -> None:
         for handle in self._handles:
@@ -380,27 +411,11 @@ class AdaptiveLoop:
             payload = [
                 {"plan": update.plan, "reset": update.resets, "probe_bytes": update.probe_bytes}
             ]
-        src = dist.get_global_rank(group, 0) if group is not None else 0
-        dist.broadcast_object_list(payload, src=src, group=group)
-        message = payload[0]
-        if not isinstance(message, dict) or len(message["plan"]) != len(self.names):
+        message = self._broadcast(payload)
+        if not isinstance(message, dict):
             raise RuntimeError("autocomp: malformed plan broadcast from rank 0")
         self._probe_next = int(message.get("probe_bytes", 0))
-
-        for name in message["reset"]:
-            slot = self.state.slots[name]
-            slot.residual = None
-            slot.state = slot.compressor.init_state(slot.shape, slot.seed, self.state.rank)
-        assignment = {
-            name: build_compressor(spec)
-            for name, spec in zip(self.names, message["plan"], strict=True)
-        }
-        self.state.assign(assignment)
-        changes = {
-            name: (current[name], spec)
-            for name, spec in zip(self.names, message["plan"], strict=True)
-            if current[name] != spec
-        }
+        changes = self._apply(message, current)
         if record is None:
             record = self._peer_record(step, combined, bytes_per_step, raw_per_step)
         if probe is not None:
@@ -413,6 +428,112 @@ class AdaptiveLoop:
         self.history.append(record)
         if self.runlog is not None:
             self.runlog.append_window(record.to_dict())  # queued: never waits on disk
+        if self.state.rank == 0:
+            logger.info("autocomp %s", record.summary())
+
+    def _broadcast(self, payload: list[Any]) -> Any:
+        """Rank 0's message to every rank of the group."""
+        group = self.state.process_group
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+        dist.broadcast_object_list(payload, src=src, group=group)
+        return payload[0]
+
+    def _apply(self, message: dict[str, Any], current: dict[str, str]) -> dict[str, Any]:
+        """Every rank: reset the listed residuals and switch to the broadcast plan; the
+        changes as {layer: (old spec, new spec)}."""
+        plan = message.get("plan")
+        if not isinstance(plan, list) or len(plan) != len(self.names):
+            raise RuntimeError("autocomp: malformed plan broadcast from rank 0")
+        for name in message["reset"]:
+            slot = self.state.slots[name]
+            slot.residual = None
+            slot.state = slot.compressor.init_state(slot.shape, slot.seed, self.state.rank)
+        assignment = {
+            name: build_compressor(spec) for name, spec in zip(self.names, plan, strict=True)
+        }
+        self.state.assign(assignment)
+        return {
+            name: (current[name], spec)
+            for name, spec in zip(self.names, plan, strict=True)
+            if current[name] != spec
+        }
+
+    def _opening(self) -> None:
+        """Step 0, before any of its collectives: probe the link, and let rank 0 decide
+        whether the first step already compresses (``WindowPlanner.open``).
+
+        The probe grows from ``OPENING_PROBE_START_BYTES`` by 4x until its timed pass takes
+        ``OPENING_PROBE_SECONDS`` (latency is then a rounding error) or it reaches the
+        gradients' size: a 64 KB pass reads a 10 Mbit/s link in 50 ms, and a loopback link
+        gets a few quick passes. Every rank agrees on each round through one small
+        all-reduce (the fastest rank's time: the rank that arrived last did not wait), so
+        all stop at the same size.
+        """
+        group = self.state.link_group
+        device = collective_device(group)
+        raw = sum(slot.shape.numel() * slot.dtype.itemsize for slot in self.state.slots.values())
+        cap = max(OPENING_PROBE_START_BYTES, min(raw, OPENING_PROBE_MAX_BYTES))
+        size = OPENING_PROBE_START_BYTES
+        forward = self.first_forward_seconds
+        while True:
+            seconds = self._run_probe(size, device)
+            # MAX of -seconds is the minimum; a rank without a forward time vetoes (-1 < 0).
+            agreed = torch.tensor(
+                [-seconds, -1.0 if forward is None else forward, 1.0 if forward is None else 0.0],
+                dtype=torch.float64,
+            ).to(device)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
+            least, slowest_forward, missing = agreed.cpu().tolist()
+            if -least >= OPENING_PROBE_SECONDS or size >= cap:
+                break
+            size = min(cap, size * 4)
+        probe = (size * self.state.link_share, -least)
+        current = {name: self.state.slots[name].compressor.spec for name in self.names}
+        payload: list[Any] = [None]
+        update: PlanUpdate | None = None
+        if self.state.rank == 0:
+            try:
+                if missing == 0.0:
+                    update = self.planner.open(
+                        probe, slowest_forward, self.state.link_world_size, current
+                    )
+            except Exception:
+                logger.exception("autocomp: the opening decision failed; plan kept")
+                self.decision_failures += 1
+            if update is not None:
+                payload = [{"plan": update.plan, "reset": update.resets}]
+        message = self._broadcast(payload)
+        if message is None:
+            return
+        changes = self._apply(message, current)
+        if update is not None:  # rank 0 keeps the record, as at every boundary
+            record = update.record
+        else:
+            record = WindowRecord(
+                step=0,
+                bandwidth_bytes_per_s=None,
+                latency_s=None,
+                nic_bytes_per_s=None,
+                step_seconds=0.0,
+                backward_seconds=0.0,
+                hideable_seconds=0.0,
+                comm_busy_seconds=0.0,
+                compress_seconds=0.0,
+                exposed_seconds=0.0,
+                measured_overlap=1.0,
+                predicted_overlap=None,
+                bytes_per_step=0.0,
+                uncompressed_bytes_per_step=float(raw),
+                loss=None,
+            )
+        record.probe_bytes, record.probe_seconds = probe
+        record.probe_bytes_per_s = link_bytes(
+            Collective.ALL_REDUCE, probe[0], self.state.link_world_size
+        ) / max(probe[1], 1e-12)
+        record.changes = changes
+        self.history.append(record)
+        if self.runlog is not None:
+            self.runlog.append_window(record.to_dict())
         if self.state.rank == 0:
             logger.info("autocomp %s", record.summary())
 
@@ -539,6 +660,13 @@ class AdaptiveLoop:
         self._probe_next = int(state.get("probe_next_bytes", 0))
         self._last_boundary = int(state["last_boundary"])
 
+
+OPENING_PROBE_START_BYTES = 64 * 1024
+"""First size of the opening's link probe (per-rank all-reduce payload)."""
+OPENING_PROBE_MAX_BYTES = 32 * 1024 * 1024
+"""Largest opening probe (and never more than the gradients themselves)."""
+OPENING_PROBE_SECONDS = 0.02
+"""An opening probe pass this long ends the growth: the transfer dwarfs the latency."""
 
 NODE_LINK_MIN_ADVANTAGE = 4.0
 """Below this ratio of node to cross-node link bandwidth, the hierarchy is questioned."""

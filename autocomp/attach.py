@@ -263,6 +263,7 @@ def _adaptive_loop(
         window=resolved.window,
         warmup_steps=policy.warmup_steps,
         first_look_steps=source.first_look_steps,
+        opening=source.opening,
         sampled_steps=source.sampled_steps,
     )
     AdaptiveLoop.validate(config)

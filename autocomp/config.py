@@ -35,6 +35,7 @@ _FIELDS_IN_TOML = (
     "seed",
     "run_dir",
     "first_look_steps",
+    "opening",
     "sampled_steps",
     "hierarchy",
 )
@@ -67,6 +68,9 @@ class AutocompConfig:
     """True or a port: rank 0 starts the sidecar (needs a run log)."""
     first_look_steps: int = 2
     """Step of the early boundary that may end the warm-up on a slow link (adaptive)."""
+    opening: bool = True
+    """Probe the link before step 0's first collective and compress that step already when
+    an uncompressed one would be communication-bound (adaptive; needs the DDP model)."""
     sampled_steps: int = 2
     """Steps per window whose gradient norms and errors are measured (adaptive)."""
     hierarchy: str | bool = "auto"
@@ -84,8 +88,9 @@ class AutocompConfig:
 
         The file may carry an ``[autocomp]`` table with any of ``plan`` (a table of glob =
         spec), ``target_overlap``, ``window``, ``warmup_steps``, ``seed``, ``run_dir``,
-        ``first_look_steps``, ``sampled_steps`` and ``hierarchy``; the rest of the file is the
-        policy (schema in ``policies/default.toml``). Keyword arguments override both.
+        ``first_look_steps``, ``opening``, ``sampled_steps`` and ``hierarchy``; the rest of the
+        file is the policy (schema in ``policies/default.toml``). Keyword arguments override
+        both.
         """
         fields: dict[str, Any] = {}
         text = str(source)
@@ -130,6 +135,8 @@ class AutocompConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if not isinstance(self.opening, bool):
+            raise TypeError(f"opening must be True or False, got {self.opening!r}")
         if self.seed is not None and (
             isinstance(self.seed, bool) or not isinstance(self.seed, int)
         ):
@@ -195,6 +202,7 @@ class ResolvedConfig:
             self.window,
             self.warmup_steps,
             s.first_look_steps,
+            s.opening,
             s.sampled_steps,
             s.hierarchy,
         )

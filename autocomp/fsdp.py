@@ -475,6 +475,7 @@ def _adaptive_loop(
         window=resolved.window,
         warmup_steps=policy.warmup_steps,
         first_look_steps=resolved.source.first_look_steps,
+        opening=resolved.source.opening,
         sampled_steps=resolved.source.sampled_steps,
         blocking_hook=True,
     )

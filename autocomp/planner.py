@@ -63,6 +63,10 @@ GLANCE_STEP = 1
 """The boundary after the first step: the warm-up ends there only if communication
 dominates (``Config.dominance_ratio``)."""
 
+OPENING_COMPUTE_PER_FORWARD = 3.0
+"""The opening's compute estimate per second of the first forward (forward + a backward of
+about twice its cost)."""
+
 __all__ = ["PlanUpdate", "WindowPlanner"]
 
 
@@ -188,7 +192,9 @@ class WindowPlanner:
         self.probe = LinkProbe(config.probe or LinkProbe.Config())
         self.cost_model = CostModel(CostModel.Config(world_size=world_size, refit_every=64))
         self.engine = PolicyEngine(rules, self.cost_model, target_overlap=config.target_overlap)
-        self.payoff = PayoffCheck(PayoffCheck.Config(min_gain=rules.min_gain))
+        self.payoff = PayoffCheck(
+            PayoffCheck.Config(min_gain=rules.min_gain, revert_slack=rules.time_slack)
+        )
         guard_rules = rules.guards
         # The guards see one observation per window, so step counts become window counts.
         self.guards = ConvergenceGuards(
@@ -291,19 +297,12 @@ class WindowPlanner:
                 force_none=self.force_none,
                 current=current,
                 hold_reason=hold,
-                locked=self._locked(current, bandwidth),
+                locked={**self._locked(current, bandwidth), **self._revert_locks(m, bandwidth)},
                 warmup_done=self.warmup_done,
             )
             plan = [decision.layer(name).spec for name in self.names]
             self.last_decision = decision
-        profile_of = {p.name: p for p in profiles}
-        for name, spec in zip(self.names, plan, strict=True):
-            if spec != current[name]:
-                assumed = None
-                if spec != NONE_SPEC and spec not in self.rel_errors[name]:
-                    priors = self.engine.config.priors
-                    assumed = rel_error(build_compressor(spec), profile_of[name], priors)
-                self._changed_at[name] = _Switch(self._windows, bandwidth, assumed)
+        self._note_switches(plan, current, profiles, bandwidth)
         timings = m.timings
         record = WindowRecord(
             step=m.step,
@@ -325,6 +324,132 @@ class WindowPlanner:
             predicted_step_seconds=None if previous is None else previous.predicted_step_seconds,
         )
         return PlanUpdate(plan=plan, resets=resets, probe_bytes=probe_next, record=record)
+
+    def open(
+        self,
+        probe: tuple[int, float],
+        forward_seconds: float,
+        world: int,
+        current: dict[str, str],
+    ) -> PlanUpdate | None:
+        """The opening: a plan for step 0 from a link probe run before its first collective.
+
+        ``probe`` is (payload bytes, seconds) of an all-reduce timed on the link; the compute
+        is estimated from the first forward (``OPENING_COMPUTE_PER_FORWARD`` times it: the
+        backward costs about twice the forward, and a first forward's one-off costs only
+        inflate the estimate, which makes acting less likely). When the uncompressed step's
+        predicted communication takes at least ``slow_link_ratio`` times that compute, the
+        warm-up ends here and the engine decides, as at the first look but one to two steps
+        earlier: at 10 Mbit/s an uncompressed first step of a 34 MB model takes 30 s. Else
+        None: the plan stays, and the probe only seeds the link estimate.
+        """
+        self._windows += 1
+        payload, seconds = probe
+        self.meter.add_probe(
+            latency_hops(Collective.ALL_REDUCE, world),
+            link_bytes(Collective.ALL_REDUCE, payload, world),
+            seconds,
+        )
+        estimate = self.meter.end_window(min_samples=1)
+        if estimate is None or not (math.isfinite(forward_seconds) and forward_seconds > 0):
+            return None
+        self.cost_model.update_link(estimate)
+        # No gradient seen yet: every element weighs the same, whichever ``error_weight``
+        # (a norm of sqrt(numel) makes "grad_norm" weigh like "numel").
+        profiles = [
+            LayerProfile(
+                name=name,
+                shape=self.shapes[name],
+                dtype=self.dtypes[name],
+                grad_norm=math.sqrt(math.prod(self.shapes[name])),
+                rel_error={},
+                bucket=None,
+            )
+            for name in self.names
+        ]
+        raw_bytes = sum(p.raw_bytes for p in profiles)
+        comm = estimate.seconds(Collective.ALL_REDUCE, raw_bytes, world)
+        compute = OPENING_COMPUTE_PER_FORWARD * forward_seconds
+        ratio = comm / compute
+        if ratio < self.config.slow_link_ratio:
+            logger.info(
+                "autocomp: opening: %s; an uncompressed step would communicate %.3g s, %.1fx "
+                "the estimated compute %.3g s; no decision before the first look",
+                estimate.describe(),
+                comm,
+                ratio,
+                compute,
+            )
+            return None
+        if not self.warmup_done:
+            self.warmup_done = True
+            self.guards.end_warmup(0)
+        logger.info(
+            "autocomp: opening: %s; an uncompressed step would communicate %.3g s, %.1fx the "
+            "estimated compute %.3g s: deciding before step 0",
+            estimate.describe(),
+            comm,
+            ratio,
+            compute,
+        )
+        backward = compute - forward_seconds
+        timing = StepTiming(
+            backward_seconds=backward,
+            hideable_seconds=backward,
+            step_seconds=compute + comm,
+            compute_seconds=compute,
+        )
+        decision = self.engine.decide(
+            profiles,
+            timing,
+            0,
+            world,
+            pins=[*self.operator_pins, *self.pins],
+            force_none=self.force_none,
+            current=current,
+            warmup_done=True,
+        )
+        self.last_decision = decision
+        plan = [decision.layer(name).spec for name in self.names]
+        bandwidth = estimate.bandwidth_bytes_per_s
+        self._note_switches(plan, current, profiles, bandwidth)
+        record = WindowRecord(
+            step=0,
+            bandwidth_bytes_per_s=bandwidth,
+            latency_s=estimate.latency_s,
+            nic_bytes_per_s=None,
+            step_seconds=0.0,
+            backward_seconds=0.0,
+            hideable_seconds=0.0,
+            comm_busy_seconds=0.0,
+            compress_seconds=0.0,
+            exposed_seconds=0.0,
+            measured_overlap=1.0,
+            predicted_overlap=None,
+            bytes_per_step=0.0,
+            uncompressed_bytes_per_step=float(raw_bytes),
+            loss=None,
+            decision=decision.to_dict(),
+            compute_seconds=compute,
+        )
+        return PlanUpdate(plan=plan, resets=[], probe_bytes=0, record=record)
+
+    def _note_switches(
+        self,
+        plan: Sequence[str],
+        current: dict[str, str],
+        profiles: Sequence[LayerProfile],
+        bandwidth: float | None,
+    ) -> None:
+        """Start the dwell clock of every layer the plan moves."""
+        profile_of = {p.name: p for p in profiles}
+        for name, spec in zip(self.names, plan, strict=True):
+            if spec != current[name]:
+                assumed = None
+                if spec != NONE_SPEC and spec not in self.rel_errors[name]:
+                    priors = self.engine.config.priors
+                    assumed = rel_error(build_compressor(spec), profile_of[name], priors)
+                self._changed_at[name] = _Switch(self._windows, bandwidth, assumed)
 
     # ---- the pieces ----------------------------------------------------------------------------
 
@@ -489,9 +614,15 @@ class WindowPlanner:
                 for layer in previous.layers
             )
             self.payoff.observe(
-                window_index, optimizer_compressed, m.timings["step_seconds"], bandwidth
+                window_index, optimizer_compressed, m.timings["step_seconds"], bandwidth, ran
             )
         return self.payoff.hold_reason(window_index, bandwidth)
+
+    def _revert_locks(self, m: WindowMeasurement, bandwidth: float | None) -> dict[str, str]:
+        """The faster measured plan the payoff check sends the engine back to, as locks."""
+        window_index = m.step // max(1, self.config.window)
+        plan = self.payoff.revert_plan(window_index, bandwidth)
+        return {} if plan is None else dict(zip(self.names, plan, strict=True))
 
     def _apply_overrides(self, step: int) -> None:
         """Operator requests from the run log, applied by rank 0 at this boundary."""

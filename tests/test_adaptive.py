@@ -5,10 +5,11 @@ decisions these tests replace rank 0's link fit with a fixed slow link (10 Mbit/
 policy compresses. Everything else is real: the profiler, the all-reduce of measurements, the
 rank-0 decision, the broadcast and the switch.
 
-Covers: every rank holds the same plan at every window and switches at the same step, with
-bit-identical parameters; the fast (real loopback) link keeps everything uncompressed; each
-convergence guard fires on an injected fault (NaN gradient, loss spike, gradient-norm jump,
-runaway residual) and the plan reacts; checkpoints restore the adaptive plan and state.
+Covers: every rank holds the same plan at every window and switches at the same step (the
+opening at step 0 included), with bit-identical parameters; the fast (real loopback) link
+keeps everything uncompressed; each convergence guard fires on an injected fault (NaN
+gradient, loss spike, gradient-norm jump, runaway residual) and the plan reacts; checkpoints
+restore the adaptive plan and state.
 """
 
 from __future__ import annotations
@@ -90,8 +91,8 @@ def _flat(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def _agreement(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:
-    model, ddp, opt, ctl = _setup(rank, policy_path)
+def _agreement(rank: int, world_size: int, policy_path: str, opening: bool) -> dict[str, Any]:
+    model, ddp, opt, ctl = _setup(rank, policy_path, opening=opening)
     plans_by_step = {}
     for step in range(6 * WINDOW):
         _train_step(ctl, ddp, opt, rank, step)
@@ -99,6 +100,7 @@ def _agreement(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:
     return {
         "plans": plans_by_step,
         "switches": [(r.step, sorted(r.changes.items())) for r in ctl.history],
+        "probes": [r.probe_bytes for r in ctl.history if r.step == 0],
         "params": _flat(model),
         "reasons": None
         if ctl.last_decision is None
@@ -106,27 +108,35 @@ def _agreement(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize(("world_size", "opening"), [(2, True), (3, False)])
 def test_every_rank_holds_the_same_plan_and_switches_at_the_same_step(
-    world_size: int, tmp_path: Path
+    world_size: int, opening: bool, tmp_path: Path
 ) -> None:
     policy = tmp_path / "policy.toml"
     policy.write_text(POLICY)
-    results = run_ranks(_agreement, world_size, tmp_path / "ranks", str(policy))
+    results = run_ranks(_agreement, world_size, tmp_path / "ranks", str(policy), opening)
     reference = results[0]
     for result in results[1:]:
         assert result["plans"] == reference["plans"]
         assert result["switches"] == reference["switches"]
+        assert result["probes"] == reference["probes"]
         assert torch.equal(result["params"], reference["params"])
     plans = reference["plans"]
-    # Warm-up (4 steps) is uncompressed; after the first decision the slow link compresses.
-    assert all(spec == "none" for spec in plans[1].values())
+    first_switch = next(step for step, changes in reference["switches"] if changes)
+    if opening:
+        # The opening probes the (injected, 10 Mbit/s) link before step 0's first collective:
+        # 120 KB of gradients take 0.1 s against a forward of about a millisecond, so the
+        # first step already compresses, on every rank alike.
+        assert first_switch == 0 and reference["probes"] and reference["probes"][0] > 0
+        assert any(spec != "none" for spec in plans[1].values())
+    else:
+        # The warm-up's first step is uncompressed; the first look (step 2: the link is slow,
+        # the warm-up ends) or a boundary makes the first decision.
+        assert all(spec == "none" for spec in plans[1].values())
+        assert first_switch == 2 or first_switch % WINDOW == 0
     compressed = {n: s for n, s in plans[max(plans)].items() if s != "none"}
     assert compressed, plans[max(plans)]
     assert all(not n.endswith(".bias") for n in compressed)  # 1-D never compressed
-    first_switch = next(step for step, changes in reference["switches"] if changes)
-    # At the first look (step 2: the link is slow, the warm-up ends) or at a boundary.
-    assert first_switch == 2 or first_switch % WINDOW == 0
     reasons = reference["reasons"]
     assert reasons is not None and all(reasons.values())
     optimizer_heads = ("knapsack", "infeasible", "fastest", "target out of reach")
@@ -329,7 +339,7 @@ def test_runaway_residual_is_reset_and_backed_off(tmp_path: Path) -> None:
 
 def _warmup_and_resume(rank: int, world_size: int, policy_path: str, ckpt: str) -> dict[str, Any]:
     # No early look before the end of the 4-step warm-up: the warm-up is what is tested here.
-    model, ddp, opt, ctl = _setup(rank, policy_path, first_look_steps=4)
+    model, ddp, opt, ctl = _setup(rank, policy_path, first_look_steps=4, opening=False)
     warm_plans = []
     for step in range(5 * WINDOW):
         _train_step(ctl, ddp, opt, rank, step)
@@ -340,7 +350,7 @@ def _warmup_and_resume(rank: int, world_size: int, policy_path: str, ckpt: str) 
     torch.save({"ac": ctl.state_dict(), "model": model.state_dict()}, path)
     events = [e.to_dict() for e in ctl.adaptive.guards.events] if ctl.adaptive else []
 
-    model2, _, _, ctl2 = _setup(rank, policy_path, first_look_steps=4)
+    model2, _, _, ctl2 = _setup(rank, policy_path, first_look_steps=4, opening=False)
     blob = torch.load(path, weights_only=False)
     model2.load_state_dict(blob["model"])
     ctl2.load_state_dict(blob["ac"])

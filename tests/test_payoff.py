@@ -3,7 +3,9 @@
 A compressed window is compared with the latest uncompressed one on a similar link; no
 ``min_gain`` speed-up starts a hold, which ends after ``hold_windows`` or when the link
 estimate moves by ``link_change``. The engine then leaves the optimizer's layers
-uncompressed with the hold's reason, pins untouched.
+uncompressed with the hold's reason, pins untouched. Between compressed plans, the ledger
+sends the planner back to a plan measured clearly faster (medians over the slack, ranges
+apart), never on a few windows' noise or fewer than ``ledger_windows`` windows.
 """
 
 from __future__ import annotations
@@ -61,7 +63,14 @@ def test_missing_inputs_and_bad_config() -> None:
     assert check.observe(1, False, 0.2, None) is None
     assert check.observe(2, True, 0.3, 1 * GBIT) is None  # no baseline yet
     assert check.observe(3, True, float("nan"), 1 * GBIT) is None
-    for bad in ({"min_gain": 1.0}, {"hold_windows": 0}, {"link_change": 1.0}):
+    for bad in (
+        {"min_gain": 1.0},
+        {"hold_windows": 0},
+        {"link_change": 1.0},
+        {"revert_slack": 1.0},
+        {"ledger_windows": 0},
+        {"ledger_plans": 1},
+    ):
         with pytest.raises(ValueError):
             PayoffCheck.Config(**bad)  # type: ignore[arg-type]
 
@@ -103,3 +112,73 @@ def test_engine_leaves_the_optimizer_layers_uncompressed_while_held() -> None:
     assert held.predicted_comm_seconds == pytest.approx(none_only.predicted_comm_seconds)
     assert held.predicted_exposed_seconds == pytest.approx(none_only.predicted_exposed_seconds)
     assert held.predicted_exposed_seconds > 0
+
+
+FAST = ("powersgd:rank=4", "powersgd:rank=4")
+SLOW = ("powersgd:rank=16", "int8")
+
+
+def _settle(check: PayoffCheck, first: int, plan: tuple[str, ...], steps: list[float]) -> list:
+    """Settled compressed windows of ``plan`` from window ``first`` on; the notes."""
+    return [check.observe(first + i, True, step, 50e6 / 8, plan) for i, step in enumerate(steps)]
+
+
+def test_a_plan_measured_clearly_slower_than_another_is_reverted() -> None:
+    """The GPT LM at 50 Mbit/s: all-rank-4 ran at 177 ms/step, the plan the engine moved to
+    (within its 3% predicted slack) at 180-190 ms."""
+    check = PayoffCheck()
+    assert _settle(check, 1, FAST, [0.176, 0.177, 0.178, 0.177]) == [None] * 4
+    notes = _settle(check, 6, SLOW, [0.185, 0.181, 0.189, 0.184])
+    assert notes[:3] == [None] * 3  # fewer than ledger_windows: not judged yet
+    assert notes[3] is not None and "4.2% slower than the plan of window 4" in notes[3]
+    assert check.reverts == 1
+    assert check.revert_plan(10, 50e6 / 8) == FAST
+    assert check.revert_plan(18, 50e6 / 8) == FAST
+    assert check.revert_plan(19, 50e6 / 8) is None  # hold_windows (10) after window 9
+    # Back on the slow plan after the revert: its old windows count, one more is enough.
+    assert _settle(check, 20, SLOW, [0.186]) != [None] and check.reverts == 2
+
+
+def test_noise_or_a_link_change_never_reverts() -> None:
+    # Medians 4% apart, but the windows overlap: noise, not a slower plan.
+    check = PayoffCheck()
+    _settle(check, 1, FAST, [0.170, 0.185, 0.176, 0.180])
+    assert _settle(check, 6, SLOW, [0.181, 0.190, 0.183, 0.189]) == [None] * 4
+    assert check.revert_plan(10, 50e6 / 8) is None and check.reverts == 0
+    # Within the slack (2%), even fully separated.
+    close = PayoffCheck()
+    _settle(close, 1, FAST, [0.176, 0.177, 0.177, 0.177])
+    assert _settle(close, 6, SLOW, [0.180, 0.180, 0.181, 0.181]) == [None] * 4
+    # A revert ends when the link moves 2x; plans from the old link leave the ledger.
+    moved = PayoffCheck()
+    _settle(moved, 1, FAST, [0.176, 0.177, 0.178, 0.177])
+    assert _settle(moved, 6, SLOW, [0.185, 0.186, 0.189, 0.184])[3] is not None
+    assert moved.revert_plan(10, 200e6 / 8) is None
+    assert moved.observe(11, True, 0.3, 200e6 / 8, SLOW) is None
+
+
+def test_the_planner_sends_the_engine_back_to_the_faster_plan() -> None:
+    """The ledger's plan reaches the engine as locks: the layers return to it."""
+    from tests.test_planner import NAMES, measurement, planner
+
+    wide = planner(warmup_steps=0)
+    rank4 = {"fc1.weight": "powersgd:rank=4,ef=true", "fc1.bias": "none"}
+    rank4["fc2.weight"] = "powersgd:rank=4,ef=true"
+    slower = {**rank4, "fc2.weight": "powersgd:rank=16,ef=true"}
+    for i, step in enumerate([0.176, 0.177, 0.178, 0.177]):
+        wide.payoff.observe(i, True, step, 50e6 / 8, tuple(rank4[n] for n in NAMES))
+    for i, step in enumerate([0.185, 0.186, 0.189, 0.184]):
+        wide.payoff.observe(5 + i, True, step, 50e6 / 8, tuple(slower[n] for n in NAMES))
+    assert wide.payoff.reverts == 1
+    update = wide.decide(measurement(90, mbit=50, specs=slower), slower)
+    assert dict(zip(NAMES, update.plan, strict=True)) == rank4
+
+
+def test_revert_state_survives_a_checkpoint() -> None:
+    check = PayoffCheck(PayoffCheck.Config(hold_windows=3))
+    _settle(check, 1, FAST, [0.176, 0.177, 0.178, 0.177])
+    _settle(check, 6, SLOW, [0.185, 0.186, 0.189, 0.184])
+    restored = PayoffCheck(PayoffCheck.Config(hold_windows=3))
+    restored.load_state_dict(check.state_dict())
+    assert restored.reverts == 1 and restored.revert_plan(10, 50e6 / 8) == FAST
+    assert restored.state_dict() == check.state_dict()

@@ -1,7 +1,8 @@
 """Tier 1: pure unit, no processes.
 
 ``autocomp.planner.WindowPlanner`` on synthetic window measurements: the first look ends the
-warm-up when an uncompressed step costs 2x the compute-only step (and not otherwise),
+warm-up when an uncompressed step costs 2x the compute-only step (and not otherwise), the
+opening decides before step 0 from a link probe only when communication would dominate,
 measured relative errors are smoothed across windows and count only ``settle_steps`` after a
 switch, a layer that switched keeps its compressor for ``dwell_windows`` windows unless the
 link moves 2x or a switch made on a prior measures worse than that prior, measurements
@@ -121,6 +122,44 @@ def test_the_glance_after_one_step_acts_only_when_communication_dominates() -> N
     update = dominant.decide(measurement(1, mbit=5, steps=1), dict.fromkeys(NAMES, "none"))
     assert dominant.warmup_done
     assert update.plan[NAMES.index("fc1.weight")] != "none"
+
+
+def _probe(mbit: float, payload: int = 1 << 20) -> tuple[int, float]:
+    """An opening probe: one all-reduce of ``payload`` bytes on a link of ``mbit`` (2 ranks)."""
+    return payload, payload / (mbit * MBIT) + 1e-4
+
+
+def test_the_opening_decides_before_step_0_when_communication_dominates() -> None:
+    """Raw gradients here are 4.2 MB: 0.67 s at 50 Mbit/s against 3 x a 20 ms forward."""
+    slow = planner()
+    update = slow.open(_probe(50), 0.02, 2, dict.fromkeys(NAMES, "none"))
+    assert update is not None and slow.warmup_done
+    assert update.plan[NAMES.index("fc1.weight")] != "none"
+    assert update.plan[NAMES.index("fc1.bias")] == "none"  # 1-D
+    assert update.record.step == 0 and update.record.compute_seconds == pytest.approx(0.06)
+    assert update.record.bandwidth_bytes_per_s == pytest.approx(50 * MBIT, rel=0.01)
+    warmup = [e for e in slow.guards.events if e.guard == "warmup"]
+    assert warmup and warmup[0].step == 0
+    # The measured windows that follow take over from the opening's guess as usual.
+    plan = dict(zip(NAMES, update.plan, strict=True))
+    following = slow.decide(measurement(1, mbit=50, steps=1), plan)
+    assert following.plan[NAMES.index("fc1.bias")] == "none"
+
+
+def test_the_opening_leaves_a_fast_or_unknown_link_to_the_measured_looks() -> None:
+    # 10 Gbit/s: 3.4 ms of communication against 60 ms of compute.
+    fast = planner()
+    assert fast.open(_probe(10_000), 0.02, 2, dict.fromkeys(NAMES, "none")) is None
+    assert not fast.warmup_done
+    assert fast.meter.estimate is not None  # the probe still seeds the link estimate
+    # 2x slower than compute only at the boundary: 1.35 Gbit/s is 25 ms against 60 ms.
+    borderline = planner(slow_link_ratio=0.4)
+    assert borderline.open(_probe(1_350), 0.02, 2, dict.fromkeys(NAMES, "none")) is not None
+    # No forward measured (a framework-owned model): nothing to weigh the link against.
+    blind = planner()
+    assert blind.open(_probe(5), 0.0, 2, dict.fromkeys(NAMES, "none")) is None
+    assert blind.open(_probe(5), float("nan"), 2, dict.fromkeys(NAMES, "none")) is None
+    assert not blind.warmup_done
 
 
 def test_measured_errors_are_smoothed_across_windows() -> None:

@@ -12,6 +12,17 @@ compression is held off: the optimizer's layers stay uncompressed for ``hold_win
 windows, or until the link estimate moves by ``link_change`` from the one held at, whichever
 comes first. Then the engine may try again, one window.
 
+The same errors decide between two compressed plans: the engine keeps a plan whose
+predicted step is within ``time_slack`` of the fastest one, and on two cores a plan that sends
+more bytes (gloo's transfer threads take the backward's core) can be predicted within the slack
+and measure 5-15% slower (GPT LM at 10 and 50 Mbit/s, docs/benchmarks.md). So the check also
+keeps a ledger of settled compressed plans: each one's last ``ledger_windows`` window medians,
+on the current link. When the plan in use measures more than ``revert_slack`` slower than the
+fastest plan in the ledger (medians), and each of its windows slower than each of that plan's
+(so that the noise of a few percent between windows never reverts), the engine is sent back
+to that plan for ``hold_windows`` windows (or until the link moves): measured, the faster
+plan is the only one known to meet the slack.
+
 Rank 0 runs it (it decides); its state is part of the controller's checkpoint.
 """
 
@@ -19,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +44,20 @@ class _Observation:
     window: int
     step_seconds: float
     bandwidth_bytes_per_s: float
+
+
+@dataclass(slots=True)
+class _PlanSteps:
+    """Settled window medians of one compressed plan, on one link."""
+
+    steps: list[float]
+    bandwidth_bytes_per_s: float
+    window: int
+    """The latest window measured."""
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.steps)
 
 
 class PayoffCheck:
@@ -48,6 +74,15 @@ class PayoffCheck:
         """Windows a hold lasts before the engine may try compression again."""
         link_change: float = 2.0
         """Bandwidth ratio that makes a baseline or a hold stale (the link changed)."""
+        revert_slack: float = 0.03
+        """A compressed plan measured this much slower than the fastest measured one is
+        reverted (the engine's ``time_slack``: within it, plans count as equally fast)."""
+        ledger_windows: int = 4
+        """Settled windows per plan the ledger compares (medians, and their ranges); a plan
+        with fewer is not judged, so a revert never follows a switch within ``4 + 1``
+        windows (the first window after a switch is not settled)."""
+        ledger_plans: int = 8
+        """Plans the ledger remembers (the least recently measured is dropped)."""
 
         def __post_init__(self) -> None:
             if not 0.0 <= self.min_gain < 1.0:
@@ -56,6 +91,10 @@ class PayoffCheck:
                 raise ValueError(f"hold_windows must be >= 1, got {self.hold_windows}")
             if not self.link_change > 1.0:
                 raise ValueError(f"link_change must be > 1, got {self.link_change}")
+            if not 0.0 <= self.revert_slack < 1.0:
+                raise ValueError(f"revert_slack must be in [0, 1), got {self.revert_slack}")
+            if self.ledger_windows < 1 or self.ledger_plans < 2:
+                raise ValueError("need ledger_windows >= 1 and ledger_plans >= 2")
 
     def __init__(self, config: Config | None = None) -> None:
         self.config = config or PayoffCheck.Config()
@@ -65,18 +104,29 @@ class PayoffCheck:
         """Holds started so far."""
         self.last_gain: float | None = None
         """Measured gain of the latest compressed window against its baseline, if any."""
+        self._ledger: dict[tuple[str, ...], _PlanSteps] = {}
+        self._revert: tuple[tuple[str, ...], _Observation] | None = None
+        self.reverts = 0
+        """Reverts to a faster measured plan started so far."""
 
     def _similar(self, a: float, b: float) -> bool:
         ratio = max(a, b) / max(min(a, b), 1e-30)
         return ratio < self.config.link_change
 
     def observe(
-        self, window: int, compressed: bool, step_seconds: float, bandwidth: float | None
+        self,
+        window: int,
+        compressed: bool,
+        step_seconds: float,
+        bandwidth: float | None,
+        plan: tuple[str, ...] | None = None,
     ) -> str | None:
-        """Record one window's median step under the plan it ran; a note when a hold starts.
+        """Record one window's median step under the plan it ran; a note when a hold or a
+        revert starts.
 
         ``compressed``: whether the optimizer compressed any layer during the window (rule
-        decisions such as pins count as neither).
+        decisions such as pins count as neither). ``plan``: every layer's spec, for the
+        ledger of compressed plans (None: not kept).
         """
         if bandwidth is None or not (math.isfinite(step_seconds) and step_seconds > 0):
             return None
@@ -84,6 +134,58 @@ class PayoffCheck:
         if not compressed:
             self._baseline = observation
             return None
+        held = self._against_baseline(observation)
+        if held is not None or plan is None:
+            return held
+        return self._against_ledger(plan, observation)
+
+    def _against_ledger(self, plan: tuple[str, ...], observation: _Observation) -> str | None:
+        cfg = self.config
+        bandwidth = observation.bandwidth_bytes_per_s
+        # Only plans measured on a similar link compare (and the ledger stays small).
+        self._ledger = {
+            key: entry
+            for key, entry in self._ledger.items()
+            if self._similar(entry.bandwidth_bytes_per_s, bandwidth)
+        }
+        entry = self._ledger.pop(plan, None)
+        if entry is None:
+            entry = _PlanSteps([], bandwidth, observation.window)
+        entry.steps = [*entry.steps, observation.step_seconds][-cfg.ledger_windows :]
+        entry.bandwidth_bytes_per_s, entry.window = bandwidth, observation.window
+        self._ledger[plan] = entry  # newest last
+        while len(self._ledger) > cfg.ledger_plans:
+            del self._ledger[next(iter(self._ledger))]
+        full = cfg.ledger_windows
+        fastest_plan, fastest = min(
+            ((k, e) for k, e in self._ledger.items() if len(e.steps) >= full),
+            key=lambda item: item[1].median,
+            default=(plan, entry),
+        )
+        slower = (
+            fastest_plan != plan
+            and len(entry.steps) >= full
+            and entry.median > fastest.median * (1 + cfg.revert_slack)
+            # Separated, not just apart on average: every window of the plan in use slower
+            # than every window of the faster plan (noise of a few percent never reverts).
+            and min(entry.steps) > max(fastest.steps)
+        )
+        if not slower:
+            return None
+        self._revert = (fastest_plan, observation)
+        self.reverts += 1
+        note = (
+            f"the plan in use measured {entry.median * 1e3:,.1f} ms/step, "
+            f"{entry.median / fastest.median - 1:.1%} slower than the plan of window "
+            f"{fastest.window} ({fastest.median * 1e3:,.1f} ms, over the "
+            f"{cfg.revert_slack:.0%} slack); back to that plan for up to {cfg.hold_windows} "
+            "windows"
+        )
+        logger.info("autocomp: %s", note)
+        return note
+
+    def _against_baseline(self, observation: _Observation) -> str | None:
+        step_seconds, bandwidth = observation.step_seconds, observation.bandwidth_bytes_per_s
         base = self._baseline
         if base is None or not self._similar(base.bandwidth_bytes_per_s, bandwidth):
             self.last_gain = None
@@ -122,6 +224,18 @@ class PayoffCheck:
             f"{self.config.link_change:g}x link change"
         )
 
+    def revert_plan(self, window: int, bandwidth: float | None) -> tuple[str, ...] | None:
+        """The faster measured plan the engine must return to at this window, or None."""
+        if self._revert is None:
+            return None
+        plan, at = self._revert
+        expired = window - at.window >= self.config.hold_windows
+        moved = bandwidth is not None and not self._similar(at.bandwidth_bytes_per_s, bandwidth)
+        if expired or moved:
+            self._revert = None
+            return None
+        return plan
+
     def state_dict(self) -> dict[str, Any]:
         def pack(o: _Observation | None) -> list[float] | None:
             return None if o is None else [o.window, o.step_seconds, o.bandwidth_bytes_per_s]
@@ -130,6 +244,14 @@ class PayoffCheck:
             "baseline": pack(self._baseline),
             "held_at": pack(self._held_at),
             "holds": self.holds,
+            "ledger": [
+                [list(plan), list(e.steps), e.bandwidth_bytes_per_s, e.window]
+                for plan, e in self._ledger.items()
+            ],
+            "revert": None
+            if self._revert is None
+            else [list(self._revert[0]), pack(self._revert[1])],
+            "reverts": self.reverts,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -139,3 +261,13 @@ class PayoffCheck:
         self._baseline = unpack(state.get("baseline"))
         self._held_at = unpack(state.get("held_at"))
         self.holds = int(state.get("holds", 0))
+        self._ledger = {
+            tuple(str(s) for s in plan): _PlanSteps(
+                [float(x) for x in steps], float(bandwidth), int(window)
+            )
+            for plan, steps, bandwidth, window in state.get("ledger", [])
+        }
+        revert = state.get("revert")
+        at = None if revert is None else unpack(revert[1])
+        self._revert = None if revert is None or at is None else (tuple(revert[0]), at)
+        self.reverts = int(state.get("reverts", 0))

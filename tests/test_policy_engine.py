@@ -467,6 +467,33 @@ def test_extra_collectives_pay_their_latency() -> None:
     assert plain.layers[0].predicted_seconds == pytest.approx(bandwidth_only)
 
 
+def test_layers_of_a_bucket_share_its_extra_collectives() -> None:
+    """The hook sends each PowerSGD round of a bucket as one collective: four layers of one
+    bucket pay two latencies between them, a layer alone in its bucket pays both."""
+    eng = engine(5, PolicyRules(min_numel=0, candidates=("none", "powersgd:rank=4")))
+    cost = FakeCostModel(5)
+    hop = cost.comm_seconds(Collective.ALL_REDUCE, 0, WORLD)
+    together = [
+        LayerProfile(name=f"w{i}", shape=(1024, 1024), grad_norm=1.0, bucket=0) for i in range(4)
+    ]
+    apart = [
+        LayerProfile(name=f"w{i}", shape=(1024, 1024), grad_norm=1.0, bucket=i) for i in range(4)
+    ]
+    pin = [("w*", "powersgd:rank=4")]
+    shared = eng.decide(together, TIMING, AFTER_WARMUP, WORLD)
+    alone = eng.decide(apart, TIMING, AFTER_WARMUP, WORLD)
+    assert {d.spec for d in shared.layers} == {d.spec for d in alone.layers}
+    assert all(d.spec.startswith("powersgd") for d in shared.layers)
+    paid_shared = sum(d.predicted_seconds - d.predicted_work_seconds for d in shared.layers)
+    paid_alone = sum(d.predicted_seconds - d.predicted_work_seconds for d in alone.layers)
+    # Four layers x two rounds: 8 latencies alone, 2 shared (the bandwidth terms are equal).
+    assert paid_alone - paid_shared == pytest.approx(6 * hop)
+    # A pin is not the optimizer's: it pays its own latencies wherever it sits.
+    pinned = eng.decide(together, TIMING, AFTER_WARMUP, WORLD, pins=pin)
+    paid_pinned = sum(d.predicted_seconds - d.predicted_work_seconds for d in pinned.layers)
+    assert paid_pinned == pytest.approx(paid_alone)
+
+
 # ---- output ----------------------------------------------------------------------------------
 
 

@@ -12,11 +12,13 @@ communication. When measured steps showed compression not paying
 (:class:`~autocomp.policy.payoff.PayoffCheck`), those layers stay uncompressed instead.
 
 Costs. A layer's option costs its collective's bandwidth term, ``comm_seconds(collective,
-bytes) - comm_seconds(collective, 0)``, plus one extra latency when it needs a collective a
-bucket would not issue anyway (an all-gather, a payload in another dtype, or PowerSGD's two
-rounds), plus its compression work (cost model), kept apart because it runs on the backward's
-thread. Every bucket pays one all-reduce latency whatever the plan (counted from
-``LayerProfile.bucket``, or estimated from sizes and ``Config.bucket_cap_bytes``). Errors:
+bytes) - comm_seconds(collective, 0)``, plus a share of one extra latency when it needs a
+collective a bucket would not issue anyway (an all-gather, a payload in another dtype, or each
+of PowerSGD's two rounds): the hook batches those per bucket, so the latency is split among
+the bucket's optimizer-placed layers (``_sharing``), plus its compression work (cost model),
+kept apart because it runs on the backward's thread. Every bucket pays one all-reduce latency
+whatever the plan (counted from ``LayerProfile.bucket``, or estimated from sizes and
+``Config.bucket_cap_bytes``). Errors:
 :mod:`autocomp.policy.priors`. Predictions of exposure and step time:
 :mod:`autocomp.exposure`, the same model the profiler, the window records and the advisor
 use.
@@ -87,6 +89,29 @@ def _runtime_pins(pins: Sequence[tuple[str, str]]) -> list[Pin]:
             raise ValueError(f"pins[{index}] ({match!r}): {err}") from None
         out.append(Pin(match, canonical))
     return out
+
+
+def _sharing(layers: Sequence[LayerProfile], buckets: int) -> dict[str, float]:
+    """Per layer, how many layers the optimizer places may share its extra collectives: those
+    of its DDP bucket, or without bucket indices the layers over the estimated bucket count.
+
+    The hook issues one collective per bucket for each kind a plan needs there, so a latency
+    charged to every layer counted PowerSGD's two rounds once per layer: on the GPT LM at
+    10 Mbit/s that made all-rank-4 look about 8% slower than a top-k mix it measured 5%
+    faster than. Split evenly, a uniform bucket is charged exactly; a mixed one is charged
+    less than the extra collectives it really adds (at most one latency per kind), which the
+    ledger of measured plans (``policy/payoff.py``) corrects.
+    """
+    by_bucket: dict[int, int] = {}
+    for layer in layers:
+        if layer.bucket is not None:
+            by_bucket[layer.bucket] = by_bucket.get(layer.bucket, 0) + 1
+    unplaced = sum(1 for layer in layers if layer.bucket is None)
+    spread = max(1.0, unplaced / max(1, buckets))
+    return {
+        layer.name: float(by_bucket[layer.bucket]) if layer.bucket is not None else spread
+        for layer in layers
+    }
 
 
 class _LatencyCache:
@@ -214,8 +239,16 @@ class PolicyEngine:
 
         decisions: list[LayerDecision | None] = [None] * len(layers)
         pending: list[Pending] = []
-        for index, layer in enumerate(layers):
-            ruled = self._rule(layer, in_warmup, step, world_size, bandwidth, all_pins, force_none)
+        ruled_by_index = [
+            self._rule(layer, in_warmup, step, world_size, bandwidth, all_pins, force_none)
+            for layer in layers
+        ]
+        buckets = self._bucket_count(layers)
+        sharing = _sharing(
+            [layer for layer, ruled in zip(layers, ruled_by_index, strict=True) if ruled is None],
+            buckets,
+        )
+        for index, (layer, ruled) in enumerate(zip(layers, ruled_by_index, strict=True)):
             if ruled is not None:
                 rule, spec, reason = ruled
                 decisions[index] = self._fixed(layer, rule, spec, reason, latency)
@@ -223,9 +256,9 @@ class PolicyEngine:
                 in_use = None if current is None else current.get(layer.name)
                 in_use = None if in_use is None else built(in_use).spec
                 levels = backoff.get(layer.name, 0)
-                pending.append(self._pending(index, layer, levels, latency, in_use))
+                share = sharing[layer.name]
+                pending.append(self._pending(index, layer, levels, latency, in_use, share))
 
-        buckets = self._bucket_count(layers)
         per_bucket_latency = latency.of(Collective.ALL_REDUCE) if world_size > 1 else 0.0
         groups = BucketGroups.build(layers, timing)
         # Without bucket indices the single group's bucket count is the estimate from sizes.
@@ -474,25 +507,40 @@ class PolicyEngine:
             return False
         return compressor.wire_bytes(layer.shape, layer.dtype) < layer.raw_bytes
 
-    def _cost(self, compressor: Compressor, layer: LayerProfile, latency: _LatencyCache) -> _Cost:
-        """Communication and compression work of one layer with one compressor."""
+    def _cost(
+        self,
+        compressor: Compressor,
+        layer: LayerProfile,
+        latency: _LatencyCache,
+        share: float = 1.0,
+    ) -> _Cost:
+        """Communication and compression work of one layer with one compressor.
+
+        ``share``: the layers that may split the latency of a collective the bucket would not
+        issue anyway (the hook sends every two-round layer of a bucket in one collective per
+        round, every gathered payload in one all-gather and each payload dtype in one
+        all-reduce); 1 charges each layer the full latency.
+        """
         wire = compressor.wire_bytes(layer.shape, layer.dtype)
         collective = compressor.collective
         base = latency.of(collective)
+        extra = base / max(1.0, share)
         work = max(0.0, float(self.cost_model.compress_seconds(compressor, layer.shape)))
         sizes = compressor.round_wire_bytes(layer.shape, layer.dtype)
         if len(sizes) > 1:
-            # Each round is a collective of its own (one latency each): the first is what the
-            # next bucket's hook call waits for, the second is launched by it.
-            first = latency.comm(collective, sizes[0])
-            second = math.fsum(latency.comm(collective, size) for size in sizes[1:])
+            # Each round is a collective of its own: the first is what the next bucket's hook
+            # call waits for, the second is launched by it.
+            first = max(0.0, latency.comm(collective, sizes[0]) - base) + extra
+            second = math.fsum(
+                max(0.0, latency.comm(collective, size) - base) + extra for size in sizes[1:]
+            )
             return _Cost(first + second, work, wire, first, second)
         comm = max(0.0, latency.comm(collective, sizes[0]) - base)
         shares_bucket = collective is Collective.ALL_REDUCE and (
             compressor.payload_dtype(layer.dtype) == layer.dtype
         )
         if not shares_bucket:
-            comm += base
+            comm += extra
         return _Cost(comm, work, wire)
 
     def _fixed(
@@ -523,6 +571,7 @@ class PolicyEngine:
         levels: int,
         latency: _LatencyCache,
         in_use: str | None = None,
+        share: float = 1.0,
     ) -> Pending:
         ordered = self.lightness_order(layer)
         note = ""
@@ -535,7 +584,7 @@ class PolicyEngine:
         options = []
         rel_errors = {}
         for compressor in ordered:
-            cost = self._cost(compressor, layer, latency)
+            cost = self._cost(compressor, layer, latency, share)
             rel = rel_error(compressor, layer, self.config.priors)
             rel_errors[compressor.spec] = rel
             error = rel**2 * self._weight(layer)

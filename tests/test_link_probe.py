@@ -67,9 +67,14 @@ def _stuck_slow(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:
     torch.manual_seed(0)
     model = MultiBucketNet()
     ddp = DDP(model, bucket_cap_mb=0.02)
-    # No early look: the warm-up (4 steps) ends at the first boundary, as the test expects.
+    # No early look: the warm-up (4 steps) ends at the first boundary, as the test expects;
+    # no opening either, whose step-0 probe would read the link before the estimate sticks.
     config = autocomp.AutocompConfig(
-        target_overlap=0.9, policy=policy_path, window=WINDOW, first_look_steps=WARMUP
+        target_overlap=0.9,
+        policy=policy_path,
+        window=WINDOW,
+        first_look_steps=WARMUP,
+        opening=False,
     )
     ctl = autocomp.wrap(ddp, config=config)
     loop = ctl.adaptive

@@ -506,26 +506,8 @@ class AdaptiveLoop:
         if message is None:
             return
         changes = self._apply(message, current)
-        if update is not None:  # rank 0 keeps the record, as at every boundary
-            record = update.record
-        else:
-            record = WindowRecord(
-                step=0,
-                bandwidth_bytes_per_s=None,
-                latency_s=None,
-                nic_bytes_per_s=None,
-                step_seconds=0.0,
-                backward_seconds=0.0,
-                hideable_seconds=0.0,
-                comm_busy_seconds=0.0,
-                compress_seconds=0.0,
-                exposed_seconds=0.0,
-                measured_overlap=1.0,
-                predicted_overlap=None,
-                bytes_per_step=0.0,
-                uncompressed_bytes_per_step=float(raw),
-                loss=None,
-            )
+        # Rank 0 keeps the full record, as at every boundary.
+        record = update.record if update is not None else WindowRecord.opening(float(raw))
         record.probe_bytes, record.probe_seconds = probe
         record.probe_bytes_per_s = link_bytes(
             Collective.ALL_REDUCE, probe[0], self.state.link_world_size

@@ -415,22 +415,10 @@ class WindowPlanner:
         plan = [decision.layer(name).spec for name in self.names]
         bandwidth = estimate.bandwidth_bytes_per_s
         self._note_switches(plan, current, profiles, bandwidth)
-        record = WindowRecord(
-            step=0,
+        record = WindowRecord.opening(
+            float(raw_bytes),
             bandwidth_bytes_per_s=bandwidth,
             latency_s=estimate.latency_s,
-            nic_bytes_per_s=None,
-            step_seconds=0.0,
-            backward_seconds=0.0,
-            hideable_seconds=0.0,
-            comm_busy_seconds=0.0,
-            compress_seconds=0.0,
-            exposed_seconds=0.0,
-            measured_overlap=1.0,
-            predicted_overlap=None,
-            bytes_per_step=0.0,
-            uncompressed_bytes_per_step=float(raw_bytes),
-            loss=None,
             decision=decision.to_dict(),
             compute_seconds=compute,
         )

@@ -171,6 +171,28 @@ class WindowRecord:
     """Hierarchical reduce only: the intra-node link's bus bytes/s (rank 0's reduce-scatters
     and gathers, median); ``bandwidth_bytes_per_s`` is then the cross-node link."""
 
+    @classmethod
+    def opening(cls, uncompressed_bytes_per_step: float, **fields: Any) -> WindowRecord:
+        """The record of the opening (step 0): nothing measured yet but the link probe."""
+        return cls(
+            step=0,
+            bandwidth_bytes_per_s=fields.pop("bandwidth_bytes_per_s", None),
+            latency_s=fields.pop("latency_s", None),
+            nic_bytes_per_s=None,
+            step_seconds=0.0,
+            backward_seconds=0.0,
+            hideable_seconds=0.0,
+            comm_busy_seconds=0.0,
+            compress_seconds=0.0,
+            exposed_seconds=0.0,
+            measured_overlap=1.0,
+            predicted_overlap=None,
+            bytes_per_step=0.0,
+            uncompressed_bytes_per_step=uncompressed_bytes_per_step,
+            loss=None,
+            **fields,
+        )
+
     def summary(self) -> str:
         """One log line: bandwidth seen, bytes per step, what changed and why."""
         bw = (

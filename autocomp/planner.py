@@ -335,13 +335,16 @@ class WindowPlanner:
         """The opening: a plan for step 0 from a link probe run before its first collective.
 
         ``probe`` is (payload bytes, seconds) of an all-reduce timed on the link; the compute
-        is estimated from the first forward (``OPENING_COMPUTE_PER_FORWARD`` times it: the
-        backward costs about twice the forward, and a first forward's one-off costs only
-        inflate the estimate, which makes acting less likely). When the uncompressed step's
-        predicted communication takes at least ``slow_link_ratio`` times that compute, the
-        warm-up ends here and the engine decides, as at the first look but one to two steps
-        earlier: at 10 Mbit/s an uncompressed first step of a 34 MB model takes 30 s. Else
-        None: the plan stays, and the probe only seeds the link estimate.
+        is estimated from the first forward (``OPENING_COMPUTE_PER_FORWARD`` times it: a
+        backward costs about twice the forward). That estimate can be several times short: an
+        embedding table's backward writes a dense gradient its forward never read (the n-gram
+        model: 3 x its forward ~15 ms against a measured 93 ms compute-only step, so at 2x
+        it compressed on loopback from step 0). So, as at the glance after one step, the
+        opening acts only when the uncompressed step's predicted communication takes
+        ``dominance_ratio`` (10x) that compute: then the warm-up ends here and the engine
+        decides, one or two steps before the measured looks could (at 10 Mbit/s an
+        uncompressed first step of a 34 MB model takes 30 s). Else None: the plan stays,
+        and the probe only seeds the link estimate.
         """
         self._windows += 1
         payload, seconds = probe
@@ -371,7 +374,7 @@ class WindowPlanner:
         comm = estimate.seconds(Collective.ALL_REDUCE, raw_bytes, world)
         compute = OPENING_COMPUTE_PER_FORWARD * forward_seconds
         ratio = comm / compute
-        if ratio < self.config.slow_link_ratio:
+        if ratio < self.config.dominance_ratio:
             logger.info(
                 "autocomp: opening: %s; an uncompressed step would communicate %.3g s, %.1fx "
                 "the estimated compute %.3g s; no decision before the first look",

@@ -130,7 +130,8 @@ def _probe(mbit: float, payload: int = 1 << 20) -> tuple[int, float]:
 
 
 def test_the_opening_decides_before_step_0_when_communication_dominates() -> None:
-    """Raw gradients here are 4.2 MB: 0.67 s at 50 Mbit/s against 3 x a 20 ms forward."""
+    """Raw gradients here are 4.2 MB: 0.67 s at 50 Mbit/s against 3 x a 20 ms forward (11x,
+    over ``dominance_ratio``)."""
     slow = planner()
     update = slow.open(_probe(50), 0.02, 2, dict.fromkeys(NAMES, "none"))
     assert update is not None and slow.warmup_done
@@ -152,8 +153,11 @@ def test_the_opening_leaves_a_fast_or_unknown_link_to_the_measured_looks() -> No
     assert fast.open(_probe(10_000), 0.02, 2, dict.fromkeys(NAMES, "none")) is None
     assert not fast.warmup_done
     assert fast.meter.estimate is not None  # the probe still seeds the link estimate
-    # 2x slower than compute only at the boundary: 1.35 Gbit/s is 25 ms against 60 ms.
-    borderline = planner(slow_link_ratio=0.4)
+    # At 50 Mbit/s but a 10x slower forward: 0.67 s against 0.6 s, far below 10x.
+    heavy = planner()
+    assert heavy.open(_probe(50), 0.2, 2, dict.fromkeys(NAMES, "none")) is None
+    # The bound is dominance_ratio: at 0.4, 1.35 Gbit/s (25 ms against 60 ms) is enough.
+    borderline = planner(slow_link_ratio=0.4, dominance_ratio=0.4)
     assert borderline.open(_probe(1_350), 0.02, 2, dict.fromkeys(NAMES, "none")) is not None
     # No forward measured (a framework-owned model): nothing to weigh the link against.
     blind = planner()

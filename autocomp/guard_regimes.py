@@ -108,7 +108,10 @@ class NormRegimes:
         trends = [1.0] if self.common_ratio is None else [1.0, self.common_ratio]
         exponent = 0
         for trend in trends:
-            value = math.log2(median / trend)
+            quotient = median / trend
+            if not (math.isfinite(quotient) and quotient > 0):
+                continue  # a denormal reference or trend: no factor to read
+            value = math.log2(quotient)
             nearest = round(value)
             if nearest == 0 or abs(nearest) > 64:
                 continue

@@ -27,7 +27,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from autocomp.guard_events import GUARD_NAMES, GuardEvent
@@ -425,6 +425,15 @@ def test_load_state_dict_rejects_unknown_version() -> None:
         ),
         max_size=40,
     )
+)
+@example(  # a denormal norm once overflowed the loss-scale detector's log2 (found by this test)
+    [
+        (0.0, {}, {}),
+        (0.0, {"fc1.weight": 1.0, "fc1.bias": 2.0}, {}),
+        (0.0, {"fc1.weight": 0.0}, {}),
+        (0.0, {"fc1.bias": 1.0, "fc1.weight": 1.1125369292536007e-308}, {}),
+        (0.0, {"fc1.weight": 1.0, "fc1.bias": 1.0}, {}),
+    ]
 )
 def test_levels_stay_in_range_and_decisions_are_deterministic(
     script: list[tuple[float, dict[str, float], dict[str, float]]],

@@ -397,7 +397,11 @@ class AdaptiveLoop:
             )
             measurement.bytes_per_step = bytes_per_step
             measurement.uncompressed_bytes_per_step = raw_per_step
-            _record(measurement, current, self.state)
+            line: dict[str, Any] = {
+                "measurement": measurement.to_dict(),
+                "current": current,
+                "shapes": {name: list(slot.shape) for name, slot in self.state.slots.items()},
+            }
             try:
                 update = self.planner.decide(measurement, current)
             except Exception:
@@ -408,6 +412,7 @@ class AdaptiveLoop:
                 update = PlanUpdate([current[n] for n in self.names], [], 0, record)
                 self.decision_failures += 1
             record = update.record
+            _record({**line, "decision": record.decision})
             payload = [
                 {"plan": update.plan, "reset": update.resets, "probe_bytes": update.probe_bytes}
             ]
@@ -492,6 +497,7 @@ class AdaptiveLoop:
         payload: list[Any] = [None]
         update: PlanUpdate | None = None
         if self.state.rank == 0:
+            _record({"opening": {"probe": list(probe), "forward_seconds": slowest_forward}})
             try:
                 if missing == 0.0:
                     update = self.planner.open(
@@ -672,16 +678,16 @@ def _forward_hook(function: Any) -> Any:
     return disable(function) if disable is not None else function
 
 
-def _record(measurement: WindowMeasurement, current: dict[str, str], state: HookState) -> None:
-    """Append the measurement to ``AUTOCOMP_RECORD_WINDOWS``, when set (rank 0)."""
+def _record(line: dict[str, Any]) -> None:
+    """Append one JSON line to ``AUTOCOMP_RECORD_WINDOWS``, when set (rank 0): the opening's
+    probe, or a window's measurement with the plan that ran and the decision it led to, so a
+    run can be replayed through :class:`~autocomp.planner.WindowPlanner` offline."""
     path = AUTOCOMP_RECORD_WINDOWS.get()
     if not path:
         return
-    shapes = {name: list(slot.shape) for name, slot in state.slots.items()}
-    line = json.dumps({"measurement": measurement.to_dict(), "current": current, "shapes": shapes})
     try:
         with open(path, "a", encoding="utf-8") as out:
-            out.write(line + "\n")
+            out.write(json.dumps(line) + "\n")
     except OSError as err:  # a debugging aid must never stop training
         logger.warning("autocomp: cannot record window to %s: %s", path, err)
 

@@ -65,6 +65,7 @@ AUTOCOMP_TOKEN = EnvVar(
 AUTOCOMP_RECORD_WINDOWS = EnvVar(
     "AUTOCOMP_RECORD_WINDOWS",
     "",
-    "Rank 0 appends every window's measurement and the plan that ran to this JSON-lines file, "
-    "so the planner's decisions can be replayed offline (debugging, regression tests).",
+    "Rank 0 appends the opening's link probe and every window's measurement, the plan that "
+    "ran and the decision it led to, to this JSON-lines file, so the planner's decisions can "
+    "be replayed offline (debugging, regression tests).",
 )

@@ -282,6 +282,8 @@ class WindowPlanner:
         bandwidth = None if estimate is None else estimate.bandwidth_bytes_per_s
         previous = self.last_decision
         hold = self._payoff(m, previous, current, bandwidth)
+        # The payoff check may need the idle link read to tell a link change from the plan's.
+        probe_next = max(probe_next, self.payoff.probe_wanted())
         profiles = self._profiles(m)
         if self.frozen and previous is not None:
             decision = previous
@@ -348,11 +350,10 @@ class WindowPlanner:
         """
         self._windows += 1
         payload, seconds = probe
-        self.meter.add_probe(
-            latency_hops(Collective.ALL_REDUCE, world),
-            link_bytes(Collective.ALL_REDUCE, payload, world),
-            seconds,
-        )
+        sent = link_bytes(Collective.ALL_REDUCE, payload, world)
+        self.meter.add_probe(latency_hops(Collective.ALL_REDUCE, world), sent, seconds)
+        if seconds > 0:  # nothing is compressed yet: the payoff check's reference reading
+            self.payoff.note_probe(payload, sent / seconds, compressed=False)
         estimate = self.meter.end_window(min_samples=1)
         if estimate is None or not (math.isfinite(forward_seconds) and forward_seconds > 0):
             return None
@@ -601,13 +602,25 @@ class WindowPlanner:
         window_index = m.step // max(1, self.config.window)
         ran = tuple(current[name] for name in self.names)
         settled, self._plan_ran = ran == self._plan_ran, ran
+        optimizer_compressed = previous is not None and any(
+            layer.rule in OPTIMIZER_RULES and layer.spec != NONE_SPEC for layer in previous.layers
+        )
+        probe_rate = None
+        if m.probe is not None:
+            payload_bytes, seconds = m.probe
+            probe_rate = link_bytes(Collective.ALL_REDUCE, payload_bytes, m.world_size) / seconds
+            self.payoff.note_probe(payload_bytes, probe_rate, compressed=optimizer_compressed)
+        if optimizer_compressed and not settled:
+            self.payoff.watch(bandwidth)
         if settled:
-            optimizer_compressed = previous is not None and any(
-                layer.rule in OPTIMIZER_RULES and layer.spec != NONE_SPEC
-                for layer in previous.layers
-            )
             self.payoff.observe(
-                window_index, optimizer_compressed, m.timings["step_seconds"], bandwidth, ran
+                window_index,
+                optimizer_compressed,
+                m.timings["step_seconds"],
+                bandwidth,
+                ran,
+                required_gain=0.0 if previous is None else previous.required_gain,
+                probe_bytes_per_s=probe_rate,
             )
         return self.payoff.hold_reason(window_index, bandwidth)
 

@@ -23,13 +23,65 @@ def test_a_compressed_window_that_is_not_faster_starts_a_hold() -> None:
     check = PayoffCheck()
     assert check.observe(1, compressed=False, step_seconds=0.220, bandwidth=8 * GBIT) is None
     note = check.observe(2, compressed=True, step_seconds=0.215, bandwidth=7 * GBIT)
-    assert note is not None and "gain 2.3% < min_gain 5%" in note
+    assert note is not None and "gain 2.3% < 5.0% (min_gain 5%" in note
     assert check.holds == 1 and check.last_gain == pytest.approx(1 - 0.215 / 0.220)
     reason = check.hold_reason(3, 8 * GBIT)
     assert reason is not None and "held off until window 12" in reason
     assert check.hold_reason(11, 8 * GBIT) is not None
     assert check.hold_reason(12, 8 * GBIT) is None  # expired: the engine may try again
     assert check.hold_reason(13, 8 * GBIT) is None
+
+
+def test_a_plan_must_measure_the_gain_its_error_costs() -> None:
+    """A window 7% faster passes ``min_gain`` (5%) but not the 20% of per-step progress the
+    engine said the plan's error costs (``PolicyDecision.required_gain``): held. A plan that
+    costs little (fp16: required ~0) needs only ``min_gain``."""
+    check = PayoffCheck()
+    check.observe(1, compressed=False, step_seconds=0.0505, bandwidth=8 * GBIT)
+    assert check.observe(2, True, 0.047, 8 * GBIT, required_gain=0.0) is None
+    note = check.observe(3, True, 0.047, 8 * GBIT, required_gain=0.2)
+    assert note is not None and "gain 6.9% < 20.0%" in note
+    assert check.hold_reason(4, 8 * GBIT) is not None
+    assert check.last_gain == pytest.approx(1 - 0.047 / 0.0505)
+
+
+def test_an_idle_link_probe_tells_the_plans_traffic_from_a_link_change() -> None:
+    """Compressed, the MLP LM's loopback estimate fell from 7 to 2 Gbit/s: its own small
+    transfers, not the link. With a reference probe taken while uncompressed, the check asks
+    for a probe of the same size; one that reads the same link compares the window with the
+    baseline after all (held: 1% faster, 17% needed), and the hold keeps the baseline's link,
+    so the uncompressed windows that follow do not end it. A probe that reads a slower link
+    voids the comparison as before."""
+    for probe_rate, held in ((6.5 * GBIT, True), (2.0 * GBIT, False)):
+        check = PayoffCheck()
+        assert check.probe_wanted() == 0
+        check.note_probe(13_714_432, 6.8 * GBIT, compressed=False)  # the opening's
+        check.note_probe(1_000, 0.1 * GBIT, compressed=True)  # not a reference
+        check.observe(2, compressed=False, step_seconds=0.0487, bandwidth=7 * GBIT)
+        assert check.observe(3, True, 0.0482, 2 * GBIT, required_gain=0.17) is None
+        assert check.last_gain is None and check.probe_wanted() == 13_714_432
+        assert check.probe_wanted() == 0  # asked once
+        note = check.observe(
+            4, True, 0.0482, 2 * GBIT, required_gain=0.17, probe_bytes_per_s=probe_rate
+        )
+        assert (note is not None) is held
+        if held:
+            assert check.last_gain == pytest.approx(1 - 0.0482 / 0.0487)
+            assert check.hold_reason(4, 2 * GBIT) is not None  # judged on this estimate
+            assert check.hold_reason(5, 7 * GBIT) is not None  # the baseline's link
+            restored = PayoffCheck()
+            restored.load_state_dict(check.state_dict())
+            assert restored.hold_reason(6, 7 * GBIT) is not None
+            assert restored._reference_probe == (13_714_432, 6.8 * GBIT)
+        else:
+            assert check.last_gain is None and check.hold_reason(5, 2 * GBIT) is None
+
+
+def test_without_a_reference_probe_a_moved_estimate_voids_the_comparison() -> None:
+    check = PayoffCheck()
+    check.observe(2, compressed=False, step_seconds=0.0487, bandwidth=7 * GBIT)
+    assert check.observe(3, True, 0.0482, 2 * GBIT, required_gain=0.17) is None
+    assert check.probe_wanted() == 0 and check.last_gain is None
 
 
 def test_a_link_change_ends_a_hold_and_voids_the_baseline() -> None:
@@ -182,3 +234,37 @@ def test_revert_state_survives_a_checkpoint() -> None:
     restored.load_state_dict(check.state_dict())
     assert restored.reverts == 1 and restored.revert_plan(10, 50e6 / 8) == FAST
     assert restored.state_dict() == check.state_dict()
+
+
+def test_a_failed_retry_on_the_same_link_holds_twice_as_long() -> None:
+    """Each try after a hold costs compressed windows: a hold that expired and is followed by
+    another on the same link lasts twice as long (10, 20, 40, 80, then 80 windows); a paying
+    window or a link move starts over at ``hold_windows``."""
+    check = PayoffCheck()
+    check.observe(0, compressed=False, step_seconds=0.05, bandwidth=7 * GBIT)
+    window, lengths = 1, []
+    for _ in range(5):
+        assert check.observe(window, True, 0.049, 7 * GBIT) is not None
+        start = window
+        while check.hold_reason(window, 7 * GBIT) is not None:
+            window += 1
+        lengths.append(window - start)
+    assert lengths == [10, 20, 40, 80, 80]
+    assert check.observe(window, True, 0.03, 7 * GBIT) is None  # pays: back to 10
+    assert check.observe(window + 1, True, 0.049, 7 * GBIT) is not None
+    assert check.hold_reason(window + 11, 7 * GBIT) is None
+    restored = PayoffCheck()
+    restored.load_state_dict(check.state_dict())
+    assert restored.state_dict() == check.state_dict()
+
+
+def test_the_first_window_after_a_switch_asks_for_the_probe() -> None:
+    check = PayoffCheck()
+    check.observe(1, compressed=False, step_seconds=0.0487, bandwidth=7 * GBIT)
+    check.watch(6.5 * GBIT)  # the estimate has not moved: nothing to tell apart
+    assert check.probe_wanted() == 0
+    check.watch(2 * GBIT)
+    assert check.probe_wanted() == 0  # no reference probe: no probe can settle it
+    check.note_probe(4_000_000, 6.8 * GBIT, compressed=False)
+    check.watch(2 * GBIT)
+    assert check.probe_wanted() == 4_000_000

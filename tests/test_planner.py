@@ -16,8 +16,9 @@ import json
 import pytest
 import torch
 
-from autocomp.compressors import Collective
+from autocomp.compressors import Collective, build_compressor
 from autocomp.planner import WindowPlanner
+from autocomp.policy.priors import ErrorPriors
 from autocomp.policy.rules import PolicyRules
 from autocomp.window import LayerWindow, WindowMeasurement
 
@@ -216,7 +217,8 @@ def test_a_switch_on_a_prior_is_released_when_it_measures_worse(
     spec = current["fc1.weight"]
     assert spec != "none" and spec not in p.rel_errors["fc1.weight"]  # chosen on its prior
     assumed = p._changed_at["fc1.weight"].assumed_error
-    assert assumed is not None and 0 < assumed < 0.6
+    prior = ErrorPriors().rel_error(build_compressor(spec), SHAPES["fc1.weight"])
+    assert assumed == pytest.approx(prior) and 0 < assumed < 1
     errors = {"fc1.weight": assumed + miss}
     update = p.decide(measurement(20, mbit=50, specs=current, errors=errors), current)
     rules = {d["name"]: d["rule"] for d in update.record.decision["layers"]}  # type: ignore[index]

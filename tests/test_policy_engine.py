@@ -352,12 +352,12 @@ def test_measured_error_overrides_prior() -> None:
     timing = StepTiming(backward_seconds=0.1, hideable_seconds=0.05, step_seconds=0.2)
     eng = engine(200, rules)
     prior = eng.decide([base], timing, AFTER_WARMUP, WORLD).layers[0]
-    assert prior.spec == "powersgd:rank=1,ef=true"  # prior 0.72 < top-k 0.79
+    assert prior.spec == "topk:ratio=0.01,ef=true"  # prior 0.93 < rank 1's 0.97
     measured = LayerProfile(
-        name="w", shape=(1024, 1024), grad_norm=1.0, rel_error={"topk:ratio=0.01": 0.1}
+        name="w", shape=(1024, 1024), grad_norm=1.0, rel_error={"powersgd:rank=1": 0.1}
     )
     chosen = eng.decide([measured], timing, AFTER_WARMUP, WORLD).layers[0]
-    assert chosen.spec == "topk:ratio=0.01,ef=true"
+    assert chosen.spec == "powersgd:rank=1,ef=true"
     assert chosen.predicted_error == pytest.approx(0.1**2 * 1024 * 1024)  # rel^2 x numel
     assert "rel. error 0.1;" in chosen.reason
 
@@ -370,14 +370,14 @@ def test_measured_errors_calibrate_unmeasured_siblings() -> None:
     priors = ErrorPriors()
     shape = torch.Size((1024, 1024))
     timing = StepTiming(backward_seconds=0.1, hideable_seconds=0.05, step_seconds=0.2)
-    measured_rank4 = 0.9
+    measured_rank4 = 0.99
     ratio = measured_rank4 / priors.rel_error(build_compressor("powersgd:rank=4"), shape)
     layer = LayerProfile(
         name="w", shape=shape, grad_norm=1.0, rel_error={"powersgd:rank=4": measured_rank4}
     )
     expected = {
         "powersgd:rank=16": priors.rel_error(build_compressor("powersgd:rank=16"), shape) * ratio,
-        "powersgd:rank=1": 1.0,  # 0.72 x 1.58 would exceed dropping the gradient
+        "powersgd:rank=1": 1.0,  # 0.97 x 1.08 would exceed dropping the gradient
         "topk:ratio=0.001": min(
             1.0, priors.rel_error(build_compressor("topk:ratio=0.001"), shape) * ratio
         ),
@@ -576,9 +576,11 @@ def _two_buckets(hideable_last: float) -> tuple[list[LayerProfile], StepTiming]:
 def test_the_last_bucket_cannot_hide_behind_the_backward_before_it() -> None:
     """At 10 Gbit/s both uncompressed weights (2 x 16 MB, ~20 ms each) fit in H = 250 ms,
     but the last bucket is ready when the backward ends: its 20 ms are exposed whatever H is.
-    With the bucket timeline the engine sees that and compresses just that layer (time slack 0:
-    the gain, 4% of this step, is the next test's subject)."""
-    rules = PolicyRules(candidates=("none", "fp16", "powersgd:rank=4"), time_slack=0.0)
+    With the bucket timeline the engine sees that and compresses just that layer (time slack 0
+    and error_cost 0: whether a gain of 4% of this step pays is the subject of the next tests)."""
+    rules = PolicyRules(
+        candidates=("none", "fp16", "powersgd:rank=4"), time_slack=0.0, error_cost=0.0
+    )
     layers, timing = _two_buckets(hideable_last=0.0)
     eng = engine(10_000, rules)
     flat = StepTiming(backward_seconds=0.30, hideable_seconds=0.25, step_seconds=0.50)
@@ -615,6 +617,75 @@ def test_compression_must_beat_the_time_slack() -> None:
     short = eng.decide(layers, dataclasses.replace(timing, step_seconds=0.15), AFTER_WARMUP, 4)
     assert short.layer("late.weight").spec != "none"
     assert short.layer("early.weight").spec == "none"
+
+
+def _measured(spec: str, error: float) -> list[LayerProfile]:
+    """The MLP with ``error`` measured for ``spec`` on its four big weights."""
+    return [
+        dataclasses.replace(layer, rel_error={spec: error}) if layer.name in BIG else layer
+        for layer in mlp_profile()
+    ]
+
+
+def test_compression_must_buy_back_the_progress_its_error_costs() -> None:
+    """At 2.6 Gbit/s putting one big weight on PowerSGD (measured error 0.95) saves ~7.5% of
+    the step. With ``error_cost`` 1 that error costs ~18% of a step's progress: every optimizer
+    layer stays uncompressed (rule ``no_gain``, the numbers in the reason). fp16's error costs
+    nothing, so the same gain takes it. With ``error_cost`` 0 the gain alone decides."""
+    psgd = "powersgd:rank=4"
+    profile = _measured(psgd, 0.95)
+
+    def run(error_cost: float, candidates: tuple[str, ...] = ("none", psgd)) -> object:
+        rules = PolicyRules(candidates=candidates, error_cost=error_cost)
+        return engine(2600, rules).decide(profile, TIMING, AFTER_WARMUP, WORLD)
+
+    free = run(0.0)
+    compressed = [d for d in free.layers if d.spec != "none"]  # type: ignore[attr-defined]
+    assert len(compressed) == 1
+    gain = 1 - free.predicted_step_seconds / free.uncompressed_step_seconds  # type: ignore[attr-defined]
+    assert 0.05 < gain < 0.10
+
+    costly = run(1.0)
+    assert set(costly.plan.values()) == {"none"}  # type: ignore[attr-defined]
+    name = compressed[0].name
+    held = costly.layer(name)  # type: ignore[attr-defined]
+    assert held.rule == "no_gain" and "no gain: the plan predicted 7." in held.reason
+    assert costly.predicted_step_seconds == pytest.approx(free.uncompressed_step_seconds)  # type: ignore[attr-defined]
+    assert costly.required_gain == 0.0 and "none" in costly.solver  # type: ignore[attr-defined]
+
+    priced = run(0.25)  # one layer of four at 0.95 costs ~4.5%, under the gain
+    assert priced.plan == free.plan  # type: ignore[attr-defined]
+    assert 0.03 < priced.required_gain < gain  # type: ignore[attr-defined]
+
+    lossless = engine(2600, PolicyRules(candidates=("none", "fp16:ef=false"), error_cost=1.0))
+    cast = lossless.decide(_measured("fp16:ef=false", 5e-4), TIMING, AFTER_WARMUP, WORLD)
+    assert any(d.spec == "fp16:ef=false" for d in cast.layers)
+    assert cast.required_gain < 1e-5
+
+
+def test_a_plan_in_use_keeps_its_place_near_the_bar() -> None:
+    """Hysteresis: a bar just above the predicted gain stops a switch from 'none' to the
+    plan, but not a plan already in use (its bar is ``1 - switch_margin`` of it)."""
+    psgd = "powersgd:rank=4"
+    profile = _measured(psgd, 0.95)
+    base = engine(2600, PolicyRules(candidates=("none", psgd), error_cost=0.25))
+    reference = base.decide(profile, TIMING, AFTER_WARMUP, WORLD)
+    gain = 1 - reference.predicted_step_seconds / reference.uncompressed_step_seconds
+    mean_err2 = reference.required_gain / 0.25
+    # A bar 8% above the gain: off from 'none', kept once in use (0.85 x 1.08 < 1).
+    rules = PolicyRules(candidates=("none", psgd), error_cost=1.08 * gain / mean_err2)
+    eng = engine(2600, rules)
+    start = eng.decide(
+        profile,
+        TIMING,
+        AFTER_WARMUP,
+        WORLD,
+        current=dict.fromkeys((layer.name for layer in profile), "none"),
+    )
+    assert set(start.plan.values()) == {"none"}
+    kept = eng.decide(profile, TIMING, AFTER_WARMUP, WORLD, current=reference.plan)
+    assert kept.plan == reference.plan
+    assert kept.required_gain == pytest.approx(1.08 * gain)
 
 
 def test_a_bucket_ready_early_enough_needs_no_compression() -> None:

@@ -271,10 +271,16 @@ class PolicyEngine:
                 decisions[item.index] = self._none(item, hold_reason)
             pending = []
             solver = "held"
+        required_gain, uncompressed_step = 0.0, None
         if pending:
             solver, fastest_step = self._search(
                 pending, decisions, groups, latency_by_group, timing, locked or {}
             )
+            pays, required_gain, uncompressed_step = self._compression_pays(
+                pending, decisions, groups, latency_by_group, timing, current
+            )
+            if not pays:  # the optimizer's layers were set to 'none'
+                solver, required_gain = f"{solver}, none: gain under the error's cost", 0.0
 
         final = tuple(d for d in decisions if d is not None)
         load = self._load(decisions, groups, latency_by_group)
@@ -304,6 +310,8 @@ class PolicyEngine:
             predicted_step_seconds=timing.compute + timeline.added_s,
             fastest_step_seconds=fastest_step,
             time_slack=self.rules.time_slack,
+            required_gain=required_gain,
+            uncompressed_step_seconds=uncompressed_step,
         )
         logger.debug(
             "step %d: predicted step %.4g s (compute %.4g, fastest %s), overlap %.3f, "
@@ -423,6 +431,73 @@ class PolicyEngine:
             )
         solver = result.method + (" (+dwell)" if held else "")
         return solver, timing.compute + result.fastest_added
+
+    def _compression_pays(
+        self,
+        pending: Sequence[Pending],
+        decisions: list[LayerDecision | None],
+        groups: BucketGroups,
+        latency_by_group: Sequence[float],
+        timing: StepTiming,
+        current: Mapping[str, str] | None,
+    ) -> tuple[bool, float, float]:
+        """(pays, required gain, predicted uncompressed step) of the searched plan; when its
+        predicted gain falls short, the pending layers are set to 'none' in ``decisions``.
+
+        Progress per second is (progress per step) / (step time). Compression shortens the
+        step and costs per-step progress; linearized, a step delivers ``1 - error_cost x
+        mean_err2`` of an uncompressed step's progress, ``mean_err2`` being the weighted mean
+        squared relative error over the optimizer's layers (uncompressed ones count 0). So the
+        plan pays only if it shortens the step by at least that share. The slack rule inside
+        the search cannot see this: it compares compressed plans with each other, and on a
+        fast link the fastest plan may save 5% of a step while costing 10-20% of its progress
+        (the MLP LM on loopback). A plan already in use keeps its place down to
+        ``1 - switch_margin`` of the bar, so a gain near it does not flip the plan each window.
+        """
+        chosen = [decisions[item.index] for item in pending]
+        if any(d is None for d in chosen):
+            raise AssertionError("the search left a pending layer undecided")
+        uncompressed = list(decisions)
+        for item in pending:
+            uncompressed[item.index] = self._none(item, "")
+        plain = self._step_of(uncompressed, groups, latency_by_group, timing)
+        total_weight = math.fsum(self._weight(item.layer) for item in pending)
+        if all(d is not None and d.spec == NONE_SPEC for d in chosen) or plain <= 0:
+            return True, 0.0, plain
+        if total_weight <= 0:  # no gradient seen ("grad_norm" weights): nothing to weigh
+            return True, 0.0, plain
+        mean_err2 = math.fsum(d.predicted_error for d in chosen if d is not None) / total_weight
+        required = self.rules.error_cost * mean_err2
+        planned = self._step_of(decisions, groups, latency_by_group, timing)
+        gain = 1.0 - planned / plain
+        in_use = current is not None and any(
+            built(current[item.layer.name]).spec != NONE_SPEC
+            for item in pending
+            if item.layer.name in current
+        )
+        bar = required * (1.0 - self.config.switch_margin) if in_use else required
+        if gain >= bar:
+            return True, required, plain
+        reason = (
+            f"no gain: the plan predicted {gain:.1%} off the step "
+            f"({planned * 1e3:,.4g} vs {plain * 1e3:,.4g} ms uncompressed), under the "
+            f"{bar:.1%} of per-step progress its error costs (error_cost "
+            f"{self.rules.error_cost:g} x mean squared relative error {mean_err2:.3g})"
+        )
+        for item in pending:
+            decisions[item.index] = self._none(item, reason)
+        return False, required, plain
+
+    def _step_of(
+        self,
+        decisions: Sequence[LayerDecision | None],
+        groups: BucketGroups,
+        latency_by_group: Sequence[float],
+        timing: StepTiming,
+    ) -> float:
+        load = self._load(decisions, groups, latency_by_group)
+        timeline = groups.timeline(load.comm, load.work, load.first, load.second)
+        return timing.compute + timeline.added_s
 
     @staticmethod
     def _load(
@@ -618,7 +693,8 @@ class PolicyEngine:
 
     @staticmethod
     def _none(item: Pending, reason: str) -> LayerDecision:
-        """A search layer left uncompressed because measurements showed no payoff."""
+        """A search layer left uncompressed because compression does not pay (measured, or
+        predicted against the progress its error costs)."""
         option = item.option(NONE_SPEC)
         return LayerDecision(
             name=item.layer.name,

@@ -10,7 +10,8 @@ produced it, and a compressed plan is compared with the latest uncompressed wind
 similar link (bandwidth within ``link_change``). If it is not ``min_gain`` faster,
 compression is held off: the optimizer's layers stay uncompressed for ``hold_windows``
 windows, or until the link estimate moves by ``link_change`` from the one held at, whichever
-comes first. Then the engine may try again, one window.
+comes first. Then the engine may try again. A try that fails again on the same link holds
+twice as long as the last (up to 8x): each try costs a few compressed windows.
 
 The same errors decide between two compressed plans: the engine keeps a plan whose
 predicted step is within ``time_slack`` of the fastest one, and on two cores a plan that sends
@@ -22,6 +23,17 @@ fastest plan in the ledger (medians), and each of its windows slower than each o
 (so that the noise of a few percent between windows never reverts), the engine is sent back
 to that plan for ``hold_windows`` windows (or until the link moves): measured, the faster
 plan is the only one known to meet the slack.
+
+A compressed plan's own traffic can move the link estimate: on a fast link its few small
+transfers are dominated by per-call overhead and by the compression work on the same cores
+(the MLP LM on loopback read 7 Gbit/s uncompressed and 2 Gbit/s once two layers were on
+PowerSGD), so "bandwidth within ``link_change``" would void every comparison exactly where
+compression pays least. The idle link settles it: a link probe taken while uncompressed (the
+opening's, or any later one) is the reference, and when a compressed window's estimate has
+moved from the baseline's, the check asks for a probe of the same size at the next boundary
+(:meth:`probe_wanted`). If that probe reads within ``link_change`` of the reference, the link
+did not change and the window is compared with the baseline after all; the hold then
+remembers the baseline's link, which the uncompressed windows that follow will measure.
 
 Rank 0 runs it (it decides); its state is part of the controller's checkpoint.
 """
@@ -108,6 +120,39 @@ class PayoffCheck:
         self._revert: tuple[tuple[str, ...], _Observation] | None = None
         self.reverts = 0
         """Reverts to a faster measured plan started so far."""
+        self._hold_length = self.config.hold_windows
+        """Windows the current (or last) hold lasts: doubled for each hold in a row on the
+        same link, up to 8x (a retry that fails again costs its windows again)."""
+        self._expired_link: float | None = None
+        """The link a hold expired on (not ended by a link move), to tell a repeat."""
+        self._reference_probe: tuple[int, float] | None = None
+        """(payload bytes, bytes/s) of the latest link probe taken while uncompressed."""
+        self._probe_wanted = False
+
+    def note_probe(self, payload_bytes: int, bytes_per_s: float, compressed: bool) -> None:
+        """A link probe's reading; one taken while nothing was compressed is the reference
+        that tells a real link change from a compressed plan's own traffic."""
+        if compressed or not (math.isfinite(bytes_per_s) and bytes_per_s > 0):
+            return
+        if payload_bytes > 0:
+            self._reference_probe = (int(payload_bytes), float(bytes_per_s))
+
+    def watch(self, bandwidth: float | None) -> None:
+        """A compressed window that is not settled yet (the first after a switch): when its
+        estimate moved from the baseline's, ask for the probe now, so that the first settled
+        window arrives with it and is compared at once."""
+        base = self._baseline
+        if bandwidth is None or base is None or self._reference_probe is None:
+            return
+        if not self._similar(base.bandwidth_bytes_per_s, bandwidth):
+            self._probe_wanted = True
+
+    def probe_wanted(self) -> int:
+        """Payload bytes of the probe to run at the next boundary (0: none); asked once."""
+        wanted, self._probe_wanted = self._probe_wanted, False
+        if not wanted or self._reference_probe is None:
+            return 0
+        return self._reference_probe[0]
 
     def _similar(self, a: float, b: float) -> bool:
         ratio = max(a, b) / max(min(a, b), 1e-30)
@@ -120,9 +165,17 @@ class PayoffCheck:
         step_seconds: float,
         bandwidth: float | None,
         plan: tuple[str, ...] | None = None,
+        required_gain: float = 0.0,
+        probe_bytes_per_s: float | None = None,
     ) -> str | None:
         """Record one window's median step under the plan it ran; a note when a hold or a
         revert starts.
+
+        ``required_gain``: the gain the engine required of this plan for the per-step
+        progress its compression error costs (``PolicyDecision.required_gain``); the window
+        must measure at least the larger of it and ``min_gain`` faster than the baseline.
+        ``probe_bytes_per_s``: the reading of a link probe taken at the end of this window,
+        if any (see the module docstring).
 
         ``compressed``: whether the optimizer compressed any layer during the window (rule
         decisions such as pins count as neither). ``plan``: every layer's spec, for the
@@ -134,7 +187,7 @@ class PayoffCheck:
         if not compressed:
             self._baseline = observation
             return None
-        held = self._against_baseline(observation)
+        held = self._against_baseline(observation, required_gain, probe_bytes_per_s)
         if held is not None or plan is None:
             return held
         return self._against_ledger(plan, observation)
@@ -184,24 +237,47 @@ class PayoffCheck:
         logger.info("autocomp: %s", note)
         return note
 
-    def _against_baseline(self, observation: _Observation) -> str | None:
+    def _against_baseline(
+        self, observation: _Observation, required_gain: float, probe: float | None
+    ) -> str | None:
         step_seconds, bandwidth = observation.step_seconds, observation.bandwidth_bytes_per_s
         base = self._baseline
-        if base is None or not self._similar(base.bandwidth_bytes_per_s, bandwidth):
-            self.last_gain = None
+        self.last_gain = None
+        if base is None:
             return None
+        held_link = bandwidth
+        if not self._similar(base.bandwidth_bytes_per_s, bandwidth):
+            reference = self._reference_probe
+            if reference is None:
+                return None  # no idle-link reading to tell the link from the plan
+            if probe is None:
+                self._probe_wanted = True
+                return None
+            if not self._similar(reference[1], probe):
+                return None  # the idle link itself moved: the baseline is stale
+            # The link is as it was; only the plan's traffic reads it differently. A hold
+            # ends when the link moves from the baseline's, as uncompressed windows see it.
+            held_link = base.bandwidth_bytes_per_s
         gain = 1.0 - step_seconds / base.step_seconds
         self.last_gain = gain
-        if gain >= self.config.min_gain:
+        bar = max(self.config.min_gain, required_gain)
+        if gain >= bar:
+            self._expired_link = None
+            self._hold_length = self.config.hold_windows
             return None
-        self._held_at = observation
+        repeat = self._expired_link is not None and self._similar(self._expired_link, held_link)
+        self._hold_length = min(
+            8 * self.config.hold_windows,
+            2 * self._hold_length if repeat else self.config.hold_windows,
+        )
+        self._held_at = _Observation(observation.window, step_seconds, held_link)
         self.holds += 1
         note = (
             f"compression measured no payoff: {step_seconds * 1e3:,.0f} ms/step compressed vs "
             f"{base.step_seconds * 1e3:,.0f} ms uncompressed (window {base.window}) on a "
-            f"{bandwidth * 8 / 1e6:,.0f} Mbit/s link, gain {gain:.1%} < min_gain "
-            f"{self.config.min_gain:.0%}; uncompressed for up to {self.config.hold_windows} "
-            "windows"
+            f"{bandwidth * 8 / 1e6:,.0f} Mbit/s link, gain {gain:.1%} < {bar:.1%} (min_gain "
+            f"{self.config.min_gain:.0%}, or the progress the plan's error costs); "
+            f"uncompressed for up to {self._hold_length} windows"
         )
         logger.info("autocomp: %s", note)
         return note
@@ -211,16 +287,25 @@ class PayoffCheck:
         held = self._held_at
         if held is None:
             return None
-        expired = window - held.window >= self.config.hold_windows
-        moved = bandwidth is not None and not self._similar(held.bandwidth_bytes_per_s, bandwidth)
+        expired = window - held.window >= self._hold_length
+        # In the window it started the hold was judged on this very estimate.
+        moved = (
+            window > held.window
+            and bandwidth is not None
+            and not self._similar(held.bandwidth_bytes_per_s, bandwidth)
+        )
         if expired or moved:
             self._held_at = None
+            self._expired_link = held.bandwidth_bytes_per_s if not moved else None
+            if moved:
+                self._hold_length = self.config.hold_windows
             return None
         return (
             f"compression measured no payoff at window {held.window} "
             f"({held.step_seconds * 1e3:,.0f} ms/step compressed vs the uncompressed "
-            f"baseline, gain under min_gain {self.config.min_gain:.0%}); held off until "
-            f"window {held.window + self.config.hold_windows} or a "
+            f"baseline, a gain under min_gain {self.config.min_gain:.0%} or under the "
+            "progress its error costs); held off until "
+            f"window {held.window + self._hold_length} or a "
             f"{self.config.link_change:g}x link change"
         )
 
@@ -252,6 +337,11 @@ class PayoffCheck:
             if self._revert is None
             else [list(self._revert[0]), pack(self._revert[1])],
             "reverts": self.reverts,
+            "hold_length": self._hold_length,
+            "expired_link": self._expired_link,
+            "reference_probe": None
+            if self._reference_probe is None
+            else list(self._reference_probe),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -271,3 +361,9 @@ class PayoffCheck:
         at = None if revert is None else unpack(revert[1])
         self._revert = None if revert is None or at is None else (tuple(revert[0]), at)
         self.reverts = int(state.get("reverts", 0))
+        self._hold_length = int(state.get("hold_length", self.config.hold_windows))
+        expired_link = state.get("expired_link")
+        self._expired_link = None if expired_link is None else float(expired_link)
+        probe = state.get("reference_probe")
+        self._reference_probe = None if probe is None else (int(probe[0]), float(probe[1]))
+        self._probe_wanted = False

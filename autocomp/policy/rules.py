@@ -14,7 +14,8 @@ the controller at the copy. Schema, version 1 (``policies/default.toml`` carries
     compress_1d = false             # bool: whether biases and norm scales may be compressed
     fast_link_gbit = 25.0           # float > 0 (or inf): at or above this bandwidth, all 'none'
     min_gain = 0.05                 # 0..1: a compressed window must measure this much faster
-    time_slack = 0.1                # 0..1: plans this close to the fastest count as equally fast
+    time_slack = 0.03               # 0..1: plans this close to the fastest count as equally fast
+    error_cost = 0.2                # >= 0: per-step progress lost per unit of mean error^2
     target_overlap = 0.9            # 0..1: fraction of communication to hide behind backward
     replan_interval = 50            # int >= 1: steps between two decisions
     candidates = ["none", "fp16", "powersgd:rank=4", "topk:ratio=0.01"]  # 'none' always added
@@ -145,6 +146,7 @@ _POLICY_KEYS: dict[str, _Key] = {
     "fast_link_gbit": _Key(float, low=0.0, low_open=True, allow_inf=True),
     "min_gain": _Key(float, low=0.0, high=1.0),
     "time_slack": _Key(float, low=0.0, high=1.0),
+    "error_cost": _Key(float, low=0.0),
     "error_weight": _Key(str),
     "target_overlap": _Key(float, low=0.0, high=1.0),
     "replan_interval": _Key(int, low=1),
@@ -296,6 +298,12 @@ class PolicyRules:
     time_slack: float = 0.03
     """Plans whose predicted step is within this fraction of the fastest plan's count as
     equally fast; the least compression error among them wins (progress per second)."""
+    error_cost: float = 0.2
+    """Share of a step's training progress that compression costs per unit of the compressed
+    layers' mean squared relative error: a compressed plan must be predicted (and measured)
+    to shorten the step by ``error_cost`` x that mean, else those layers stay uncompressed.
+    Measured per unit of squared error: PowerSGD rank 4 0.15-0.38, rank 16 ~0.07 (GPT and
+    MLP LMs, docs/policy.md)."""
     error_weight: str = "numel"
     """How layers' compression errors add up: ``"numel"`` (relative error^2 x parameters:
     every parameter's update counts alike, as under Adam-type optimizers, which normalize
@@ -344,6 +352,7 @@ class PolicyRules:
             "fast_link_gbit": fast if math.isfinite(fast) else "inf",
             "min_gain": self.min_gain,
             "time_slack": self.time_slack,
+            "error_cost": self.error_cost,
             "error_weight": self.error_weight,
             "target_overlap": self.target_overlap,
             "replan_interval": self.replan_interval,

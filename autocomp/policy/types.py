@@ -248,6 +248,12 @@ class PolicyDecision:
     """T*: the predicted step of the fastest plan the optimizer found (None without one)."""
     time_slack: float = 0.0
     """Plans within (1 + time_slack) x T* counted as equally fast; the least error won."""
+    required_gain: float = 0.0
+    """The step-time gain the optimizer's compressed layers had to buy, against all of them
+    uncompressed: ``error_cost`` x their mean squared relative error (0 when none is
+    compressed). The payoff check holds measured windows to it too."""
+    uncompressed_step_seconds: float | None = None
+    """Predicted step with every optimizer layer uncompressed (None without such layers)."""
 
     @property
     def plan(self) -> dict[str, str]:
@@ -283,5 +289,7 @@ class PolicyDecision:
             "predicted_step_seconds": self.predicted_step_seconds,
             "fastest_step_seconds": _finite_or_none(self.fastest_step_seconds),
             "time_slack": self.time_slack,
+            "required_gain": self.required_gain,
+            "uncompressed_step_seconds": self.uncompressed_step_seconds,
             "layers": [layer.to_dict() for layer in self.layers],
         }

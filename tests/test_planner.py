@@ -259,3 +259,39 @@ def test_planner_state_survives_a_checkpoint() -> None:
     b = restored.decide(measurement(20, mbit=50, specs=current), current)
     assert a.plan == b.plan
     assert state["windows"] == 1
+
+
+def test_a_recorded_run_replays_through_a_fresh_planner(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``AUTOCOMP_RECORD_WINDOWS``: the adaptive loop's lines (the opening's probe, then each
+    window's measurement, plan and decision) are enough to replay a run offline: a fresh
+    planner fed the same lines reaches the same decisions."""
+    from pathlib import Path
+
+    from autocomp.adaptive import _record
+
+    path = Path(str(tmp_path)) / "windows.jsonl"
+    monkeypatch.setenv("AUTOCOMP_RECORD_WINDOWS", str(path))
+    live = planner(warmup_steps=0)
+    current = dict.fromkeys(NAMES, "none")
+    probe = (1 << 20, (1 << 20) / (50 * MBIT))
+    _record({"opening": {"probe": list(probe), "forward_seconds": 0.03}})
+    live.open(probe, 0.03, 2, current)
+    for window in range(1, 5):
+        m = measurement(10 * window, mbit=50, specs=current)
+        line = {"measurement": m.to_dict(), "current": dict(current), "shapes": {}}
+        update = live.decide(m, current)
+        _record({**line, "decision": update.record.decision})
+        current = dict(zip(NAMES, update.plan, strict=True))
+
+    replay = planner(warmup_steps=0)
+    lines = [json.loads(text) for text in path.read_text().splitlines()]
+    opening = lines[0]["opening"]
+    replay.open(
+        tuple(opening["probe"]), opening["forward_seconds"], 2, dict.fromkeys(NAMES, "none")
+    )
+    assert len(lines) == 5
+    for line in lines[1:]:
+        update = replay.decide(WindowMeasurement.from_dict(line["measurement"]), line["current"])
+        assert update.record.decision == line["decision"]

@@ -65,7 +65,8 @@ class ErrorPriors:
     compressor's input is the gradient plus a residual that has collected what earlier steps
     could not send, which is far less low-rank and less sparse than a fresh gradient: in use,
     PowerSGD rank 4 measured 0.88-0.99 (median per run), rank 1 0.95, top-1% 0.90-0.95, where
-    the synthetic tensors give 0.57, 0.72 and 0.79. A prior that low makes a first try of
+    the synthetic tensors give 0.57, 0.72 and 0.79 (top-k is set at the top of its range, see
+    ``topk_by_ratio``). A prior that low makes a first try of
     these compressors look nearly free. A profiler measurement for the spec always overrides
     the prior.
     """
@@ -84,15 +85,21 @@ class ErrorPriors:
     """1-bit sign with the chunk's RMS as its scale (0.77-0.85 on the synthetic tensors at the
     default chunk; Gaussian noise alone gives sqrt(2 - 2 sqrt(2/pi)) = 0.64)."""
     topk_by_ratio: tuple[tuple[float, float], ...] = (
-        (1e-4, 0.99),
-        (1e-3, 0.97),
-        (1e-2, 0.93),
-        (3e-2, 0.86),
-        (1e-1, 0.7),
-        (3e-1, 0.45),
+        (1e-4, 0.995),
+        (1e-3, 0.98),
+        (1e-2, 0.95),
+        (3e-2, 0.9),
+        (1e-1, 0.75),
+        (3e-1, 0.5),
         (1.0, 0.0),
     )
-    """(ratio, error) points, interpolated in log(ratio); in use under error feedback."""
+    """(ratio, error) points, interpolated in log(ratio); in use under error feedback. Top-1%
+    sits at the top of its measured range (0.90-0.95), above PowerSGD rank 4, so that the
+    order the benchmarks showed survives: at about the same measured error it learned less
+    per step (GPT LM at 10 Mbit/s: a plan with top-1% on 9 layers reached 3.85 after 14
+    steps, PyTorch's rank-4 hook 3.14 after 16). Relative error does not capture that; where
+    top-1% sends fewer bytes than rank 4 and rank 4 does not fit the time slack, the
+    least-error rule still takes top-k (docs/benchmarks.md)."""
     powersgd_by_rank: tuple[tuple[float, float], ...] = (
         (1, 0.97),
         (2, 0.95),

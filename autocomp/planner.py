@@ -606,7 +606,7 @@ class WindowPlanner:
             layer.rule in OPTIMIZER_RULES and layer.spec != NONE_SPEC for layer in previous.layers
         )
         probe_rate = None
-        if m.probe is not None:
+        if m.probe is not None and m.probe[1] > 0:
             payload_bytes, seconds = m.probe
             probe_rate = link_bytes(Collective.ALL_REDUCE, payload_bytes, m.world_size) / seconds
             self.payoff.note_probe(payload_bytes, probe_rate, compressed=optimizer_compressed)

@@ -14,6 +14,7 @@ before the first backward. The Trainer has no comm-hook setting of its own.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 from pathlib import Path
 from typing import Any
@@ -140,8 +141,12 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         torch.save(result, args.out / f"rank{rank}.pt")
 
-    # Gloo's worker threads must stop before the interpreter does: a process that exits with
-    # its group alive can abort at exit ("terminate called without an active exception").
+    # Free the DDP model (and the futures its reducer keeps) while the process group is still
+    # alive, then stop gloo's worker threads before the interpreter does: left to exit, gloo
+    # aborted a rank now and then after the work was done ("terminate called without an
+    # active exception", exit -6).
+    del trainer, callback, model, ctl, result
+    gc.collect()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 

@@ -68,6 +68,7 @@ from autocomp.hook import autocomp_hook
 from autocomp.hook_state import HookState
 from autocomp.link_model import LinkEstimate
 from autocomp.plan import load_plan
+from autocomp.policy.rules import PolicyRules
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -259,6 +260,23 @@ def test_verdict_flips_from_compress_to_not_as_bandwidth_rises(whatif: WhatIfMod
     first_off = kinds.index("do_not_compress")
     assert "compress" not in kinds[first_off:], kinds  # one flip, no flapping back
     assert kinds[0] == "compress"
+
+
+def test_a_compression_that_does_not_buy_back_its_error_is_not_recommended(
+    whatif: WhatIfModel,
+) -> None:
+    """The verdict holds its choice to the policy's error_cost, as the engine does: PowerSGD
+    shortening the step by ~60% is recommended at the default cost (0.2), but not when each
+    unit of squared error is said to cost 3 steps' worth of progress."""
+    default = whatif.verdict(whatif.evaluate(scenario(0.56)))
+    assert default.kind == "compress" and default.option is not None
+    costly = WhatIfModel(
+        make_profile(), config=WhatIfModel.Config(policy=PolicyRules(error_cost=3.0))
+    )
+    verdict = costly.verdict(costly.evaluate(scenario(0.56)))
+    assert verdict.kind == "in_between"
+    assert any("of per-step progress its error costs" in r for r in verdict.reasons)
+    assert "does not buy back what the error costs" in verdict.reasons[-1]
 
 
 def test_adaptive_plan_comes_from_the_policy_engine(whatif: WhatIfModel) -> None:

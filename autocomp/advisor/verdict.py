@@ -126,7 +126,18 @@ def judge(whatif: WhatIfModel, evaluation: Evaluation) -> Verdict:
             f"{evaluation.scenario.world_size} ranks: top-k payloads are all-gathered, so "
             "every rank receives N-1 of them"
         )
-    if gain >= cfg.compress_gain:
+    # What the choice's error costs per step (the policy's error_cost, docs/policy.md): its
+    # shorter step must buy that back, as the engine requires of its own plans.
+    progress_cost = whatif.rules.error_cost * choice.rel_error**2
+    shorter = 1.0 - choice.step_s / none.step_s if none.step_s > 0 else 0.0
+    pays_for_error = shorter >= progress_cost
+    if not pays_for_error:
+        reasons.append(
+            f"{choice.label} shortens the step by {shorter:.0%}, less than the "
+            f"{progress_cost:.0%} of per-step progress its error costs (error_cost "
+            f"{whatif.rules.error_cost:g} x error^2 {choice.rel_error**2:.2g})"
+        )
+    if gain >= cfg.compress_gain and pays_for_error:
         return Verdict(
             kind="compress",
             headline=f"compress with {choice.label}",
@@ -150,7 +161,10 @@ def judge(whatif: WhatIfModel, evaluation: Evaluation) -> Verdict:
         reasons=(
             *reasons,
             f"a predicted gain of {gain:.1%} is between the {cfg.min_gain:.0%} noise level "
-            f"and the {cfg.compress_gain:.0%} needed to recommend compression",
+            f"and the {cfg.compress_gain:.0%} needed to recommend compression"
+            if pays_for_error
+            else f"a predicted gain of {gain:.1%} does not buy back what the error costs per "
+            "step; the adaptive policy would stay uncompressed here",
         ),
         top_layers=top,
     )

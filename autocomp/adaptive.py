@@ -181,6 +181,9 @@ class AdaptiveLoop:
         self.boundary_seconds = 0.0
         """Wall time this rank spent at window boundaries (measurement all-reduce, decision,
         plan broadcast, probe): the window loop's own cost, reported by the overhead bench."""
+        self.opening_seconds = 0.0
+        """Wall time of the opening (its link probe and decision), once at step 0; kept apart
+        from ``boundary_seconds`` because it does not recur with the windows."""
         self._loss_sum: float | torch.Tensor = 0.0
         self._loss_count = 0
         self._bytes_mark = self._bytes_totals()
@@ -286,7 +289,7 @@ class AdaptiveLoop:
             if self.config.opening and self.ddp is not None:
                 started = time.perf_counter()
                 self._opening()
-                self.boundary_seconds += time.perf_counter() - started
+                self.opening_seconds = time.perf_counter() - started
         if self.is_boundary(step) and step != self._last_boundary:
             self._last_boundary = step
             started = time.perf_counter()

@@ -69,13 +69,14 @@ def _run_mode(mode: str, rank: int, steps: int, window: int) -> tuple[list[float
         loss.backward()
         opt.step()
         times.append(time.perf_counter() - start)
-    boundary = 0.0
+    boundary = opening = 0.0
     if ctl is not None:
         if ctl.adaptive is not None:
             boundary = ctl.adaptive.boundary_seconds
+            opening = ctl.adaptive.opening_seconds
         ctl.close()
     # The first steps include DDP's bucket rebuild and lazy initialization.
-    return times[2:], boundary
+    return times[2:], boundary, opening
 
 
 def _rank_main(
@@ -92,11 +93,12 @@ def _rank_main(
     try:
         rounds_out: list[dict[str, Any]] = []
         for _ in range(rounds):
-            entry: dict[str, Any] = {"times": {}, "boundary_s": 0.0}
+            entry: dict[str, Any] = {"times": {}, "boundary_s": 0.0, "opening_s": 0.0}
             for mode in MODES:
-                times, boundary = _run_mode(mode, rank, steps, window)
+                times, boundary, opening = _run_mode(mode, rank, steps, window)
                 entry["times"][mode] = times
                 entry["boundary_s"] += boundary
+                entry["opening_s"] += opening
             rounds_out.append(entry)
         if rank == 0:
             Path(out).write_text(json.dumps(rounds_out))
@@ -116,6 +118,7 @@ def summarize(rounds: list[dict[str, Any]], steps: int) -> dict[str, Any]:
                 "profiling_overhead": medians["adaptive"] / medians["static"] - 1.0,
                 # Boundaries over all steps of the run (the untimed first two included).
                 "boundary_share": entry["boundary_s"] / steps / medians["adaptive"],
+                "opening_s": entry.get("opening_s", 0.0),
             }
         )
 
@@ -131,6 +134,7 @@ def summarize(rounds: list[dict[str, Any]], steps: int) -> dict[str, Any]:
         "hook_overhead": over_rounds("hook_overhead"),
         "profiling_overhead": over_rounds("profiling_overhead"),
         "boundary_share": over_rounds("boundary_share"),
+        "opening_s": over_rounds("opening_s"),
         "torch": torch.__version__,
     }
 
@@ -175,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"  window boundaries, accounted by the loop itself: "
         f"{result['boundary_share']['median']:.2%} of the step"
+    )
+    print(
+        "  the opening (link probe and decision, once at step 0): "
+        f"{result['opening_s']['median'] * 1e3:.0f} ms"
     )
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -200,12 +200,16 @@ class WindowRecord:
             if self.bandwidth_bytes_per_s is None
             else f"link {self.bandwidth_bytes_per_s * 8 / 1e6:,.0f} Mbit/s"
         )
-        ratio = self.uncompressed_bytes_per_step / max(self.bytes_per_step, 1.0)
-        head = (
-            f"step {self.step:>6}: {bw}, {self.bytes_per_step / 1e6:,.2f} MB/step "
-            f"({ratio:,.1f}x), step {self.step_seconds * 1e3:,.0f} ms, "
-            f"overlap {self.measured_overlap:.2f}"
-        )
+        if self.step_seconds <= 0 and self.bytes_per_step <= 0:
+            # The opening: before step 0's first collective, only the link probe ran.
+            head = f"step {self.step:>6}: {bw}, no step measured yet"
+        else:
+            ratio = self.uncompressed_bytes_per_step / max(self.bytes_per_step, 1.0)
+            head = (
+                f"step {self.step:>6}: {bw}, {self.bytes_per_step / 1e6:,.2f} MB/step "
+                f"({ratio:,.1f}x), step {self.step_seconds * 1e3:,.0f} ms, "
+                f"overlap {self.measured_overlap:.2f}"
+            )
         if self.node_link_bytes_per_s is not None:
             head += f", node link {self.node_link_bytes_per_s * 8 / 1e9:,.1f} Gbit/s"
         if self.probe_bytes and self.probe_seconds is not None:

@@ -295,3 +295,15 @@ def test_a_recorded_run_replays_through_a_fresh_planner(
     for line in lines[1:]:
         update = replay.decide(WindowMeasurement.from_dict(line["measurement"]), line["current"])
         assert update.record.decision == line["decision"]
+
+
+def test_the_opening_record_says_no_step_was_measured() -> None:
+    """The opening's line has the probe, not a step: no 0 MB/step at a 66-million-fold
+    ratio, as the demo once printed."""
+    from autocomp.window import WindowRecord
+
+    record = WindowRecord.opening(66_176_000.0, bandwidth_bytes_per_s=24e6)
+    record.probe_bytes, record.probe_seconds, record.probe_bytes_per_s = 1_049_000, 0.0437, 24e6
+    text = record.summary()
+    assert "no step measured yet" in text and "MB/step" not in text
+    assert "probe 1,049 kB in 43.7 ms (192 Mbit/s)" in text

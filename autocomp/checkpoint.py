@@ -29,6 +29,19 @@ scaled by 1/world size, and there is no rank to give another rank's memory to (a
 loss of at most one step's compression error per layer). With DCP, load such a checkpoint
 with ``DefaultLoadPlanner(allow_partial_load=True)``: ranks that did not exist before have
 no entry.
+
+``FSDPController.state_dict()`` (:func:`autocomp.wrap_fsdp`) has the same version and
+shared keys plus ``mesh_shape``; everything else sits in the global rank's entry, ``plan``
+and ``loop`` included, because each replicate group decides the plan of its own shards::
+
+    rank{g}/rank, rank{g}/world_size    the global rank and world size
+    rank{g}/plan                        JSON of this rank's parameters' specs
+    rank{g}/loop, rank{g}/planner       window loop and decision state (adaptive)
+    rank{g}/residual/<param>            error-feedback residual of this rank's local shard
+    rank{g}/has_residual, rank{g}/compressor_state
+
+A residual is a slice of one shard of one replica, so an FSDP checkpoint resumes only on the
+same mesh shape and world size; any other is refused with a ValueError naming both.
 """
 
 from __future__ import annotations
@@ -36,7 +49,7 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -45,10 +58,12 @@ from autocomp.compressors import build_compressor
 
 if TYPE_CHECKING:
     from autocomp.controller import Controller
+    from autocomp.fsdp import FSDPController
+    from autocomp.hook_state import HookState
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["VERSION", "export_state", "import_state"]
+__all__ = ["VERSION", "export_fsdp_state", "export_state", "import_fsdp_state", "import_state"]
 
 VERSION = 3
 
@@ -95,22 +110,50 @@ def _import_compressor_state(saved: Mapping[str, Any], device: torch.device) -> 
     return out
 
 
-def export_state(controller: Controller) -> dict[str, Any]:
-    """The controller's state dict (see the module docstring)."""
-    state = controller._state
-    rank, world = state.rank, state.world_size
+def _slots_entry(state: HookState, device_of: Callable[[str], torch.device]) -> dict[str, Any]:
+    """This rank's residuals (zeros where none is in use), their flags and compressor state."""
     residuals: dict[str, torch.Tensor] = {}
     present = []
     private = {}
     for name, slot in state.slots.items():
-        device = controller._params[name].device
         if slot.residual is None:
-            residuals[name] = torch.zeros(slot.shape, dtype=torch.float32, device=device)
+            residuals[name] = torch.zeros(slot.shape, dtype=torch.float32, device=device_of(name))
             present.append(0)
         else:
             residuals[name] = slot.residual.detach().clone()
             present.append(1)
         private[name] = _export_compressor_state(slot.state)
+    return {
+        "residual": residuals,
+        "has_residual": torch.tensor(present, dtype=torch.uint8),
+        "compressor_state": _pack(private),
+    }
+
+
+def _restore_slots(
+    state: HookState,
+    entry: Mapping[str, Any] | None,
+    device_of: Callable[[str], torch.device],
+    seed_rank: int,
+) -> None:
+    """Every slot's compressor state afresh, then ``entry``'s (None: nothing carried over)."""
+    private = _unpack(entry["compressor_state"]) if entry is not None else {}
+    present = entry["has_residual"].tolist() if entry is not None else []
+    for index, (name, slot) in enumerate(state.slots.items()):
+        slot.state = slot.compressor.init_state(slot.shape, slot.seed, seed_rank)
+        slot.residual = None
+        if entry is None:
+            continue
+        device = device_of(name)
+        slot.state.update(_import_compressor_state(private.get(name, {}), device))
+        if present[index]:
+            slot.residual = entry["residual"][name].detach().to(device).clone()
+
+
+def export_state(controller: Controller) -> dict[str, Any]:
+    """The controller's state dict (see the module docstring)."""
+    state = controller._state
+    rank, world = state.rank, state.world_size
     out: dict[str, Any] = {
         "version": VERSION,
         "mode": controller.mode,
@@ -120,9 +163,7 @@ def export_state(controller: Controller) -> dict[str, Any]:
         f"rank{rank}": {
             "rank": rank,
             "world_size": world,
-            "residual": residuals,
-            "has_residual": torch.tensor(present, dtype=torch.uint8),
-            "compressor_state": _pack(private),
+            **_slots_entry(state, lambda name: controller._params[name].device),
         },
     }
     loop = controller.adaptive
@@ -195,15 +236,92 @@ def import_state(controller: Controller, saved: Mapping[str, Any]) -> None:
             saved_world,
             world,
         )
-    private = _unpack(entry["compressor_state"]) if same_world else {}
-    present = entry["has_residual"].tolist() if same_world else []
-    for index, (name, slot) in enumerate(state.slots.items()):
-        device = controller._params[name].device
-        slot.state = slot.compressor.init_state(slot.shape, slot.seed, rank)
-        slot.residual = None
-        if not same_world:
-            continue
-        slot.state.update(_import_compressor_state(private.get(name, {}), device))
-        if present[index]:
-            slot.residual = entry["residual"][name].detach().to(device).clone()
+    _restore_slots(
+        state,
+        entry if same_world else None,
+        lambda name: controller._params[name].device,
+        rank,
+    )
+    state.step = int(saved["step"])
+
+
+def export_fsdp_state(controller: FSDPController) -> dict[str, Any]:
+    """The FSDP controller's state dict (see the module docstring)."""
+    import torch.distributed as dist
+
+    state = controller._state
+    rank, world = dist.get_rank(), dist.get_world_size()
+    params = dict(controller._model.named_parameters())
+    entry: dict[str, Any] = {
+        "rank": rank,
+        "world_size": world,
+        "plan": json.dumps({name: slot.compressor.spec for name, slot in state.slots.items()}),
+        **_slots_entry(state, lambda name: params[name].device),
+    }
+    loop = controller.adaptive
+    if loop is not None:
+        entry["loop"] = json.dumps(loop.loop_state_dict())
+        entry["planner"] = _pack(loop.planner.state_dict())
+    return {
+        "version": VERSION,
+        "mode": f"fsdp-{controller.mode}",
+        "world_size": world,
+        "mesh_shape": json.dumps(list(controller.mesh_shape)),
+        "step": state.step,
+        f"rank{rank}": entry,
+    }
+
+
+def import_fsdp_state(controller: FSDPController, saved: Mapping[str, Any]) -> None:
+    """Restore :func:`export_fsdp_state` output; ValueError when it belongs to another job
+    or another mesh."""
+    import torch.distributed as dist
+
+    state = controller._state
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mode = f"fsdp-{controller.mode}"
+    if not isinstance(saved, Mapping) or "mesh_shape" not in saved:
+        raise ValueError("not an autocomp FSDP state dict (missing 'mesh_shape')")
+    if saved.get("version") != VERSION:
+        version = saved.get("version")
+        raise ValueError(f"autocomp state dict version {version!r}; expected {VERSION}")
+    if saved.get("mode") != mode:
+        raise ValueError(f"state dict is from a {saved.get('mode')} controller, this one is {mode}")
+    mesh = tuple(json.loads(saved["mesh_shape"]))
+    if mesh != tuple(controller.mesh_shape) or int(saved["world_size"]) != world:
+        raise ValueError(
+            f"this state dict was saved on a {'x'.join(map(str, mesh))} mesh of "
+            f"{saved['world_size']} ranks, this job has a "
+            f"{'x'.join(map(str, controller.mesh_shape))} mesh of {world}: error-feedback "
+            "residuals are slices of one shard, so they cannot move to another mesh"
+        )
+    entry = saved.get(f"rank{rank}")
+    if entry is None:
+        others = sorted(k for k in saved if k.startswith("rank"))
+        raise ValueError(
+            f"this state dict holds {', '.join(others) or 'no rank entry'}, not rank{rank}: "
+            "load each rank's own entry"
+        )
+    for key, mine in (("rank", rank), ("world_size", world)):
+        if int(entry[key]) != mine:
+            raise ValueError(
+                f"the rank entry of this state dict was saved with {key}={entry[key]}, this "
+                f"process has {key}={mine}: load each rank's own entry"
+            )
+    plan = json.loads(entry["plan"])
+    if set(plan) != set(state.slots):
+        raise ValueError("state dict does not match this model's parameters")
+    loop = controller.adaptive
+    if loop is not None:
+        state.assign({name: build_compressor(spec) for name, spec in plan.items()})
+        loop.load_loop_state_dict(json.loads(entry["loop"]))
+        loop.planner.load_state_dict(_unpack(entry["planner"]))
+    for name, spec in plan.items():
+        if build_compressor(spec).spec != state.slots[name].compressor.spec:
+            raise ValueError(
+                f"{name}: state dict was saved with compressor {spec}, this job uses "
+                f"{state.slots[name].compressor.spec}; wrap with the same plan to resume"
+            )
+    params = dict(controller._model.named_parameters())
+    _restore_slots(state, entry, lambda name: params[name].device, state.rank)
     state.step = int(saved["step"])

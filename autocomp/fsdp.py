@@ -45,6 +45,7 @@ from torch.distributed.tensor import DTensor
 
 from autocomp.adaptive import AdaptiveLoop
 from autocomp.attach import layer_seed
+from autocomp.checkpoint import export_fsdp_state, import_fsdp_state
 from autocomp.compressors import Collective, build_compressor
 from autocomp.config import AutocompConfig, ResolvedConfig
 from autocomp.env import AUTOCOMP_CHECK_WIRE_BYTES, AUTOCOMP_DISABLE, AUTOCOMP_SEED
@@ -117,6 +118,10 @@ class FSDPController:
         self._layout_index = {id(layout): i for i, layout in enumerate(layouts)}
         self.adaptive: AdaptiveLoop | None = None
         """The window loop when the policy decides (``target_overlap`` or ``policy`` given)."""
+        self.mesh_shape: tuple[int, ...] = ()
+        """The (replicate, shard) mesh's shape; a checkpoint resumes only on the same one."""
+        self._groups: list[dist.ProcessGroup] = []
+        """The mesh's replicate and shard groups, for failures raised on every rank."""
 
     # ---- reading ----------------------------------------------------------------------------
 
@@ -185,6 +190,25 @@ class FSDPController:
         """This step's loss, for the divergence guard (adaptive; a tensor is not synced)."""
         if self.adaptive is not None:
             self.adaptive.observe_loss(loss)
+
+    # ---- checkpointing ----------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """All compression state of this rank, namespaced by its global rank, in a structure
+        fixed from ``wrap_fsdp`` on: works with ``torch.save`` (one file per rank) and with
+        ``torch.distributed.checkpoint`` (the controller is a ``Stateful``). Format:
+        :mod:`autocomp.checkpoint`."""
+        return export_fsdp_state(self)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output. A collective over the mesh: a rank that refuses
+        (another job, another rank's entry, another mesh) makes every rank raise."""
+        problem: Exception | None = None
+        try:
+            import_fsdp_state(self, state_dict)
+        except Exception as err:  # rank-local: every rank must hear of it
+            problem = err
+        raise_on_mesh(problem, self._groups, "autocomp's FSDP load_state_dict")
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -439,6 +463,8 @@ def wrap_fsdp(
         broadcast_shards(params, replicate_group)  # type: ignore[arg-type]
 
     controller = FSDPController(model, state, layouts, rules or Plan())
+    controller.mesh_shape = tuple(mesh.shape)
+    controller._groups = groups
     by_name = {where: module for where, module, _ in found}
     for layout in layouts:
         module = by_name[layout.module_name]

@@ -323,6 +323,24 @@ def _adaptive(rank: int, world: int) -> dict[str, Any]:
         "plan": ctl.plan,
         "identical": _replicas_identical(model, mesh.get_group(0)),
     }
+    # The adaptive state resumes on a fresh controller: plan, step, loop and planner.
+    state = ctl.state_dict()
+    fresh = autocomp.wrap_fsdp(
+        _shard(_net(), mesh["shard"]),
+        mesh,
+        {"2.weight": "topk:ratio=0.1"},
+        target_overlap=0.9,
+        window=4,
+        config=FSDPController.Config(warmup_steps=4),
+    )
+    fresh.load_state_dict(state)
+    assert fresh.adaptive is not None
+    result["resumed"] = (
+        fresh.plan == ctl.plan,
+        fresh.step == ctl.step,
+        fresh.adaptive.planner.warmup_done == ctl.adaptive.planner.warmup_done,
+        fresh.adaptive.planner.rel_errors == ctl.adaptive.planner.rel_errors,
+    )
     ctl.close()
     return result
 
@@ -333,6 +351,7 @@ def test_adaptive_policy_decides_for_fsdp(tmp_path: Path) -> None:
     results = run_ranks(_adaptive, WORLD, tmp_path, timeout=170)
     for rank, r in enumerate(results):
         assert r["mode"] == "adaptive" and r["identical"], rank
+        assert r["resumed"] == (True, True, True, True), (rank, r["resumed"])
         assert r["windows"] >= 3, r
         # FSDP's hook blocks: nothing is hideable, and the link was measured.
         assert all(h == 0.0 for h in r["hideable"]), r["hideable"]

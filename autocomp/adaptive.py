@@ -70,7 +70,7 @@ __all__ = ["AdaptiveLoop", "WindowRecord"]
 
 # Per-layer slots in the combined vector: grad norm^2, residual norm^2, has sample,
 # rel error, hook seconds, hideable seconds after the layer's bucket is ready.
-_PER_LAYER = 6
+_PER_LAYER = 7
 _HEADER = 1 + len(TIMING_FIELDS) + 2  # has profile, timings, loss sum, loss count
 _MISSING = 1e30  # marks an absent step in the MIN all-reduce of busy periods
 
@@ -327,12 +327,18 @@ class AdaptiveLoop:
         slots = self.state.slots.values()
         return sum(s.bytes_sent for s in slots), sum(s.bytes_raw for s in slots)
 
-    def _local_vector(self, profile: WindowProfile | None) -> torch.Tensor:
-        """This rank's window as a fixed-size vector (same layout on every rank, summed)."""
+    def _local_vector(self, profile: WindowProfile | None, nonfinite: set[str]) -> torch.Tensor:
+        """This rank's window as a fixed-size vector (same layout on every rank, summed).
+
+        ``nonfinite``: the layers whose average this rank saw non-finite. With a hierarchy only
+        a layer's owners see it; summed, every rank's count reaches rank 0's guards."""
         values = [0.0] * (_HEADER + _PER_LAYER * len(self.names))
         loss_sum = self._loss_sum
         values[_HEADER - 2] = float(loss_sum)  # the window's one read of a device loss
         values[_HEADER - 1] = float(self._loss_count)
+        for i, name in enumerate(self.names):
+            if name in nonfinite:
+                values[_HEADER + _PER_LAYER * i + 6] = 1.0
         if profile is not None:
             values[0] = 1.0
             for i, field_name in enumerate(TIMING_FIELDS):
@@ -359,7 +365,9 @@ class AdaptiveLoop:
         world = self.state.link_world_size
         profile = self.profiler.end_window()
         device = collective_device(group)
-        combined = self._local_vector(profile).to(device)
+        local_nonfinite = {name for _, name in self.state.nonfinite_events}
+        self.state.nonfinite_events.clear()
+        combined = self._local_vector(profile, local_nonfinite).to(device)
         dist.all_reduce(combined, group=group)
         combined = combined.cpu()
         # Right after a collective the ranks are nearly level: the best moment for a probe.
@@ -388,8 +396,11 @@ class AdaptiveLoop:
         bytes_per_step = (sent - self._bytes_mark[0]) / steps
         raw_per_step = (raw - self._bytes_mark[1]) / steps
         self._bytes_mark = (sent, raw)
-        nonfinite = sorted({name for _, name in self.state.nonfinite_events})
-        self.state.nonfinite_events.clear()
+        nonfinite = [
+            name
+            for i, name in enumerate(self.names)
+            if float(combined[_HEADER + _PER_LAYER * i + 6]) > 0
+        ]
         current = {name: self.state.slots[name].compressor.spec for name in self.names}
 
         payload: list[Any] = [None]

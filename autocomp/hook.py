@@ -217,13 +217,13 @@ def encode_bucket(
     reduce_parts: dict[torch.dtype, list[_Part]] = {}
     for slot, offset in zip(slots, offsets, strict=True):
         grad = buffer[offset : offset + slot.numel]
-        if state.sends_plain(slot):
+        if state.sends_plain(slot, work.step):
             encoding = Encoding(slot, grad, grad, plain=True)
             if sample and profiler is not None:
                 sample_plain(slot, grad, profiler)
         else:
             started = profiler.stamp() if profiler is not None and profiler.time_layers else None
-            encoding = begin_encoding(slot, grad, state)
+            encoding = begin_encoding(slot, grad, state, work.step)
             if started is not None and profiler is not None:
                 profiler.layer_cost(slot.name, started)
         raw = slot.numel * slot.dtype.itemsize

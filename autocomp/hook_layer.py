@@ -101,8 +101,13 @@ def _check_round_bytes(encoding: Encoding) -> None:
         )
 
 
-def begin_encoding(slot: LayerSlot, grad: torch.Tensor, state: Any) -> Encoding:
-    """First round of one layer's (already divided) gradient; settles single-round ones."""
+def begin_encoding(
+    slot: LayerSlot, grad: torch.Tensor, state: Any, step: int | None = None
+) -> Encoding:
+    """First round of one layer's (already divided) gradient; settles single-round ones.
+
+    ``step``: the bucket's step (default the hook's current one). The hierarchical hook
+    encodes on a worker thread, where ``state.step`` may already count the next step."""
     compressor = slot.compressor
     grad = grad.view(slot.shape)
     sampling = state.profiler is not None and state.profiler.sample_this_step
@@ -115,7 +120,8 @@ def begin_encoding(slot: LayerSlot, grad: torch.Tensor, state: Any) -> Encoding:
         x = residual.add_(grad)
     else:
         x = grad.to(torch.float32, copy=compressor.error_feedback)
-    if is_identity(compressor) or state.step < slot.uncompressed_until:
+    step = state.step if step is None else step
+    if is_identity(compressor) or step < slot.uncompressed_until:
         # A pending residual is flushed into an uncompressed layer in its own dtype.
         slot.residual = None
         return Encoding(slot, x, x.reshape(-1).to(slot.dtype), plain=True)

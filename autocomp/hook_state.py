@@ -192,8 +192,11 @@ class HookState:
             slot.name: index for index, layout in self._layouts.items() for slot in layout.slots
         }
 
-    def sends_plain(self, slot: LayerSlot) -> bool:
-        """True when this layer goes into the bucket's all-reduce as it is this step."""
+    def sends_plain(self, slot: LayerSlot, step: int | None = None) -> bool:
+        """True when this layer goes into the bucket's all-reduce as it is at ``step`` (the
+        bucket's step; default the hook's current one). A worker thread must pass its
+        bucket's step: the training thread may already have counted the next one."""
+        step = self.step if step is None else step
         return slot.residual is None and (
-            is_identity(slot.compressor) or self.step < slot.uncompressed_until
+            is_identity(slot.compressor) or step < slot.uncompressed_until
         )

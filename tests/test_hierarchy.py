@@ -6,7 +6,9 @@ Tier 2 (4 local gloo ranks as 2 "nodes" of 2, set through torchrun's ``GROUP_RAN
 ``LOCAL_WORLD_SIZE``): the two-level reduce equals the flat average with no compression;
 every compressor keeps the 4 ranks bit-identical and the loss falling on a multi-bucket model;
 each node sends every layer across once (the bytes); adaptive mode plans for the cross-node
-link and reports the node link; bad settings fail on every rank, and an ambiguous node table
+link and reports the node link; a non-finite average seen by other ranks' layers reaches rank
+0's guards, and the reset layers go out uncompressed on both nodes alike (no collective
+mismatch); bad settings fail on every rank, and an ambiguous node table
 makes ``auto`` flat; ``close()`` falls back to a flat all-reduce; a checkpoint restores each
 owner's residuals and the resumed ranks stay identical. (The shaped two-node benchmark is
 ``autocomp-bench hier``.)
@@ -242,6 +244,68 @@ def test_adaptive_plans_for_the_cross_node_link(tmp_path: Path) -> None:
     assert reference["windows"] >= 2
     assert all(rate is not None and rate > 0 for rate in reference["node_link"]), reference
     for result in results[1:]:
+        assert torch.equal(reference["params"], result["params"])
+
+
+def _nonfinite_everywhere(rank: int, world_size: int) -> dict[str, Any]:
+    """Rank 3 (node 1, local rank 1) poisons every weight gradient once. Each layer's
+    non-finite average is seen only by its owners; rank 0's guards must hear of all."""
+    _as_node(rank)
+    torch.manual_seed(0)
+    model = MultiBucketNet(width=128)
+    ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
+    ctl = autocomp.wrap(
+        ddp, {"*weight": "int8"}, target_overlap=0.9, window=4, warmup_steps=4, run_dir=False
+    )
+    poison_step = 9
+    state = {"step": 0}
+
+    def poison(grad: torch.Tensor) -> torch.Tensor:
+        if rank == 3 and state["step"] == poison_step:
+            grad = grad.clone()
+            grad.view(-1)[0] = float("nan")
+        return grad
+
+    weights = [name for name, _ in model.named_parameters() if name.endswith("weight")]
+    for name, param in model.named_parameters():
+        if name.endswith("weight"):
+            param.register_hook(poison)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for step in range(13):
+        state["step"] = step
+        x, y = classification_batch(rank, step)
+        opt.zero_grad()
+        ddp.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        if all(torch.isfinite(p.grad).all() for p in model.parameters()):
+            opt.step()  # as GradScaler would: skip the poisoned step
+    loop = ctl.adaptive
+    assert loop is not None
+    seen_here = {name for _, name in ctl._state.nonfinite_events}
+    return {
+        "hierarchical": ctl._state.hierarchy is not None,
+        "compressed": sorted(n for n, spec in ctl.plan.items() if spec != "none"),
+        "weights": sorted(weights),
+        "guard_layers": sorted(
+            {e.layer for e in loop.guards.events if e.guard == "nonfinite"} if rank == 0 else []
+        ),
+        "seen_here": sorted(seen_here),
+        "params": torch.cat([p.detach().reshape(-1) for p in model.parameters()]),
+    }
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(300)
+def test_every_owners_nonfinite_average_reaches_the_guards(tmp_path: Path) -> None:
+    """The window's combined all-reduce carries a per-layer non-finite count, so the guards
+    on rank 0 record the layers other ranks own (before, only rank 0's own layers)."""
+    results = run_ranks(_nonfinite_everywhere, 4, tmp_path)
+    reference = results[0]
+    assert reference["hierarchical"]
+    assert reference["compressed"] == reference["weights"], reference["compressed"]
+    assert reference["guard_layers"] == reference["weights"], reference["guard_layers"]
+    for result in results[1:]:
+        assert torch.isfinite(result["params"]).all()
         assert torch.equal(reference["params"], result["params"])
 
 

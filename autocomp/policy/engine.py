@@ -9,19 +9,14 @@ that would compress the layer into fewer bytes than 'none'), minus the heaviest 
 back-off forbids: the least total compression error among the plans whose predicted step is
 within ``time_slack`` of the fastest plan's, or that hide ``target_overlap`` of their
 communication. When measured steps showed compression not paying
-(:class:`~autocomp.policy.payoff.PayoffCheck`), those layers stay uncompressed instead.
+(:class:`~autocomp.policy.payoff.PayoffCheck`), or the plan's predicted gain does not buy back
+the per-step progress its error costs (``error_cost``), those layers stay uncompressed.
 
-Costs. A layer's option costs its collective's bandwidth term, ``comm_seconds(collective,
-bytes) - comm_seconds(collective, 0)``, plus a share of one extra latency when it needs a
-collective a bucket would not issue anyway (an all-gather, a payload in another dtype, or each
-of PowerSGD's two rounds): the hook batches those per bucket, so the latency is split among
-the bucket's optimizer-placed layers (``_sharing``), plus its compression work (cost model),
-kept apart because it runs on the backward's thread. Every bucket pays one all-reduce latency
+Costs of an option: :mod:`autocomp.policy.costs`. Every bucket pays one all-reduce latency
 whatever the plan (counted from ``LayerProfile.bucket``, or estimated from sizes and
-``Config.bucket_cap_bytes``). Errors:
-:mod:`autocomp.policy.priors`. Predictions of exposure and step time:
-:mod:`autocomp.exposure`, the same model the profiler, the window records and the advisor
-use.
+``Config.bucket_cap_bytes``). Errors: :mod:`autocomp.policy.priors`. Predictions of exposure
+and step time: :mod:`autocomp.exposure`, the same model the profiler, the window records and
+the advisor use.
 
 Determinism: identical inputs (including the cost model's answers) give identical decisions;
 rank 0 decides and broadcasts, and tests rely on it.
@@ -36,6 +31,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from autocomp.compressors import Collective, Compressor, NoCompression, PowerSGD
+from autocomp.policy.costs import LatencyCache, OptionCost, latency_shares, option_cost
 from autocomp.policy.explain import optimizer_decision
 from autocomp.policy.optimizer import LayerOption
 from autocomp.policy.priors import ErrorPriors, built, rel_error
@@ -89,59 +85,6 @@ def _runtime_pins(pins: Sequence[tuple[str, str]]) -> list[Pin]:
             raise ValueError(f"pins[{index}] ({match!r}): {err}") from None
         out.append(Pin(match, canonical))
     return out
-
-
-def _sharing(layers: Sequence[LayerProfile], buckets: int) -> dict[str, float]:
-    """Per layer, how many layers the optimizer places may share its extra collectives: those
-    of its DDP bucket, or without bucket indices the layers over the estimated bucket count.
-
-    The hook issues one collective per bucket for each kind a plan needs there, so a latency
-    charged to every layer counted PowerSGD's two rounds once per layer: on the GPT LM at
-    10 Mbit/s that made all-rank-4 look about 8% slower than a top-k mix it measured 5%
-    faster than. Split evenly, a uniform bucket is charged exactly; a mixed one is charged
-    less than the extra collectives it really adds (at most one latency per kind), which the
-    ledger of measured plans (``policy/payoff.py``) corrects.
-    """
-    by_bucket: dict[int, int] = {}
-    for layer in layers:
-        if layer.bucket is not None:
-            by_bucket[layer.bucket] = by_bucket.get(layer.bucket, 0) + 1
-    unplaced = sum(1 for layer in layers if layer.bucket is None)
-    spread = max(1.0, unplaced / max(1, buckets))
-    return {
-        layer.name: float(by_bucket[layer.bucket]) if layer.bucket is not None else spread
-        for layer in layers
-    }
-
-
-class _LatencyCache:
-    """Per-decision cache of the cost model's latency (zero-byte time) by collective."""
-
-    def __init__(self, cost_model: CostModelProtocol, world_size: int) -> None:
-        self.cost_model = cost_model
-        self.world_size = world_size
-        self._latency: dict[Collective, float] = {}
-
-    def comm(self, collective: Collective, payload_bytes: int) -> float:
-        return float(self.cost_model.comm_seconds(collective, payload_bytes, self.world_size))
-
-    def of(self, collective: Collective) -> float:
-        if collective not in self._latency:
-            self._latency[collective] = max(0.0, self.comm(collective, 0))
-        return self._latency[collective]
-
-
-@dataclass(frozen=True, slots=True)
-class _Cost:
-    comm: float
-    work: float
-    wire: int
-    first_round: float = 0.0
-    second_round: float = 0.0
-
-    @property
-    def seconds(self) -> float:
-        return self.comm + self.work
 
 
 class PolicyEngine:
@@ -235,7 +178,7 @@ class PolicyEngine:
         in_warmup = step < self.rules.warmup_steps if warmup_done is None else not warmup_done
         all_pins = (*_runtime_pins(pins), *self.rules.pins)
         bandwidth = self.cost_model.bandwidth_bytes_per_s
-        latency = _LatencyCache(self.cost_model, world_size)
+        latency = LatencyCache(self.cost_model, world_size)
 
         decisions: list[LayerDecision | None] = [None] * len(layers)
         pending: list[Pending] = []
@@ -244,7 +187,7 @@ class PolicyEngine:
             for layer in layers
         ]
         buckets = self._bucket_count(layers)
-        sharing = _sharing(
+        sharing = latency_shares(
             [layer for layer, ruled in zip(layers, ruled_by_index, strict=True) if ruled is None],
             buckets,
         )
@@ -582,50 +525,14 @@ class PolicyEngine:
             return False
         return compressor.wire_bytes(layer.shape, layer.dtype) < layer.raw_bytes
 
-    def _cost(
-        self,
-        compressor: Compressor,
-        layer: LayerProfile,
-        latency: _LatencyCache,
-        share: float = 1.0,
-    ) -> _Cost:
-        """Communication and compression work of one layer with one compressor.
-
-        ``share``: the layers that may split the latency of a collective the bucket would not
-        issue anyway (the hook sends every two-round layer of a bucket in one collective per
-        round, every gathered payload in one all-gather and each payload dtype in one
-        all-reduce); 1 charges each layer the full latency.
-        """
-        wire = compressor.wire_bytes(layer.shape, layer.dtype)
-        collective = compressor.collective
-        base = latency.of(collective)
-        extra = base / max(1.0, share)
-        work = max(0.0, float(self.cost_model.compress_seconds(compressor, layer.shape)))
-        sizes = compressor.round_wire_bytes(layer.shape, layer.dtype)
-        if len(sizes) > 1:
-            # Each round is a collective of its own: the first is what the next bucket's hook
-            # call waits for, the second is launched by it.
-            first = max(0.0, latency.comm(collective, sizes[0]) - base) + extra
-            second = math.fsum(
-                max(0.0, latency.comm(collective, size) - base) + extra for size in sizes[1:]
-            )
-            return _Cost(first + second, work, wire, first, second)
-        comm = max(0.0, latency.comm(collective, sizes[0]) - base)
-        shares_bucket = collective is Collective.ALL_REDUCE and (
-            compressor.payload_dtype(layer.dtype) == layer.dtype
-        )
-        if not shares_bucket:
-            comm += extra
-        return _Cost(comm, work, wire)
-
     def _fixed(
-        self, layer: LayerProfile, rule: str, spec: str, reason: str, latency: _LatencyCache
+        self, layer: LayerProfile, rule: str, spec: str, reason: str, latency: LatencyCache
     ) -> LayerDecision:
         compressor = built(spec)
         if latency.world_size > 1:
-            cost = self._cost(compressor, layer, latency)
+            cost = option_cost(compressor, layer, latency)
         else:
-            cost = _Cost(0.0, 0.0, compressor.wire_bytes(layer.shape, layer.dtype))
+            cost = OptionCost(0.0, 0.0, compressor.wire_bytes(layer.shape, layer.dtype))
         error = rel_error(compressor, layer, self.config.priors) ** 2 * self._weight(layer)
         return LayerDecision(
             name=layer.name,
@@ -644,7 +551,7 @@ class PolicyEngine:
         index: int,
         layer: LayerProfile,
         levels: int,
-        latency: _LatencyCache,
+        latency: LatencyCache,
         in_use: str | None = None,
         share: float = 1.0,
     ) -> Pending:
@@ -659,7 +566,7 @@ class PolicyEngine:
         options = []
         rel_errors = {}
         for compressor in ordered:
-            cost = self._cost(compressor, layer, latency, share)
+            cost = option_cost(compressor, layer, latency, share)
             rel = rel_error(compressor, layer, self.config.priors)
             rel_errors[compressor.spec] = rel
             error = rel**2 * self._weight(layer)

@@ -1,0 +1,113 @@
+"""What one compressor costs one layer: its collective's time and its compression work.
+
+A layer's option costs its collective's bandwidth term, ``comm_seconds(collective, bytes) -
+comm_seconds(collective, 0)``, plus a share of one extra latency when it needs a collective a
+bucket would not issue anyway (an all-gather, a payload in another dtype, or each of
+PowerSGD's two rounds): the hook batches those per bucket, so the latency is split among the
+bucket's optimizer-placed layers (:func:`latency_shares`), plus its compression work (cost
+model), kept apart because it runs on the backward's thread. Every bucket pays one all-reduce
+latency whatever the plan; the engine (:mod:`autocomp.policy.engine`) counts that itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from autocomp.compressors import Collective, Compressor
+from autocomp.policy.types import CostModelProtocol, LayerProfile
+
+__all__ = ["LatencyCache", "OptionCost", "latency_shares", "option_cost"]
+
+
+def latency_shares(layers: Sequence[LayerProfile], buckets: int) -> dict[str, float]:
+    """Per layer, how many layers the optimizer places may share its extra collectives: those
+    of its DDP bucket, or without bucket indices the layers over the estimated bucket count.
+
+    The hook issues one collective per bucket for each kind a plan needs there, so a latency
+    charged to every layer counted PowerSGD's two rounds once per layer: on the GPT LM at
+    10 Mbit/s that made all-rank-4 look about 8% slower than a top-k mix it measured 5%
+    faster than. Split evenly, a uniform bucket is charged exactly; a mixed one is charged
+    less than the extra collectives it really adds (at most one latency per kind), which the
+    ledger of measured plans (``policy/payoff.py``) corrects.
+    """
+    by_bucket: dict[int, int] = {}
+    for layer in layers:
+        if layer.bucket is not None:
+            by_bucket[layer.bucket] = by_bucket.get(layer.bucket, 0) + 1
+    unplaced = sum(1 for layer in layers if layer.bucket is None)
+    spread = max(1.0, unplaced / max(1, buckets))
+    return {
+        layer.name: float(by_bucket[layer.bucket]) if layer.bucket is not None else spread
+        for layer in layers
+    }
+
+
+class LatencyCache:
+    """Per-decision view of the cost model: its latency (zero-byte time) by collective,
+    cached, and its communication and compression-time answers."""
+
+    def __init__(self, cost_model: CostModelProtocol, world_size: int) -> None:
+        self.cost_model = cost_model
+        self.world_size = world_size
+        self._latency: dict[Collective, float] = {}
+
+    def comm(self, collective: Collective, payload_bytes: int) -> float:
+        return float(self.cost_model.comm_seconds(collective, payload_bytes, self.world_size))
+
+    def of(self, collective: Collective) -> float:
+        if collective not in self._latency:
+            self._latency[collective] = max(0.0, self.comm(collective, 0))
+        return self._latency[collective]
+
+
+@dataclass(frozen=True, slots=True)
+class OptionCost:
+    """One option's predicted cost on one layer."""
+
+    comm: float
+    work: float
+    wire: int
+    first_round: float = 0.0
+    second_round: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        return self.comm + self.work
+
+
+def option_cost(
+    compressor: Compressor,
+    layer: LayerProfile,
+    latency: LatencyCache,
+    share: float = 1.0,
+) -> OptionCost:
+    """Communication and compression work of one layer with one compressor.
+
+    ``share``: the layers that may split the latency of a collective the bucket would not
+    issue anyway (the hook sends every two-round layer of a bucket in one collective per
+    round, every gathered payload in one all-gather and each payload dtype in one
+    all-reduce); 1 charges each layer the full latency.
+    """
+    wire = compressor.wire_bytes(layer.shape, layer.dtype)
+    collective = compressor.collective
+    base = latency.of(collective)
+    extra = base / max(1.0, share)
+    work = max(0.0, float(latency.cost_model.compress_seconds(compressor, layer.shape)))
+    sizes = compressor.round_wire_bytes(layer.shape, layer.dtype)
+    if len(sizes) > 1:
+        # Each round is a collective of its own: the first is what the next bucket's hook
+        # call waits for, the second is launched by it.
+        first = max(0.0, latency.comm(collective, sizes[0]) - base) + extra
+        second = math.fsum(
+            max(0.0, latency.comm(collective, size) - base) + extra for size in sizes[1:]
+        )
+        return OptionCost(first + second, work, wire, first, second)
+    comm = max(0.0, latency.comm(collective, sizes[0]) - base)
+    shares_bucket = collective is Collective.ALL_REDUCE and (
+        compressor.payload_dtype(layer.dtype) == layer.dtype
+    )
+    if not shares_bucket:
+        comm += extra
+    return OptionCost(comm, work, wire)

@@ -150,6 +150,49 @@ def _restore_slots(
             slot.residual = entry["residual"][name].detach().to(device).clone()
 
 
+def _saved_plan(state: HookState, text: str) -> dict[str, str]:
+    """The saved plan, refused unless it names exactly this model's parameters."""
+    plan = json.loads(text)
+    names = set(state.slots)
+    if set(plan) != names:
+        missing = sorted(names - set(plan))[:5]
+        extra = sorted(set(plan) - names)[:5]
+        raise ValueError(
+            f"state dict does not match this model: missing {missing}, unexpected {extra}"
+        )
+    return plan
+
+
+def _no_entry(saved: Mapping[str, Any], rank: int) -> ValueError:
+    others = sorted(k for k in saved if k.startswith("rank"))
+    return ValueError(
+        f"this state dict holds {', '.join(others) or 'no rank entry'}, not rank{rank}: "
+        "error-feedback residuals belong to one rank; load each rank's own entry"
+    )
+
+
+def _check_entry(entry: Mapping[str, Any], rank: int, world: int) -> None:
+    """Refuse a rank entry saved by another rank or another job size."""
+    for key, mine in (("rank", rank), ("world_size", world)):
+        if int(entry[key]) != mine:
+            raise ValueError(
+                f"the rank entry of this state dict was saved with {key}={entry[key]}, this "
+                f"process has {key}={mine}: error-feedback residuals belong to one rank of "
+                "one job; load each rank's own entry"
+            )
+
+
+def _check_specs(state: HookState, plan: Mapping[str, str]) -> None:
+    """Refuse a plan this job's compressors do not run (static plans are not replaced)."""
+    for name, spec in plan.items():
+        canonical = build_compressor(spec).spec
+        if canonical != state.slots[name].compressor.spec:
+            raise ValueError(
+                f"{name}: state dict was saved with compressor {canonical}, this job uses "
+                f"{state.slots[name].compressor.spec}; wrap with the same plan to resume"
+            )
+
+
 def export_state(controller: Controller) -> dict[str, Any]:
     """The controller's state dict (see the module docstring)."""
     state = controller._state
@@ -189,30 +232,13 @@ def import_state(controller: Controller, saved: Mapping[str, Any]) -> None:
         raise ValueError(
             f"state dict is from a {saved.get('mode')} controller, this one is {controller.mode}"
         )
-    plan = json.loads(saved["plan"])
-    names = set(state.slots)
-    if set(plan) != names:
-        missing = sorted(names - set(plan))[:5]
-        extra = sorted(set(plan) - names)[:5]
-        raise ValueError(
-            f"state dict does not match this model: missing {missing}, unexpected {extra}"
-        )
+    plan = _saved_plan(state, saved["plan"])
     saved_world = int(saved["world_size"])
     entry = saved.get(f"rank{rank}")
     if entry is None and saved_world == world:
-        others = sorted(k for k in saved if k.startswith("rank"))
-        raise ValueError(
-            f"this state dict holds {', '.join(others) or 'no rank entry'}, not rank{rank}: "
-            "error-feedback residuals belong to one rank; load each rank's own entry"
-        )
+        raise _no_entry(saved, rank)
     if entry is not None and saved_world == world:
-        for key, mine in (("rank", rank), ("world_size", world)):
-            if int(entry[key]) != mine:
-                raise ValueError(
-                    f"the rank entry of this state dict was saved with {key}={entry[key]}, this "
-                    f"process has {key}={mine}: error-feedback residuals belong to one rank of "
-                    "one job; load each rank's own entry"
-                )
+        _check_entry(entry, rank, world)
     loop = controller.adaptive
     if loop is not None:
         # The plan is part of the adaptive state: switch to the saved one first.
@@ -221,13 +247,7 @@ def import_state(controller: Controller, saved: Mapping[str, Any]) -> None:
             loop.load_loop_state_dict(json.loads(saved["loop"]))
         if entry is not None and "planner" in entry:
             loop.planner.load_state_dict(_unpack(entry["planner"]))
-    for name, spec in plan.items():
-        canonical = build_compressor(spec).spec
-        if canonical != state.slots[name].compressor.spec:
-            raise ValueError(
-                f"{name}: state dict was saved with compressor {canonical}, this job uses "
-                f"{state.slots[name].compressor.spec}; wrap with the same plan to resume"
-            )
+    _check_specs(state, plan)
     same_world = saved_world == world and entry is not None
     if not same_world:
         logger.warning(
@@ -297,31 +317,15 @@ def import_fsdp_state(controller: FSDPController, saved: Mapping[str, Any]) -> N
         )
     entry = saved.get(f"rank{rank}")
     if entry is None:
-        others = sorted(k for k in saved if k.startswith("rank"))
-        raise ValueError(
-            f"this state dict holds {', '.join(others) or 'no rank entry'}, not rank{rank}: "
-            "load each rank's own entry"
-        )
-    for key, mine in (("rank", rank), ("world_size", world)):
-        if int(entry[key]) != mine:
-            raise ValueError(
-                f"the rank entry of this state dict was saved with {key}={entry[key]}, this "
-                f"process has {key}={mine}: load each rank's own entry"
-            )
-    plan = json.loads(entry["plan"])
-    if set(plan) != set(state.slots):
-        raise ValueError("state dict does not match this model's parameters")
+        raise _no_entry(saved, rank)
+    _check_entry(entry, rank, world)
+    plan = _saved_plan(state, entry["plan"])
     loop = controller.adaptive
     if loop is not None:
         state.assign({name: build_compressor(spec) for name, spec in plan.items()})
         loop.load_loop_state_dict(json.loads(entry["loop"]))
         loop.planner.load_state_dict(_unpack(entry["planner"]))
-    for name, spec in plan.items():
-        if build_compressor(spec).spec != state.slots[name].compressor.spec:
-            raise ValueError(
-                f"{name}: state dict was saved with compressor {spec}, this job uses "
-                f"{state.slots[name].compressor.spec}; wrap with the same plan to resume"
-            )
+    _check_specs(state, plan)
     params = dict(controller._model.named_parameters())
     _restore_slots(state, entry, lambda name: params[name].device, state.rank)
     state.step = int(saved["step"])

@@ -56,6 +56,7 @@ from autocomp.advisor.profile import (
 from autocomp.advisor.session import CaptureSession, _StopScript
 from autocomp.advisor.units import parse_bandwidth, parse_latency
 from autocomp.advisor.whatif import (
+    OPTIONS,
     TCP_ETHERNET_EFFICIENCY,
     Scenario,
     WhatIfModel,
@@ -266,14 +267,25 @@ def test_a_compression_that_does_not_buy_back_its_error_is_not_recommended(
     whatif: WhatIfModel,
 ) -> None:
     """The verdict holds its choice to the policy's error_cost, as the engine does: PowerSGD
-    shortening the step by ~60% is recommended at the default cost (0.2), but not when each
-    unit of squared error is said to cost 3 steps' worth of progress."""
+    shortening the step by ~60% is recommended at the default cost (0.2). When each unit of
+    squared error is said to cost 3 steps' worth of progress, the choice moves to the plan
+    that learns most per second (the near-lossless adaptive plan, 45% faster than
+    uncompressed), and PowerSGD alone is no longer recommended."""
     default = whatif.verdict(whatif.evaluate(scenario(0.56)))
-    assert default.kind == "compress" and default.option is not None
-    costly = WhatIfModel(
-        make_profile(), config=WhatIfModel.Config(policy=PolicyRules(error_cost=3.0))
+    assert default.kind == "compress" and default.option == "powersgd-r4"
+    costly_rules = PolicyRules(error_cost=3.0)
+    costly = WhatIfModel(make_profile(), config=WhatIfModel.Config(policy=costly_rules))
+    evaluation = costly.evaluate(scenario(0.56))
+    lossless = costly.verdict(evaluation)
+    assert lossless.kind == "compress" and lossless.option == "adaptive"
+    assert evaluation.result("adaptive").progress > 0.99
+    assert evaluation.result("powersgd-r4").progress < 0.3
+    assert "learns less per second" in lossless.reasons[-1]
+    options = tuple(o for o in OPTIONS if o.key in ("none", "powersgd-r4"))
+    psgd_only = WhatIfModel(
+        make_profile(), config=WhatIfModel.Config(policy=costly_rules, options=options)
     )
-    verdict = costly.verdict(costly.evaluate(scenario(0.56)))
+    verdict = psgd_only.verdict(psgd_only.evaluate(scenario(0.56)))
     assert verdict.kind == "in_between"
     assert any("of per-step progress its error costs" in r for r in verdict.reasons)
     assert "does not buy back what the error costs" in verdict.reasons[-1]

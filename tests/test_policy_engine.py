@@ -352,13 +352,18 @@ def test_measured_error_overrides_prior() -> None:
     timing = StepTiming(backward_seconds=0.1, hideable_seconds=0.05, step_seconds=0.2)
     eng = engine(200, rules)
     prior = eng.decide([base], timing, AFTER_WARMUP, WORLD).layers[0]
-    assert prior.spec == "topk:ratio=0.01,ef=true"  # prior 0.93 < rank 1's 0.97
+    # Priors 0.97 (rank 1) and 0.95 (top-1%), but top-k's squared error weighs 3x in the
+    # progress it costs (ErrorPriors.progress_weight_by_family).
+    assert prior.spec == "powersgd:rank=1,ef=true"
+    weight = ErrorPriors().progress_weight(build_compressor("topk:ratio=0.01"))
+    assert weight == 3.0
     measured = LayerProfile(
-        name="w", shape=(1024, 1024), grad_norm=1.0, rel_error={"powersgd:rank=1": 0.1}
+        name="w", shape=(1024, 1024), grad_norm=1.0, rel_error={"topk:ratio=0.01": 0.1}
     )
     chosen = eng.decide([measured], timing, AFTER_WARMUP, WORLD).layers[0]
-    assert chosen.spec == "powersgd:rank=1,ef=true"
-    assert chosen.predicted_error == pytest.approx(0.1**2 * 1024 * 1024)  # rel^2 x numel
+    assert chosen.spec == "topk:ratio=0.01,ef=true"
+    # rel^2 x numel x family weight
+    assert chosen.predicted_error == pytest.approx(0.1**2 * 1024 * 1024 * weight)
     assert "rel. error 0.1;" in chosen.reason
 
 
@@ -384,10 +389,12 @@ def test_measured_errors_calibrate_unmeasured_siblings() -> None:
         "fp16": priors.rel_error(build_compressor("fp16"), shape) * ratio,
     }
     for spec, rel in expected.items():
-        eng = engine(200, PolicyRules(candidates=("none", spec)))
+        # error_cost 0: the time decides, so every spec is chosen and its error shows.
+        eng = engine(200, PolicyRules(candidates=("none", spec), error_cost=0.0))
         chosen = eng.decide([layer], timing, AFTER_WARMUP, WORLD).layers[0]
         assert chosen.spec == build_compressor(spec).spec
-        assert chosen.predicted_error == pytest.approx(rel**2 * layer.numel), spec
+        family = priors.progress_weight(build_compressor(spec))
+        assert chosen.predicted_error == pytest.approx(rel**2 * layer.numel * family), spec
     # In use and measured, rank 4 keeps its place against its calibrated sibling rank 1.
     eng = engine(200, PolicyRules(candidates=("none", "powersgd:rank=4", "powersgd:rank=1")))
     current = {"w": "powersgd:rank=4,ef=true"}
@@ -404,7 +411,7 @@ def test_measured_errors_calibrate_unmeasured_siblings() -> None:
     eng = engine(200, PolicyRules(candidates=("none", "topk:ratio=0.001")))
     chosen = eng.decide([both], timing, AFTER_WARMUP, WORLD).layers[0]
     expected_topk = priors.rel_error(build_compressor("topk:ratio=0.001"), shape) * topk_ratio
-    assert chosen.predicted_error == pytest.approx(expected_topk**2 * both.numel)
+    assert chosen.predicted_error == pytest.approx(expected_topk**2 * both.numel * 3.0)
 
 
 def test_error_priors_are_sane() -> None:
@@ -803,3 +810,71 @@ def test_a_locked_spec_no_longer_offered_is_not_kept() -> None:
         backoff={"w": 1},
     )
     assert decision.layer("w").spec != "powersgd:rank=4,ef=true"
+
+
+def _narrow_lm(count: int = 8) -> list[LayerProfile]:
+    """Weights 192 wide, as in the GPT byte LM: top-1% sends fewer bytes than rank 4."""
+    return [
+        LayerProfile(name=f"block{i}.weight", shape=(192, 192), grad_norm=1.0, bucket=0)
+        for i in range(count)
+    ]
+
+
+def test_a_slower_plan_wins_when_it_learns_more_per_second() -> None:
+    """Progress per second, not the fastest plan's neighbourhood: on a 2 Mbit/s link between
+    2 ranks top-1% is the fastest option of every 192-wide weight and rank 4 (twice its
+    bytes) lies far outside the time slack. Top-1%'s error costs 3x per unit (the family
+    weight), so a step of it delivers ~0.46 of an uncompressed step's progress against rank
+    4's ~0.83: rank 4 learns more per second and the search takes it (solver 'progress').
+    With the family weight at 1 the two errors look alike and the slack rule keeps top-1%
+    on most layers."""
+    candidates = ("none", "powersgd:rank=4", "topk:ratio=0.01")
+    layers = _narrow_lm()
+    timing = StepTiming(backward_seconds=0.02, hideable_seconds=0.0, step_seconds=0.05)
+    compressor = {spec: build_compressor(spec) for spec in candidates}
+    shape = torch.Size((192, 192))
+    assert compressor["topk:ratio=0.01"].wire_bytes(shape, torch.float32) < compressor[
+        "powersgd:rank=4"
+    ].wire_bytes(shape, torch.float32)
+
+    weighted = engine(2, PolicyRules(candidates=candidates))
+    decision = weighted.decide(layers, timing, AFTER_WARMUP, 2)
+    assert set(decision.plan.values()) == {"powersgd:rank=4,ef=true"}, decision.solver
+    assert decision.solver.startswith("progress")
+    assert decision.predicted_step_seconds > decision.fastest_step_seconds * 1.03
+    layer = decision.layers[0]
+    assert layer.reason.startswith("most predicted progress per second"), layer.reason
+
+    unweighted = PolicyEngine(
+        PolicyRules(candidates=candidates),
+        FakeCostModel(2),
+        target_overlap=TARGET,
+        config=PolicyEngine.Config(priors=ErrorPriors(progress_weight_by_family=())),
+    )
+    plain = unweighted.decide(layers, timing, AFTER_WARMUP, 2)
+    on_topk = [name for name, spec in plain.plan.items() if spec.startswith("topk")]
+    assert len(on_topk) >= len(layers) // 2, plain.plan  # the rest: what fits the slack
+    assert plain.solver.startswith("slack")
+
+    # Predicted progress per second, as the search prices it: rank 4's plan is ahead.
+    def rate(d: object) -> float:
+        total = sum(layer.numel for layer in layers)
+        mean = d.predicted_error / total  # type: ignore[attr-defined]
+        return (1 - 0.2 * mean) / d.predicted_step_seconds  # type: ignore[attr-defined]
+
+    as_weighted = weighted.decide(
+        layers, timing, AFTER_WARMUP, 2, locked=dict.fromkeys(plain.plan, "topk:ratio=0.01")
+    )
+    assert set(as_weighted.plan.values()) == {"topk:ratio=0.01,ef=true"}
+    assert rate(decision) > 1.05 * rate(as_weighted)
+
+
+def test_progress_moves_never_trade_error_for_time_within_the_slack() -> None:
+    """The ascent only moves layers to more accurate options: with a target of 0 (each layer
+    its least error) nothing is compressed, though on 50 Mbit/s a compressed plan predicts a
+    shorter step and, by the linear progress model, more progress per second."""
+    decision = decide(50, target=0.0)
+    assert set(decision.plan.values()) == {"none"}  # type: ignore[attr-defined]
+    assert decision.solver.startswith("target")  # type: ignore[attr-defined]
+    compressed = decide(50)
+    assert compressed.predicted_step_seconds < decision.predicted_step_seconds  # type: ignore[attr-defined]

@@ -9,6 +9,7 @@ users misread), while the model changes only when the timeline arithmetic does.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -17,7 +18,7 @@ from autocomp.compressors import Collective
 from autocomp.link_model import latency_hops
 
 if TYPE_CHECKING:
-    from autocomp.advisor.whatif import Evaluation, WhatIfModel
+    from autocomp.advisor.whatif import Evaluation, OptionResult, WhatIfModel
 
 __all__ = ["DO_NOT_COMPRESS_COSTLY", "DO_NOT_COMPRESS_HIDDEN", "Verdict", "judge"]
 
@@ -102,6 +103,11 @@ def judge(whatif: WhatIfModel, evaluation: Evaluation) -> Verdict:
     fastest = min(compressed, key=lambda r: (r.step_s, r.rel_error))
     near = [r for r in compressed if r.step_s <= fastest.step_s * (1 + cfg.near_best)]
     choice = min(near, key=lambda r: (r.rel_error, r.step_s))
+    # Progress per second decides, as in the engine's search: a slower option outside the
+    # near-best band wins when its error costs that much less of each step's progress.
+    by_rate = max(compressed, key=lambda r: (r.progress / r.step_s, -r.rel_error))
+    if by_rate.progress / by_rate.step_s > choice.progress / choice.step_s:
+        choice = by_rate
     gain = none.step_s / choice.step_s - 1.0
     detail = (
         f"{choice.label}: step {format_seconds(choice.step_s)} ({gain:+.0%} throughput "
@@ -110,11 +116,17 @@ def judge(whatif: WhatIfModel, evaluation: Evaluation) -> Verdict:
         f"{format_seconds(choice.compress_s)}, gradient-weighted one-step error "
         f"{choice.rel_error:.2g}"
     )
-    if choice is not fastest:
+    if choice is not fastest and choice in near:
         detail += (
             f"; {fastest.label} is fastest ({format_seconds(fastest.step_s)}) but loses "
             f"more of the gradient (error {fastest.rel_error:.2g}), and is within "
             f"{cfg.near_best:.0%}"
+        )
+    elif choice is not fastest:
+        detail += (
+            f"; {fastest.label} is fastest ({format_seconds(fastest.step_s)}) but a step of "
+            f"it delivers {fastest.progress:.0%} of an uncompressed step's progress against "
+            f"{choice.progress:.0%}, so it learns less per second"
         )
     reasons.append(detail)
     gathered = [
@@ -128,14 +140,15 @@ def judge(whatif: WhatIfModel, evaluation: Evaluation) -> Verdict:
         )
     # What the choice's error costs per step (the policy's error_cost, docs/policy.md): its
     # shorter step must buy that back, as the engine requires of its own plans.
-    progress_cost = whatif.rules.error_cost * choice.rel_error**2
+    progress_cost = 1.0 - choice.progress
     shorter = 1.0 - choice.step_s / none.step_s if none.step_s > 0 else 0.0
     pays_for_error = shorter >= progress_cost
     if not pays_for_error:
         reasons.append(
             f"{choice.label} shortens the step by {shorter:.0%}, less than the "
             f"{progress_cost:.0%} of per-step progress its error costs (error_cost "
-            f"{whatif.rules.error_cost:g} x error^2 {choice.rel_error**2:.2g})"
+            f"{whatif.rules.error_cost:g} x error^2 {choice.rel_error**2:.2g}"
+            f"{_family_text(whatif, choice)})"
         )
     if gain >= cfg.compress_gain and pays_for_error:
         return Verdict(
@@ -168,3 +181,9 @@ def judge(whatif: WhatIfModel, evaluation: Evaluation) -> Verdict:
         ),
         top_layers=top,
     )
+
+
+def _family_text(whatif: WhatIfModel, choice: OptionResult) -> str:
+    """Whether the family weights moved the choice's price off error_cost x error^2."""
+    plain = max(0.0, 1.0 - whatif.rules.error_cost * choice.rel_error**2)
+    return "" if math.isclose(plain, choice.progress, abs_tol=1e-9) else ", family-weighted"

@@ -239,6 +239,9 @@ class OptionResult:
     overlap: float
     rel_error: float
     """Gradient-norm-weighted relative compression error of one step (0 = exact)."""
+    progress: float = 1.0
+    """Share of an uncompressed step's training progress one step delivers, as the engine
+    prices errors: 1 - error_cost x the family-weighted mean squared error."""
 
     def to_dict(self, *, with_plan: bool = False) -> dict[str, Any]:
         out = {
@@ -255,6 +258,7 @@ class OptionResult:
             "speedup": self.speedup,
             "overlap": self.overlap,
             "rel_error": self.rel_error,
+            "progress": self.progress,
         }
         if with_plan:
             out["plan"] = dict(self.plan)
@@ -531,6 +535,7 @@ class WhatIfModel:
                     speedup=baseline / step,
                     overlap=pipeline.overlap,
                     rel_error=self.plan_error(plan),
+                    progress=self.plan_progress(plan),
                 )
             )
         return Evaluation(
@@ -547,6 +552,23 @@ class WhatIfModel:
             if spec != "none":
                 num += (self.rel_error(spec, layer) ** 2) * weight
         return math.sqrt(num / den) if den > 0 else 0.0
+
+    def plan_progress(self, plan: Mapping[str, str]) -> float:
+        """The share of an uncompressed step's progress one step of ``plan`` delivers:
+        ``1 - error_cost x sum(w_f e_l^2 |g_l|^2) / sum |g_l|^2``, ``w_f`` the family weight
+        (``ErrorPriors.progress_weight_by_family``), the price the engine puts on error."""
+        num = den = 0.0
+        for name, layer in self.layers.items():
+            weight = layer.grad_norm**2 if layer.grad_norm > 0 else 0.0
+            den += weight
+            spec = plan.get(name, "none")
+            if spec != "none":
+                compressor = self.compressor(spec)
+                family = self._priors.progress_weight(compressor)
+                num += family * self.rel_error(spec, layer) ** 2 * weight
+        if den <= 0:
+            return 1.0
+        return max(0.0, 1.0 - self.rules.error_cost * num / den)
 
     def sweep(
         self,

@@ -311,6 +311,9 @@ class PolicyEngine:
     ) -> tuple[str, float]:
         """Fill ``decisions`` for the pending layers; returns (solver, fastest step)."""
         config = self._search_config()
+        total_weight = math.fsum(self._weight(item.layer) for item in pending)
+        if total_weight > 0:
+            config.progress_per_error = self.rules.error_cost / total_weight
         locked = {name: built(spec).spec for name, spec in locked.items()}
         free = [item for item in pending if item.layer.name not in locked]
         held = [
@@ -533,7 +536,7 @@ class PolicyEngine:
             cost = option_cost(compressor, layer, latency)
         else:
             cost = OptionCost(0.0, 0.0, compressor.wire_bytes(layer.shape, layer.dtype))
-        error = rel_error(compressor, layer, self.config.priors) ** 2 * self._weight(layer)
+        error = self._error(compressor, layer, rel_error(compressor, layer, self.config.priors))
         return LayerDecision(
             name=layer.name,
             spec=compressor.spec,
@@ -569,7 +572,7 @@ class PolicyEngine:
             cost = option_cost(compressor, layer, latency, share)
             rel = rel_error(compressor, layer, self.config.priors)
             rel_errors[compressor.spec] = rel
-            error = rel**2 * self._weight(layer)
+            error = self._error(compressor, layer, rel)
             options.append(
                 LayerOption(
                     compressor.spec,
@@ -583,6 +586,11 @@ class PolicyEngine:
             )
         current = in_use if any(o.key == in_use for o in options) else None
         return Pending(index, layer, options, rel_errors, note, current)
+
+    def _error(self, compressor: Compressor, layer: LayerProfile, rel: float) -> float:
+        """The option's predicted error: its squared relative error, weighted by the layer
+        (``error_weight``) and by what its family's error costs in per-step progress."""
+        return rel**2 * self._weight(layer) * self.config.priors.progress_weight(compressor)
 
     def _weight(self, layer: LayerProfile) -> float:
         """What one unit of squared relative error costs on this layer (``error_weight``)."""

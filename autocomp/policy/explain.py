@@ -23,6 +23,8 @@ def bytes_text(size: int) -> str:
 _HEADS = {
     "slack": "least error within {slack:.0%} of the fastest plan's step",
     "target": "least error hiding {target:.0%} of communication behind the backward",
+    "progress": "most predicted progress per second (the error-weighted plans within "
+    "{slack:.0%} of the fastest step learn less per second)",
     "kept": "plan kept (still within {slack:.0%} of the fastest step; the best alternative "
     "was not {margin:.0%} more accurate)",
 }

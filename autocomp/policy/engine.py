@@ -8,7 +8,8 @@ go to the plan search (:mod:`autocomp.policy.search`) with their usable candidat
 that would compress the layer into fewer bytes than 'none'), minus the heaviest ones a guard
 back-off forbids: the least total compression error among the plans whose predicted step is
 within ``time_slack`` of the fastest plan's, or that hide ``target_overlap`` of their
-communication. When measured steps showed compression not paying
+communication, then moved towards more accurate options while the predicted progress per
+second rises. When measured steps showed compression not paying
 (:class:`~autocomp.policy.payoff.PayoffCheck`), or the plan's predicted gain does not buy back
 the per-step progress its error costs (``error_cost``), those layers stay uncompressed.
 
@@ -393,7 +394,8 @@ class PolicyEngine:
         Progress per second is (progress per step) / (step time). Compression shortens the
         step and costs per-step progress; linearized, a step delivers ``1 - error_cost x
         mean_err2`` of an uncompressed step's progress, ``mean_err2`` being the weighted mean
-        squared relative error over the optimizer's layers (uncompressed ones count 0). So the
+        squared relative error over the optimizer's layers (uncompressed ones count 0; each
+        family's error times its progress weight, ``ErrorPriors.progress_weight_by_family``). So the
         plan pays only if it shortens the step by at least that share. The slack rule inside
         the search cannot see this: it compares compressed plans with each other, and on a
         fast link the fastest plan may save 5% of a step while costing 10-20% of its progress

@@ -99,9 +99,8 @@ class ErrorPriors:
     sits at the top of its measured range (0.90-0.95), above PowerSGD rank 4, so that the
     order the benchmarks showed survives: at about the same measured error it learned less
     per step (GPT LM at 10 Mbit/s: a plan with top-1% on 9 layers reached 3.85 after 14
-    steps, PyTorch's rank-4 hook 3.14 after 16). Relative error does not capture that; where
-    top-1% sends fewer bytes than rank 4 and rank 4 does not fit the time slack, the
-    least-error rule still takes top-k (docs/benchmarks.md)."""
+    steps, PyTorch's rank-4 hook 3.14 after 16). Relative error does not capture that; the
+    family weight does (``progress_weight_by_family``)."""
     powersgd_by_rank: tuple[tuple[float, float], ...] = (
         (1, 0.97),
         (2, 0.95),

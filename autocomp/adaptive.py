@@ -32,9 +32,7 @@ sizes it), and the timed pass rides in that boundary's MIN all-reduce.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import statistics
 import time
 from collections import deque
@@ -48,18 +46,17 @@ import torch.distributed as dist
 from autocomp.compressors import Collective, build_compressor
 from autocomp.cost_model import CostModel
 from autocomp.distributed import collective_device
-from autocomp.env import AUTOCOMP_RECORD_WINDOWS
 from autocomp.exposure import overlap
-from autocomp.hook_layer import LayerReplay
 from autocomp.hook_state import HookState
 from autocomp.link_model import link_bytes
-from autocomp.link_probe import PROBE_PASSES, LinkProbe
+from autocomp.link_probe import LinkProbe
+from autocomp.opening import ProbeRunner, calibrate, gradient_device
 from autocomp.planner import GLANCE_STEP, PlanUpdate, WindowPlanner
 from autocomp.policy.rules import PolicyRules
 from autocomp.profiler import StepProfiler, WindowProfile
 from autocomp.runlog import RunLog
 from autocomp.timing import clock_for
-from autocomp.window import TIMING_FIELDS, LayerWindow, WindowMeasurement, WindowRecord
+from autocomp.window import WindowMeasurement, WindowRecord, WindowVector, record_window_line
 
 if TYPE_CHECKING:
     from autocomp.hook_hierarchy import HierarchicalReduce
@@ -68,10 +65,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["AdaptiveLoop", "WindowRecord"]
 
-# Per-layer slots in the combined vector: grad norm^2, residual norm^2, has sample,
-# rel error, hook seconds, hideable seconds after the layer's bucket is ready.
-_PER_LAYER = 7
-_HEADER = 1 + len(TIMING_FIELDS) + 2  # has profile, timings, loss sum, loss count
 _MISSING = 1e30  # marks an absent step in the MIN all-reduce of busy periods
 
 
@@ -143,7 +136,7 @@ class AdaptiveLoop:
         self.config = config
         self.rules = rules
         self.names = list(state.slots)
-        self.device = _gradient_device(ddp)
+        self.device = gradient_device(ddp)
         """Where the gradients live: the profiler's clock and the calibration follow it."""
         self.profiler = StepProfiler(clock_for(self.device), blocking=config.blocking_hook)
         state.profiler = self.profiler
@@ -168,11 +161,10 @@ class AdaptiveLoop:
         )
         """Rank 0 decides with it; every rank holds one (the same configuration)."""
         if state.rank == 0:  # only rank 0 decides
-            _calibrate(
-                self.planner.cost_model, rules.candidates, state.link_world_size, self.device
-            )
+            calibrate(self.planner.cost_model, rules.candidates, state.link_world_size, self.device)
         self._probe_next = 0  # payload bytes rank 0 asked for at the next boundary
-        self._probe_buffer: torch.Tensor | None = None
+        self._prober = ProbeRunner()
+        self._vector = WindowVector(self.names)
         self.history: deque[WindowRecord] = deque(maxlen=config.history)
         self.decision_failures = 0
         self._node_link_warned = False
@@ -327,39 +319,6 @@ class AdaptiveLoop:
         slots = self.state.slots.values()
         return sum(s.bytes_sent for s in slots), sum(s.bytes_raw for s in slots)
 
-    def _local_vector(self, profile: WindowProfile | None, nonfinite: set[str]) -> torch.Tensor:
-        """This rank's window as a fixed-size vector (same layout on every rank, summed).
-
-        ``nonfinite``: the layers whose average this rank saw non-finite. With a hierarchy only
-        a layer's owners see it; summed, every rank's count reaches rank 0's guards."""
-        values = [0.0] * (_HEADER + _PER_LAYER * len(self.names))
-        loss_sum = self._loss_sum
-        values[_HEADER - 2] = float(loss_sum)  # the window's one read of a device loss
-        values[_HEADER - 1] = float(self._loss_count)
-        for i, name in enumerate(self.names):
-            if name in nonfinite:
-                values[_HEADER + _PER_LAYER * i + 6] = 1.0
-        if profile is not None:
-            values[0] = 1.0
-            for i, field_name in enumerate(TIMING_FIELDS):
-                values[1 + i] = getattr(profile.times, field_name)
-            bucket_of = self.state.bucket_of()
-            bucket_hideable = profile.times.bucket_hideable_seconds
-            for i, name in enumerate(self.names):
-                base = _HEADER + _PER_LAYER * i
-                sample = profile.layer_samples.get(name)
-                if sample is not None:
-                    values[base] = sample.grad_norm**2
-                    values[base + 1] = sample.residual_norm**2
-                    values[base + 2] = 1.0
-                    values[base + 3] = sample.rel_error or 0.0
-                values[base + 4] = profile.layer_seconds.get(name, 0.0)
-                bucket = bucket_of.get(name)  # a bucket unseen this window: the whole H
-                values[base + 5] = bucket_hideable.get(
-                    bucket if bucket is not None else -1, profile.times.hideable_seconds
-                )
-        return torch.tensor(values, dtype=torch.float64)
-
     def _boundary(self, step: int) -> None:
         group = self.state.process_group
         world = self.state.link_world_size
@@ -367,13 +326,19 @@ class AdaptiveLoop:
         device = collective_device(group)
         local_nonfinite = {name for _, name in self.state.nonfinite_events}
         self.state.nonfinite_events.clear()
-        combined = self._local_vector(profile, local_nonfinite).to(device)
+        combined = self._vector.pack(
+            profile, self._loss_sum, self._loss_count, local_nonfinite, self.state.bucket_of()
+        ).to(device)
         dist.all_reduce(combined, group=group)
         combined = combined.cpu()
         # Right after a collective the ranks are nearly level: the best moment for a probe.
         # Every rank got the same size from rank 0's last broadcast, so all issue it.
         probe_bytes, self._probe_next = self._probe_next, 0
-        probe_local = self._run_probe(probe_bytes, device) if probe_bytes > 0 else _MISSING
+        probe_local = (
+            self._prober.time_all_reduce(probe_bytes, device, self.state.link_group)
+            if probe_bytes > 0
+            else _MISSING
+        )
         window = self.config.window
         busy = torch.full((window + 1,), _MISSING, dtype=torch.float64)
         if profile is not None:
@@ -396,11 +361,7 @@ class AdaptiveLoop:
         bytes_per_step = (sent - self._bytes_mark[0]) / steps
         raw_per_step = (raw - self._bytes_mark[1]) / steps
         self._bytes_mark = (sent, raw)
-        nonfinite = [
-            name
-            for i, name in enumerate(self.names)
-            if float(combined[_HEADER + _PER_LAYER * i + 6]) > 0
-        ]
+        nonfinite = self._vector.nonfinite(combined)
         current = {name: self.state.slots[name].compressor.spec for name in self.names}
 
         payload: list[Any] = [None]
@@ -426,7 +387,7 @@ class AdaptiveLoop:
                 update = PlanUpdate([current[n] for n in self.names], [], 0, record)
                 self.decision_failures += 1
             record = update.record
-            _record({**line, "decision": record.decision})
+            record_window_line({**line, "decision": record.decision})
             payload = [
                 {"plan": update.plan, "reset": update.resets, "probe_bytes": update.probe_bytes}
             ]
@@ -478,42 +439,24 @@ class AdaptiveLoop:
         }
 
     def _opening(self) -> None:
-        """Step 0, before any of its collectives: probe the link, and let rank 0 decide
-        whether the first step already compresses (``WindowPlanner.open``).
-
-        The probe grows from ``OPENING_PROBE_START_BYTES`` by 4x until its timed pass takes
-        ``OPENING_PROBE_SECONDS`` (latency is then a rounding error) or it reaches the
-        gradients' size: a 64 KB pass reads a 10 Mbit/s link in 50 ms, and a loopback link
-        gets a few quick passes. Every rank agrees on each round through one small
-        all-reduce (the fastest rank's time: the rank that arrived last did not wait), so
-        all stop at the same size.
-        """
+        """Step 0, before any of its collectives: probe the link (:class:`ProbeRunner`), and
+        let rank 0 decide whether the first step already compresses
+        (``WindowPlanner.open``)."""
         group = self.state.link_group
         device = collective_device(group)
         raw = sum(slot.shape.numel() * slot.dtype.itemsize for slot in self.state.slots.values())
-        cap = max(OPENING_PROBE_START_BYTES, min(raw, OPENING_PROBE_MAX_BYTES))
-        size = OPENING_PROBE_START_BYTES
-        forward = self.first_forward_seconds
-        while True:
-            seconds = self._run_probe(size, device)
-            # MAX of -seconds is the minimum; a rank without a forward time vetoes (-1 < 0).
-            agreed = torch.tensor(
-                [-seconds, -1.0 if forward is None else forward, 1.0 if forward is None else 0.0],
-                dtype=torch.float64,
-            ).to(device)
-            dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
-            least, slowest_forward, missing = agreed.cpu().tolist()
-            if -least >= OPENING_PROBE_SECONDS or size >= cap:
-                break
-            size = min(cap, size * 4)
-        probe = (size * self.state.link_share, -least)
+        agreed = self._prober.opening(raw, self.first_forward_seconds, device, group)
+        slowest_forward, missing = agreed.slowest_forward_seconds, agreed.forward_missing
+        probe = (agreed.payload_bytes * self.state.link_share, agreed.seconds)
         current = {name: self.state.slots[name].compressor.spec for name in self.names}
         payload: list[Any] = [None]
         update: PlanUpdate | None = None
         if self.state.rank == 0:
-            _record({"opening": {"probe": list(probe), "forward_seconds": slowest_forward}})
+            record_window_line(
+                {"opening": {"probe": list(probe), "forward_seconds": slowest_forward}}
+            )
             try:
-                if missing == 0.0:
+                if not missing:
                     update = self.planner.open(
                         probe, slowest_forward, self.state.link_world_size, current
                     )
@@ -567,26 +510,9 @@ class AdaptiveLoop:
     ) -> WindowMeasurement:
         """Rank 0: the combined vector as the planner's input."""
         world = self.state.link_world_size  # hook costs: summed over the layer's owners
-        timings, loss = self._means(combined)
-        ranks = max(1.0, float(combined[0]))
-        bucket_of = self.state.bucket_of()
-        layers = {}
-        for i, name in enumerate(self.names):
-            base = _HEADER + _PER_LAYER * i
-            samples = float(combined[base + 2])
-            sampled = samples > 0
-            bucket = bucket_of.get(name)
-            layers[name] = LayerWindow(
-                spec=self.state.slots[name].compressor.spec,
-                grad_norm=math.sqrt(float(combined[base]) / samples) if sampled else None,
-                residual_norm=math.sqrt(float(combined[base + 1]) / samples) if sampled else None,
-                rel_error=float(combined[base + 3]) / samples if sampled else None,
-                hook_seconds=float(combined[base + 4]) / world,
-                bucket=bucket,
-                bucket_hideable_seconds=(
-                    float(combined[base + 5]) / ranks if bucket is not None else None
-                ),
-            )
+        timings, loss = self._vector.means(combined)
+        specs = {name: self.state.slots[name].compressor.spec for name in self.names}
+        layers = self._vector.layers(combined, specs, self.state.bucket_of(), world)
         return WindowMeasurement(
             step=step,
             world_size=world,
@@ -601,40 +527,13 @@ class AdaptiveLoop:
             nonfinite=nonfinite,
         )
 
-    def _run_probe(self, payload_bytes: int, device: torch.device) -> float:
-        """Run the probe's all-reduces on a reused zero buffer; seconds of the timed pass."""
-        numel = max(1, payload_bytes // 4)
-        buffer = self._probe_buffer
-        if buffer is None or buffer.numel() < numel or buffer.device != device:
-            buffer = torch.zeros(numel, dtype=torch.float32, device=device)  # sums stay zero
-            self._probe_buffer = buffer
-        view = buffer[:numel]
-        group = self.state.link_group
-        seconds = math.inf
-        for _ in range(PROBE_PASSES):  # the first primes the path; the last one is timed
-            if view.is_cuda:
-                torch.cuda.synchronize(view.device)
-            started = time.perf_counter()
-            dist.all_reduce(view, group=group)
-            if view.is_cuda:
-                torch.cuda.synchronize(view.device)
-            seconds = time.perf_counter() - started
-        return seconds
-
     def _last_window_step(self) -> int:
         return self.history[-1].step if self.history else 0
-
-    def _means(self, combined: torch.Tensor) -> tuple[dict[str, float], float | None]:
-        ranks = max(1.0, float(combined[0]))
-        timings = {name: float(combined[1 + i]) / ranks for i, name in enumerate(TIMING_FIELDS)}
-        count = float(combined[_HEADER - 1])
-        loss = float(combined[_HEADER - 2]) / count if count > 0 else None
-        return timings, loss
 
     def _peer_record(
         self, step: int, combined: torch.Tensor, bytes_per_step: float, raw_per_step: float
     ) -> WindowRecord:
-        timings, loss = self._means(combined)
+        timings, loss = self._vector.means(combined)
         return WindowRecord(
             step=step,
             bandwidth_bytes_per_s=None,
@@ -663,13 +562,6 @@ class AdaptiveLoop:
         self._last_boundary = int(state["last_boundary"])
 
 
-OPENING_PROBE_START_BYTES = 64 * 1024
-"""First size of the opening's link probe (per-rank all-reduce payload)."""
-OPENING_PROBE_MAX_BYTES = 32 * 1024 * 1024
-"""Largest opening probe (and never more than the gradients themselves)."""
-OPENING_PROBE_SECONDS = 0.02
-"""An opening probe pass this long ends the growth: the transfer dwarfs the latency."""
-
 NODE_LINK_MIN_ADVANTAGE = 4.0
 """Below this ratio of node to cross-node link bandwidth, the hierarchy is questioned."""
 
@@ -690,58 +582,3 @@ def _forward_hook(function: Any) -> Any:
     compiler = getattr(torch, "compiler", None)
     disable = getattr(compiler, "disable", None)
     return disable(function) if disable is not None else function
-
-
-def _record(line: dict[str, Any]) -> None:
-    """Append one JSON line to ``AUTOCOMP_RECORD_WINDOWS``, when set (rank 0): the opening's
-    probe, or a window's measurement with the plan that ran and the decision it led to, so a
-    run can be replayed through :class:`~autocomp.planner.WindowPlanner` offline."""
-    path = AUTOCOMP_RECORD_WINDOWS.get()
-    if not path:
-        return
-    try:
-        with open(path, "a", encoding="utf-8") as out:
-            out.write(json.dumps(line) + "\n")
-    except OSError as err:  # a debugging aid must never stop training
-        logger.warning("autocomp: cannot record window to %s: %s", path, err)
-
-
-CALIBRATION_SHAPE = torch.Size([1024, 1024])
-
-
-def _gradient_device(ddp: torch.nn.Module | None) -> torch.device:
-    if ddp is not None:
-        for param in ddp.parameters():
-            return param.device
-    return torch.device("cpu")
-
-
-def _calibrate(
-    cost_model: CostModel, specs: Sequence[str], world_size: int, device: torch.device
-) -> None:
-    """Time each candidate's real hook path once here, on the gradients' device, at the
-    training thread count.
-
-    The cost model's cold-start constants come from another machine and an idle one; without
-    this the first decisions try compressors that do not pay, one window each. About a second
-    on a 2-core CPU, on rank 0 only.
-    """
-    generator = torch.Generator().manual_seed(0)
-    grad = (torch.randn(CALIBRATION_SHAPE, generator=generator) * 1e-3).to(device)
-    for spec in specs:
-        compressor = build_compressor(spec)
-        if compressor.name == "none":
-            continue
-        replay = LayerReplay(compressor, grad, gathered=world_size)
-        best = math.inf
-        for _ in range(3):  # the first call pays one-off costs; keep the fastest
-            local, decode = replay.step()
-            gathered = compressor.collective is Collective.ALL_GATHER
-            best = min(best, local + decode * (world_size if gathered else 1))
-        factor = cost_model.calibrate(compressor, CALIBRATION_SHAPE, best)
-        logger.debug(
-            "autocomp: %s costs %.2f ms per 1M elements here (x%.2f prior)",
-            compressor.spec,
-            best * 1e3,
-            factor,
-        )

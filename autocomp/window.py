@@ -9,12 +9,30 @@ log and the dashboard.
 
 from __future__ import annotations
 
+import json
+import logging
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import torch
 
 from autocomp.compressors import Collective
+from autocomp.env import AUTOCOMP_RECORD_WINDOWS
 
-__all__ = ["LayerWindow", "WindowMeasurement", "WindowRecord"]
+if TYPE_CHECKING:
+    from autocomp.profiler import WindowProfile
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "LayerWindow",
+    "WindowMeasurement",
+    "WindowRecord",
+    "WindowVector",
+    "record_window_line",
+]
 
 TIMING_FIELDS = (
     "step_seconds",
@@ -231,3 +249,112 @@ class WindowRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
+
+
+class WindowVector:
+    """The fixed layout of the boundary's summing all-reduce: the same on every rank.
+
+    A header (has a profile, the timing fields, loss sum, loss count), then per layer: grad
+    norm^2, residual norm^2, has sample, rel error, hook seconds, hideable seconds after the
+    layer's bucket is ready, and the non-finite count (with a hierarchy only a layer's owners
+    see it; summed, every rank's count reaches rank 0's guards).
+    """
+
+    PER_LAYER = 7
+    HEADER = 1 + len(TIMING_FIELDS) + 2
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = list(names)
+
+    def pack(
+        self,
+        profile: WindowProfile | None,
+        loss_sum: float | torch.Tensor,
+        loss_count: int,
+        nonfinite: set[str],
+        bucket_of: Mapping[str, int],
+    ) -> torch.Tensor:
+        """This rank's window as a vector."""
+        header, per = self.HEADER, self.PER_LAYER
+        values = [0.0] * (header + per * len(self.names))
+        values[header - 2] = float(loss_sum)  # the window's one read of a device loss
+        values[header - 1] = float(loss_count)
+        for i, name in enumerate(self.names):
+            if name in nonfinite:
+                values[header + per * i + 6] = 1.0
+        if profile is not None:
+            values[0] = 1.0
+            for i, field_name in enumerate(TIMING_FIELDS):
+                values[1 + i] = getattr(profile.times, field_name)
+            bucket_hideable = profile.times.bucket_hideable_seconds
+            for i, name in enumerate(self.names):
+                base = header + per * i
+                sample = profile.layer_samples.get(name)
+                if sample is not None:
+                    values[base] = sample.grad_norm**2
+                    values[base + 1] = sample.residual_norm**2
+                    values[base + 2] = 1.0
+                    values[base + 3] = sample.rel_error or 0.0
+                values[base + 4] = profile.layer_seconds.get(name, 0.0)
+                bucket = bucket_of.get(name)  # a bucket unseen this window: the whole H
+                values[base + 5] = bucket_hideable.get(
+                    bucket if bucket is not None else -1, profile.times.hideable_seconds
+                )
+        return torch.tensor(values, dtype=torch.float64)
+
+    def nonfinite(self, combined: torch.Tensor) -> list[str]:
+        """The layers any rank saw a non-finite average of."""
+        header, per = self.HEADER, self.PER_LAYER
+        return [
+            name for i, name in enumerate(self.names) if float(combined[header + per * i + 6]) > 0
+        ]
+
+    def means(self, combined: torch.Tensor) -> tuple[dict[str, float], float | None]:
+        """Timing fields averaged over the profiled ranks, and the mean loss (None: none)."""
+        ranks = max(1.0, float(combined[0]))
+        timings = {name: float(combined[1 + i]) / ranks for i, name in enumerate(TIMING_FIELDS)}
+        count = float(combined[self.HEADER - 1])
+        loss = float(combined[self.HEADER - 2]) / count if count > 0 else None
+        return timings, loss
+
+    def layers(
+        self,
+        combined: torch.Tensor,
+        specs: Mapping[str, str],
+        bucket_of: Mapping[str, int],
+        world: int,
+    ) -> dict[str, LayerWindow]:
+        """Per layer, the combined window (hook costs summed over the layer's owners)."""
+        ranks = max(1.0, float(combined[0]))
+        out = {}
+        for i, name in enumerate(self.names):
+            base = self.HEADER + self.PER_LAYER * i
+            samples = float(combined[base + 2])
+            sampled = samples > 0
+            bucket = bucket_of.get(name)
+            out[name] = LayerWindow(
+                spec=specs[name],
+                grad_norm=math.sqrt(float(combined[base]) / samples) if sampled else None,
+                residual_norm=math.sqrt(float(combined[base + 1]) / samples) if sampled else None,
+                rel_error=float(combined[base + 3]) / samples if sampled else None,
+                hook_seconds=float(combined[base + 4]) / world,
+                bucket=bucket,
+                bucket_hideable_seconds=(
+                    float(combined[base + 5]) / ranks if bucket is not None else None
+                ),
+            )
+        return out
+
+
+def record_window_line(line: dict[str, Any]) -> None:
+    """Append one JSON line to ``AUTOCOMP_RECORD_WINDOWS``, when set (rank 0): the opening's
+    probe, or a window's measurement with the plan that ran and the decision it led to, so a
+    run can be replayed through :class:`~autocomp.planner.WindowPlanner` offline."""
+    path = AUTOCOMP_RECORD_WINDOWS.get()
+    if not path:
+        return
+    try:
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(json.dumps(line) + "\n")
+    except OSError as err:  # a debugging aid must never stop training
+        logger.warning("autocomp: cannot record window to %s: %s", path, err)

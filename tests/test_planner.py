@@ -269,7 +269,7 @@ def test_a_recorded_run_replays_through_a_fresh_planner(
     planner fed the same lines reaches the same decisions."""
     from pathlib import Path
 
-    from autocomp.adaptive import _record
+    from autocomp.window import record_window_line as _record
 
     path = Path(str(tmp_path)) / "windows.jsonl"
     monkeypatch.setenv("AUTOCOMP_RECORD_WINDOWS", str(path))

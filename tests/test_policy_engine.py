@@ -796,6 +796,26 @@ def test_dwell_gives_way_when_the_locked_plan_is_far_from_the_fastest() -> None:
     assert decision.layer("w").rule != "dwell"
 
 
+def test_dwell_gives_way_when_the_locked_plan_learns_clearly_less_per_second() -> None:
+    """The lock guards against noise, not against a plan predicted much worse: at 500 Mbit/s
+    a layer locked on fp16 predicts a 0.70 s step against rank 4's 0.50 s (which delivers
+    ~0.83 of a step's progress): 14% less progress per second, over ``dwell_max_loss``
+    (10%), so the lock goes. At 600 Mbit/s fp16 is 9% behind and keeps its lock. (The GPT LM
+    at 50 Mbit/s kept int8 on two layers predicted 39% slower than the fastest plan for a
+    whole run under the old rule, a 100% step-time margin.)"""
+    rules = PolicyRules(candidates=("none", "fp16", "powersgd:rank=4"))
+    timing = StepTiming(backward_seconds=0.3, hideable_seconds=1e-4, step_seconds=0.5)
+    layers = [LayerProfile(name="w", shape=(2048, 2048), grad_norm=1.0)]
+    locked = {"w": "fp16"}
+    dropped = engine(500, rules).decide(layers, timing, AFTER_WARMUP, WORLD, locked=locked)
+    assert dropped.layer("w").spec == "powersgd:rank=4,ef=true"
+    assert dropped.layer("w").rule != "dwell"
+    kept = engine(600, rules).decide(layers, timing, AFTER_WARMUP, WORLD, locked=locked)
+    assert kept.layer("w").spec == "fp16:ef=true"
+    assert kept.layer("w").rule == "dwell"
+    assert kept.predicted_step_seconds > 1.3 * dropped.predicted_step_seconds
+
+
 def test_a_locked_spec_no_longer_offered_is_not_kept() -> None:
     """Guard back-off removed the locked compressor: the lock cannot hold it."""
     rules = PolicyRules(candidates=("none", "fp16", "powersgd:rank=4"))

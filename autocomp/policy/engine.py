@@ -37,7 +37,14 @@ from autocomp.policy.explain import optimizer_decision
 from autocomp.policy.optimizer import LayerOption
 from autocomp.policy.priors import ErrorPriors, built, rel_error
 from autocomp.policy.rules import Pin, PolicyRules
-from autocomp.policy.search import BucketGroups, GroupLoad, Pending, SearchConfig, search
+from autocomp.policy.search import (
+    BucketGroups,
+    GroupLoad,
+    Pending,
+    SearchConfig,
+    progress_rate,
+    search,
+)
 from autocomp.policy.types import (
     NONE_SPEC,
     RULE_DWELL,
@@ -110,9 +117,10 @@ class PolicyEngine:
         much_better: float = 0.25
         """A near-useless option is dropped when another is this much more accurate
         (absolute relative error) and costs the layer at most the time slack more."""
-        dwell_max_slowdown: float = 1.0
-        """Dwell locks are dropped when the locked plan's predicted step exceeds the fastest
-        unlocked plan's by more than this fraction (the situation changed too much)."""
+        dwell_max_loss: float = 0.1
+        """Dwell locks are dropped when the locked plan's predicted progress per second falls
+        this fraction below the plan the search takes without them (the situation changed
+        too much for a lock that only guards against noise)."""
 
     def __init__(
         self,
@@ -337,7 +345,6 @@ class PolicyEngine:
                 # Locks hold while the locked plan stays near the fastest plan without them.
                 unlocked_items = [self._copy(item) for item in pending]
                 unlocked = search(unlocked_items, groups, fixed, timing, config)
-                fastest = timing.compute + unlocked.fastest_added
                 added = (
                     result.timeline.added_s
                     if result is not None
@@ -345,7 +352,16 @@ class PolicyEngine:
                         with_held.comm, with_held.work, with_held.first, with_held.second
                     ).added_s
                 )
-                if timing.compute + added > fastest * (1 + self.config.dwell_max_slowdown):
+                locked_error = math.fsum(
+                    item.option(locked[item.layer.name]).error for item in held
+                ) + (math.fsum(o.error for o in result.chosen) if result is not None else 0.0)
+                unlocked_error = math.fsum(o.error for o in unlocked.chosen)
+                per_error = config.progress_per_error
+                locked_rate = progress_rate(timing.compute + added, locked_error, per_error)
+                free_rate = progress_rate(
+                    timing.compute + unlocked.timeline.added_s, unlocked_error, per_error
+                )
+                if locked_rate < (1.0 - self.config.dwell_max_loss) * free_rate:
                     held, free, result = [], unlocked_items, unlocked
         for item in held:
             option = item.option(locked[item.layer.name])

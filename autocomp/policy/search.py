@@ -43,7 +43,15 @@ from autocomp.exposure import Group, Timeline, simulate
 from autocomp.policy.optimizer import BudgetOptimizer, BudgetSolution, LayerOption
 from autocomp.policy.types import NONE_SPEC, LayerProfile, StepTiming
 
-__all__ = ["BucketGroups", "GroupLoad", "Pending", "SearchConfig", "SearchResult", "search"]
+__all__ = [
+    "BucketGroups",
+    "GroupLoad",
+    "Pending",
+    "SearchConfig",
+    "SearchResult",
+    "progress_rate",
+    "search",
+]
 
 _TOLERANCE = 1e-9
 
@@ -508,14 +516,19 @@ def search(
     )
 
 
+def progress_rate(step: float, error: float, progress_per_error: float) -> float:
+    """Predicted progress per second, in uncompressed steps' worth per second: a step of
+    ``step`` seconds delivers ``1 - progress_per_error x error`` (summed option error) of an
+    uncompressed step's progress."""
+    progress = max(0.0, 1.0 - progress_per_error * error)
+    return progress / step if step > 0 else 0.0
+
+
 def _rate(
     problem: _Problem, chosen: Sequence[LayerOption], compute: float, config: SearchConfig
 ) -> float:
-    """Predicted progress per second, in uncompressed steps' worth per second: a step
-    delivers ``1 - progress_per_error x summed error`` of an uncompressed step's progress."""
-    progress = 1.0 - config.progress_per_error * math.fsum(o.error for o in chosen)
     step = compute + problem.timeline(chosen).added_s
-    return max(progress, 0.0) / step if step > 0 else 0.0
+    return progress_rate(step, math.fsum(o.error for o in chosen), config.progress_per_error)
 
 
 def _separable_plan(

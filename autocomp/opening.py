@@ -1,8 +1,9 @@
-"""Before the first step's collectives: time the link, and time the compressors here.
+"""Before the first step's collectives: time the link, decide, and time the compressors here.
 
 The adaptive loop's opening (:meth:`~autocomp.adaptive.AdaptiveLoop` at step 0) needs one
 agreed reading of the link before any gradient has crossed it, so that a link far slower
-than the backward is compressed from the first step (``WindowPlanner.open`` decides). The
+than the backward is compressed from the first step (:func:`open_plan` decides, for
+``WindowPlanner.open``). The
 same timed all-reduce of a zero buffer serves the payoff check's and the link meter's probes
 at later boundaries. Rank 0 also times each candidate compressor's real hook path once on the
 gradients' device: the cost model's cold-start constants come from another, idle machine.
@@ -15,6 +16,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -22,7 +24,13 @@ import torch.distributed as dist
 from autocomp.compressors import Collective, build_compressor
 from autocomp.cost_model import CostModel
 from autocomp.hook_layer import LayerReplay
+from autocomp.link_model import latency_hops, link_bytes
 from autocomp.link_probe import PROBE_PASSES
+from autocomp.policy.types import LayerProfile, StepTiming
+from autocomp.window import PlanUpdate, WindowRecord
+
+if TYPE_CHECKING:
+    from autocomp.planner import WindowPlanner
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +43,7 @@ __all__ = [
     "ProbeRunner",
     "calibrate",
     "gradient_device",
+    "open_plan",
 ]
 
 OPENING_PROBE_START_BYTES = 64 * 1024
@@ -43,6 +52,9 @@ OPENING_PROBE_MAX_BYTES = 32 * 1024 * 1024
 """Largest opening probe (and never more than the gradients themselves)."""
 OPENING_PROBE_SECONDS = 0.02
 """An opening probe pass this long ends the growth: the transfer dwarfs the latency."""
+OPENING_COMPUTE_PER_FORWARD = 3.0
+"""The opening's compute estimate per second of the first forward (forward + a backward of
+about twice its cost)."""
 CALIBRATION_SHAPE = torch.Size([1024, 1024])
 """The gradient shape each candidate is timed on."""
 
@@ -157,3 +169,105 @@ def calibrate(
             best * 1e3,
             factor,
         )
+
+
+def open_plan(
+    planner: WindowPlanner,
+    probe: tuple[int, float],
+    forward_seconds: float,
+    world: int,
+    current: dict[str, str],
+) -> PlanUpdate | None:
+    """The opening: ``planner``'s plan for step 0 from a link probe run before its first
+    collective.
+
+    ``probe`` is (payload bytes, seconds) of an all-reduce timed on the link; the compute
+    is estimated from the first forward (``OPENING_COMPUTE_PER_FORWARD`` times it: a
+    backward costs about twice the forward). That estimate can be several times short: an
+    embedding table's backward writes a dense gradient its forward never read (the n-gram
+    model: 3 x its forward ~15 ms against a measured 93 ms compute-only step, so at 2x
+    it compressed on loopback from step 0). So, as at the glance after one step, the
+    opening acts only when the uncompressed step's predicted communication takes
+    ``dominance_ratio`` (10x) that compute: then the warm-up ends here and the engine
+    decides, one or two steps before the measured looks could (at 10 Mbit/s an
+    uncompressed first step of a 34 MB model takes 30 s). Else None: the plan stays,
+    and the probe only seeds the link estimate.
+    """
+    payload, seconds = probe
+    sent = link_bytes(Collective.ALL_REDUCE, payload, world)
+    planner.meter.add_probe(latency_hops(Collective.ALL_REDUCE, world), sent, seconds)
+    if seconds > 0:  # nothing is compressed yet: the payoff check's reference reading
+        planner.payoff.note_probe(payload, sent / seconds, compressed=False)
+    estimate = planner.meter.end_window(min_samples=1)
+    if estimate is None or not (math.isfinite(forward_seconds) and forward_seconds > 0):
+        return None
+    planner.cost_model.update_link(estimate)
+    # No gradient seen yet: every element weighs the same, whichever ``error_weight``
+    # (a norm of sqrt(numel) makes "grad_norm" weigh like "numel").
+    profiles = [
+        LayerProfile(
+            name=name,
+            shape=planner.shapes[name],
+            dtype=planner.dtypes[name],
+            grad_norm=math.sqrt(math.prod(planner.shapes[name])),
+            rel_error={},
+            bucket=None,
+        )
+        for name in planner.names
+    ]
+    raw_bytes = sum(p.raw_bytes for p in profiles)
+    comm = estimate.seconds(Collective.ALL_REDUCE, raw_bytes, world)
+    compute = OPENING_COMPUTE_PER_FORWARD * forward_seconds
+    ratio = comm / compute
+    if ratio < planner.config.dominance_ratio:
+        logger.info(
+            "autocomp: opening: %s; an uncompressed step would communicate %.3g s, %.1fx "
+            "the estimated compute %.3g s; no decision before the first look",
+            estimate.describe(),
+            comm,
+            ratio,
+            compute,
+        )
+        return None
+    if not planner.warmup_done:
+        planner.warmup_done = True
+        planner.guards.end_warmup(0)
+    logger.info(
+        "autocomp: opening: %s; an uncompressed step would communicate %.3g s, %.1fx the "
+        "estimated compute %.3g s: deciding before step 0",
+        estimate.describe(),
+        comm,
+        ratio,
+        compute,
+    )
+    # Nothing is assumed hidden: no backward has been measured, and a plan chosen to hide
+    # behind a guessed one (the target_overlap rule) ran 50% slower per step than
+    # all-rank-4 on the GPT LM at 50 Mbit/s until the first window replaced it.
+    timing = StepTiming(
+        backward_seconds=compute - forward_seconds,
+        hideable_seconds=0.0,
+        step_seconds=compute + comm,
+        compute_seconds=compute,
+    )
+    decision = planner.engine.decide(
+        profiles,
+        timing,
+        0,
+        world,
+        pins=[*planner.operator_pins, *planner.pins],
+        force_none=planner.force_none,
+        current=current,
+        warmup_done=True,
+    )
+    planner.last_decision = decision
+    plan = [decision.layer(name).spec for name in planner.names]
+    bandwidth = estimate.bandwidth_bytes_per_s
+    planner.note_switches(plan, current, profiles, bandwidth)
+    record = WindowRecord.opening(
+        float(raw_bytes),
+        bandwidth_bytes_per_s=bandwidth,
+        latency_s=estimate.latency_s,
+        decision=decision.to_dict(),
+        compute_seconds=compute,
+    )
+    return PlanUpdate(plan=plan, resets=[], probe_bytes=0, record=record)

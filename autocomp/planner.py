@@ -43,6 +43,8 @@ from autocomp.guards import ConvergenceGuards
 from autocomp.link_model import BandwidthMeter, LinkEstimate, latency_hops, link_bytes
 from autocomp.link_probe import LinkProbe
 from autocomp.nic_counters import NicCounters
+from autocomp.opening import open_plan
+from autocomp.policy.dwell import DwellClock
 from autocomp.policy.engine import PolicyEngine
 from autocomp.policy.payoff import PayoffCheck
 from autocomp.policy.priors import rel_error
@@ -55,7 +57,7 @@ from autocomp.policy.types import (
     StepTiming,
 )
 from autocomp.runlog import RunLog
-from autocomp.window import WindowMeasurement, WindowRecord
+from autocomp.window import PlanUpdate, WindowMeasurement, WindowRecord
 
 logger = logging.getLogger(__name__)
 
@@ -63,38 +65,7 @@ GLANCE_STEP = 1
 """The boundary after the first step: the warm-up ends there only if communication
 dominates (``Config.dominance_ratio``)."""
 
-OPENING_COMPUTE_PER_FORWARD = 3.0
-"""The opening's compute estimate per second of the first forward (forward + a backward of
-about twice its cost)."""
-
-__all__ = ["PlanUpdate", "WindowPlanner"]
-
-
-@dataclass(frozen=True, slots=True)
-class _Switch:
-    """A layer's last change of compressor."""
-
-    window: int
-    """Window index of the decision."""
-    bandwidth: float | None
-    """Link estimate then (a big move since lifts the dwell)."""
-    assumed_error: float | None = None
-    """The prior relative error the switch rested on when the new compressor had never run on
-    this layer, else None. Once measured, an error worse than this (by the engine's switch
-    margin) lifts the dwell: it holds choices against noise, not against a wrong prior."""
-
-
-@dataclass(frozen=True, slots=True)
-class PlanUpdate:
-    """What rank 0 broadcasts after a window, and the window's record."""
-
-    plan: list[str]
-    """One canonical spec per layer, in the planner's layer order."""
-    resets: list[str]
-    """Layers whose error feedback and compressor state every rank resets."""
-    probe_bytes: int
-    """Payload of the link probe the next boundary runs (0: none)."""
-    record: WindowRecord
+__all__ = ["PlanUpdate", "WindowPlanner"]  # PlanUpdate: autocomp.window
 
 
 def _compute(timings: dict[str, float]) -> float:
@@ -232,11 +203,12 @@ class WindowPlanner:
         self.last_decision: PolicyDecision | None = None
         self._plan_ran: tuple[str, ...] | None = None
         self._windows = 0
-        self._changed_at: dict[str, _Switch] = {}
-        """Layer -> its last switch."""
-        self.released: set[str] = set()
-        """Layers whose dwell the last decision released because a switch made on a prior
-        error measured worse than that prior (``Config.prior_miss``)."""
+        self.dwell = DwellClock(
+            dwell_windows=config.dwell_windows,
+            prior_miss=config.prior_miss,
+            link_change=config.link_change,
+            switch_margin=self.engine.config.switch_margin,
+        )
         self._running_since: dict[str, tuple[str, int]] = {}
         """Layer -> (the spec its measurements ran, the first step they could have run it):
         keyed on what was measured, so a measurement taken before a switch took effect is
@@ -304,7 +276,7 @@ class WindowPlanner:
             )
             plan = [decision.layer(name).spec for name in self.names]
             self.last_decision = decision
-        self._note_switches(plan, current, profiles, bandwidth)
+        self.note_switches(plan, current, profiles, bandwidth)
         timings = m.timings
         record = WindowRecord(
             step=m.step,
@@ -334,101 +306,12 @@ class WindowPlanner:
         world: int,
         current: dict[str, str],
     ) -> PlanUpdate | None:
-        """The opening: a plan for step 0 from a link probe run before its first collective.
-
-        ``probe`` is (payload bytes, seconds) of an all-reduce timed on the link; the compute
-        is estimated from the first forward (``OPENING_COMPUTE_PER_FORWARD`` times it: a
-        backward costs about twice the forward). That estimate can be several times short: an
-        embedding table's backward writes a dense gradient its forward never read (the n-gram
-        model: 3 x its forward ~15 ms against a measured 93 ms compute-only step, so at 2x
-        it compressed on loopback from step 0). So, as at the glance after one step, the
-        opening acts only when the uncompressed step's predicted communication takes
-        ``dominance_ratio`` (10x) that compute: then the warm-up ends here and the engine
-        decides, one or two steps before the measured looks could (at 10 Mbit/s an
-        uncompressed first step of a 34 MB model takes 30 s). Else None: the plan stays,
-        and the probe only seeds the link estimate.
-        """
+        """The opening: a plan for step 0 from a link probe run before its first collective
+        (:func:`autocomp.opening.open_plan`), or None."""
         self._windows += 1
-        payload, seconds = probe
-        sent = link_bytes(Collective.ALL_REDUCE, payload, world)
-        self.meter.add_probe(latency_hops(Collective.ALL_REDUCE, world), sent, seconds)
-        if seconds > 0:  # nothing is compressed yet: the payoff check's reference reading
-            self.payoff.note_probe(payload, sent / seconds, compressed=False)
-        estimate = self.meter.end_window(min_samples=1)
-        if estimate is None or not (math.isfinite(forward_seconds) and forward_seconds > 0):
-            return None
-        self.cost_model.update_link(estimate)
-        # No gradient seen yet: every element weighs the same, whichever ``error_weight``
-        # (a norm of sqrt(numel) makes "grad_norm" weigh like "numel").
-        profiles = [
-            LayerProfile(
-                name=name,
-                shape=self.shapes[name],
-                dtype=self.dtypes[name],
-                grad_norm=math.sqrt(math.prod(self.shapes[name])),
-                rel_error={},
-                bucket=None,
-            )
-            for name in self.names
-        ]
-        raw_bytes = sum(p.raw_bytes for p in profiles)
-        comm = estimate.seconds(Collective.ALL_REDUCE, raw_bytes, world)
-        compute = OPENING_COMPUTE_PER_FORWARD * forward_seconds
-        ratio = comm / compute
-        if ratio < self.config.dominance_ratio:
-            logger.info(
-                "autocomp: opening: %s; an uncompressed step would communicate %.3g s, %.1fx "
-                "the estimated compute %.3g s; no decision before the first look",
-                estimate.describe(),
-                comm,
-                ratio,
-                compute,
-            )
-            return None
-        if not self.warmup_done:
-            self.warmup_done = True
-            self.guards.end_warmup(0)
-        logger.info(
-            "autocomp: opening: %s; an uncompressed step would communicate %.3g s, %.1fx the "
-            "estimated compute %.3g s: deciding before step 0",
-            estimate.describe(),
-            comm,
-            ratio,
-            compute,
-        )
-        # Nothing is assumed hidden: no backward has been measured, and a plan chosen to hide
-        # behind a guessed one (the target_overlap rule) ran 50% slower per step than
-        # all-rank-4 on the GPT LM at 50 Mbit/s until the first window replaced it.
-        timing = StepTiming(
-            backward_seconds=compute - forward_seconds,
-            hideable_seconds=0.0,
-            step_seconds=compute + comm,
-            compute_seconds=compute,
-        )
-        decision = self.engine.decide(
-            profiles,
-            timing,
-            0,
-            world,
-            pins=[*self.operator_pins, *self.pins],
-            force_none=self.force_none,
-            current=current,
-            warmup_done=True,
-        )
-        self.last_decision = decision
-        plan = [decision.layer(name).spec for name in self.names]
-        bandwidth = estimate.bandwidth_bytes_per_s
-        self._note_switches(plan, current, profiles, bandwidth)
-        record = WindowRecord.opening(
-            float(raw_bytes),
-            bandwidth_bytes_per_s=bandwidth,
-            latency_s=estimate.latency_s,
-            decision=decision.to_dict(),
-            compute_seconds=compute,
-        )
-        return PlanUpdate(plan=plan, resets=[], probe_bytes=0, record=record)
+        return open_plan(self, probe, forward_seconds, world, current)
 
-    def _note_switches(
+    def note_switches(
         self,
         plan: Sequence[str],
         current: dict[str, str],
@@ -443,7 +326,7 @@ class WindowPlanner:
                 if spec != NONE_SPEC and spec not in self.rel_errors[name]:
                     priors = self.engine.config.priors
                     assumed = rel_error(build_compressor(spec), profile_of[name], priors)
-                self._changed_at[name] = _Switch(self._windows, bandwidth, assumed)
+                self.dwell.note(name, self._windows, bandwidth, assumed)
 
     # ---- the pieces ----------------------------------------------------------------------------
 
@@ -553,41 +436,17 @@ class WindowPlanner:
             for name in self.names
         ]
 
+    @property
+    def released(self) -> set[str]:
+        """Layers whose dwell the last decision released: a switch made on a prior error
+        measured worse than that prior (``Config.prior_miss``)."""
+        return self.dwell.released
+
     def _locked(self, current: dict[str, str], bandwidth: float | None) -> dict[str, str]:
-        """Layers still in their dwell period after a switch (see the module docstring)."""
-        locked = {}
-        self.released = set()
-        margin = 1.0 + self.engine.config.switch_margin
-        for name, switch in self._changed_at.items():
-            window, rate = switch.window, switch.bandwidth
-            if self._windows - window >= self.config.dwell_windows:
-                continue
-            measured = self.rel_errors[name].get(current[name])
-            assumed = switch.assumed_error
-            if (
-                assumed is not None
-                and measured is not None
-                and measured > assumed * margin
-                and measured - assumed >= self.config.prior_miss
-            ):  # the prior was too hopeful: free to correct it
-                self.released.add(name)
-                logger.debug(
-                    "autocomp: %s: %s measured %.3g against its prior %.3g; dwell released",
-                    name,
-                    current[name],
-                    measured,
-                    assumed,
-                )
-                continue
-            moved = (
-                rate is not None
-                and bandwidth is not None
-                and max(rate, bandwidth) / max(min(rate, bandwidth), 1e-30)
-                >= self.config.link_change
-            )
-            if not moved:
-                locked[name] = current[name]
-        return locked
+        """Layers still in their dwell period after a switch (:mod:`autocomp.policy.dwell`)."""
+        return self.dwell.locked(
+            self._windows, current, bandwidth, lambda name, spec: self.rel_errors[name].get(spec)
+        )
 
     def _payoff(
         self,
@@ -681,9 +540,7 @@ class WindowPlanner:
             "operator_pins": [list(pin) for pin in self.operator_pins],
             "warmup_done": self.warmup_done,
             "windows": self._windows,
-            "changed_at": {
-                k: [v.window, v.bandwidth, v.assumed_error] for k, v in self._changed_at.items()
-            },
+            "changed_at": self.dwell.state_dict(),
             "running_since": {k: list(v) for k, v in self._running_since.items()},
         }
 
@@ -701,14 +558,7 @@ class WindowPlanner:
         self.operator_pins = [(str(g), str(spec)) for g, spec in state.get("operator_pins", [])]
         self.warmup_done = bool(state.get("warmup_done", self.warmup_done))
         self._windows = int(state.get("windows", 0))
-        self._changed_at = {
-            str(k): _Switch(
-                int(v[0]),
-                None if v[1] is None else float(v[1]),
-                None if len(v) < 3 or v[2] is None else float(v[2]),
-            )
-            for k, v in state.get("changed_at", {}).items()
-        }
+        self.dwell.load_state_dict(state.get("changed_at", {}))
         self._running_since = {
             str(k): (str(v[0]), int(v[1])) for k, v in state.get("running_since", {}).items()
         }

@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "LayerWindow",
+    "PlanUpdate",
     "WindowMeasurement",
     "WindowRecord",
     "WindowVector",
@@ -358,3 +359,16 @@ def record_window_line(line: dict[str, Any]) -> None:
             out.write(json.dumps(line) + "\n")
     except OSError as err:  # a debugging aid must never stop training
         logger.warning("autocomp: cannot record window to %s: %s", path, err)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanUpdate:
+    """What rank 0 broadcasts after a window, and the window's record."""
+
+    plan: list[str]
+    """One canonical spec per layer, in the planner's layer order."""
+    resets: list[str]
+    """Layers whose error feedback and compressor state every rank resets."""
+    probe_bytes: int
+    """Payload of the link probe the next boundary runs (0: none)."""
+    record: WindowRecord

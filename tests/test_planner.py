@@ -216,7 +216,7 @@ def test_a_switch_on_a_prior_is_released_when_it_measures_worse(
     current = dict(zip(NAMES, first.plan, strict=True))
     spec = current["fc1.weight"]
     assert spec != "none" and spec not in p.rel_errors["fc1.weight"]  # chosen on its prior
-    assumed = p._changed_at["fc1.weight"].assumed_error
+    assumed = p.dwell.changed_at["fc1.weight"].assumed_error
     prior = ErrorPriors().rel_error(build_compressor(spec), SHAPES["fc1.weight"])
     assert assumed == pytest.approx(prior) and 0 < assumed < 1
     errors = {"fc1.weight": assumed + miss}

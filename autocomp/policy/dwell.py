@@ -1,0 +1,122 @@
+"""The dwell clock: a layer that changed compressor keeps it for a few windows.
+
+Every switch resets warm starts (PowerSGD's Q) and error feedback pays a few steps of extra
+error before the new compressor wins anything, while measured errors and step times are
+noisy from window to window. So a layer that switched is locked on its new compressor for
+``dwell_windows`` windows (the engine's ``dwell`` rule), unless
+
+- the switch rested on a prior error (the compressor had never run on that layer) and the
+  measurement came out clearly worse than that prior: the lock guards against noise, not
+  against a wrong prior, so it is released (:attr:`DwellClock.released`);
+- the link moved by ``link_change`` or more since the switch.
+
+The engine drops the remaining locks when the locked plan's predicted progress per second
+falls ``dwell_max_loss`` below the plan it would take without them; guards and pins win over
+locks there too.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DwellClock"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Switch:
+    """A layer's last change of compressor."""
+
+    window: int
+    """Window index of the decision."""
+    bandwidth: float | None
+    """Link estimate then (a big move since lifts the dwell)."""
+    assumed_error: float | None = None
+    """The prior relative error the switch rested on when the new compressor had never run on
+    this layer, else None."""
+
+
+class DwellClock:
+    """When each layer last switched, and which layers are still locked."""
+
+    def __init__(
+        self, *, dwell_windows: int, prior_miss: float, link_change: float, switch_margin: float
+    ) -> None:
+        self.dwell_windows = dwell_windows
+        self.prior_miss = prior_miss
+        self.link_change = link_change
+        self.switch_margin = switch_margin
+        self.changed_at: dict[str, _Switch] = {}
+        """Layer -> its last switch."""
+        self.released: set[str] = set()
+        """Layers whose lock the last :meth:`locked` released because a switch made on a
+        prior error measured worse than that prior (``prior_miss``)."""
+
+    def note(
+        self, name: str, window: int, bandwidth: float | None, assumed_error: float | None
+    ) -> None:
+        """Start ``name``'s clock: it switched at ``window`` on a link of ``bandwidth``."""
+        self.changed_at[name] = _Switch(window, bandwidth, assumed_error)
+
+    def locked(
+        self,
+        window: int,
+        current: Mapping[str, str],
+        bandwidth: float | None,
+        measured_error: Callable[[str, str], float | None],
+    ) -> dict[str, str]:
+        """Layers still in their dwell at ``window``, with the spec they keep.
+
+        ``measured_error(name, spec)`` is the smoothed measured relative error, or None.
+        """
+        locked = {}
+        self.released = set()
+        margin = 1.0 + self.switch_margin
+        for name, switch in self.changed_at.items():
+            if window - switch.window >= self.dwell_windows:
+                continue
+            measured = measured_error(name, current[name])
+            assumed = switch.assumed_error
+            if (
+                assumed is not None
+                and measured is not None
+                and measured > assumed * margin
+                and measured - assumed >= self.prior_miss
+            ):  # the prior was too hopeful: free to correct it
+                self.released.add(name)
+                logger.debug(
+                    "autocomp: %s: %s measured %.3g against its prior %.3g; dwell released",
+                    name,
+                    current[name],
+                    measured,
+                    assumed,
+                )
+                continue
+            then = switch.bandwidth
+            moved = (
+                then is not None
+                and bandwidth is not None
+                and max(then, bandwidth) / max(min(then, bandwidth), 1e-30) >= self.link_change
+            )
+            if not moved:
+                locked[name] = current[name]
+        return locked
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            name: [s.window, s.bandwidth, s.assumed_error] for name, s in self.changed_at.items()
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.changed_at = {
+            str(name): _Switch(
+                int(v[0]),
+                None if v[1] is None else float(v[1]),
+                None if len(v) < 3 or v[2] is None else float(v[2]),
+            )
+            for name, v in state.items()
+        }

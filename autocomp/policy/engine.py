@@ -36,15 +36,9 @@ from autocomp.policy.costs import LatencyCache, OptionCost, latency_shares, opti
 from autocomp.policy.explain import optimizer_decision
 from autocomp.policy.optimizer import LayerOption
 from autocomp.policy.priors import ErrorPriors, built, rel_error
-from autocomp.policy.rules import Pin, PolicyRules
-from autocomp.policy.search import (
-    BucketGroups,
-    GroupLoad,
-    Pending,
-    SearchConfig,
-    progress_rate,
-    search,
-)
+from autocomp.policy.progress import progress_rate
+from autocomp.policy.rules import Pin, PolicyRules, runtime_pins
+from autocomp.policy.search import BucketGroups, GroupLoad, Pending, SearchConfig, search
 from autocomp.policy.types import (
     NONE_SPEC,
     RULE_DWELL,
@@ -77,22 +71,6 @@ __all__ = [
 ]
 
 _NO_BACKOFF: Mapping[str, int] = MappingProxyType({})
-
-
-def _runtime_pins(pins: Sequence[tuple[str, str]]) -> list[Pin]:
-    out = []
-    for index, item in enumerate(pins):
-        if not (isinstance(item, (tuple, list)) and len(item) == 2):
-            raise ValueError(f"pins[{index}] must be a (glob, spec) pair, got {item!r}")
-        match, spec = item
-        if not isinstance(match, str) or not match:
-            raise ValueError(f"pins[{index}]: glob must be a non-empty string, got {match!r}")
-        try:
-            canonical = built(spec).spec
-        except (ValueError, TypeError) as err:
-            raise ValueError(f"pins[{index}] ({match!r}): {err}") from None
-        out.append(Pin(match, canonical))
-    return out
 
 
 class PolicyEngine:
@@ -185,7 +163,7 @@ class PolicyEngine:
             if isinstance(levels, bool) or not isinstance(levels, int) or levels < 0:
                 raise ValueError(f"backoff[{name!r}] must be an integer >= 0, got {levels!r}")
         in_warmup = step < self.rules.warmup_steps if warmup_done is None else not warmup_done
-        all_pins = (*_runtime_pins(pins), *self.rules.pins)
+        all_pins = (*runtime_pins(pins), *self.rules.pins)
         bandwidth = self.cost_model.bandwidth_bytes_per_s
         latency = LatencyCache(self.cost_model, world_size)
 

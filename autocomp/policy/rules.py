@@ -236,6 +236,12 @@ def _normalize_pins(raw: object, where: str) -> tuple[Pin, ...]:
     return tuple(pins)
 
 
+def runtime_pins(pins: Sequence[tuple[str, str]]) -> tuple[Pin, ...]:
+    """(glob, spec) pairs given in code (``wrap(pins=...)``, operator pins), checked and
+    canonicalized as the policy file's ``[[pins]]`` are."""
+    return _normalize_pins(pins, "pins")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GuardRules:
     """Thresholds of the convergence guards; a trigger backs a layer off one level."""

@@ -16,8 +16,9 @@ until it passes (or the fastest plan is taken).
 
 Then progress per second decides between time and error: from the chosen plan the search
 climbs towards more accurate options while ``(1 - progress_per_error x error) / step`` rises
-(:func:`_progress_ascent`), so a plan outside the slack wins when the fast plans' errors cost
-more per-step progress than the extra time (top-1% against PowerSGD rank 4 on a slow link).
+(:mod:`autocomp.policy.progress`), so a plan outside the slack wins when the fast plans'
+errors cost more per-step progress than the extra time (top-1% against PowerSGD rank 4 on a
+slow link).
 
 Two more rules keep the plan sensible and steady:
 
@@ -41,17 +42,10 @@ from dataclasses import dataclass, field
 
 from autocomp.exposure import Group, Timeline, simulate
 from autocomp.policy.optimizer import BudgetOptimizer, BudgetSolution, LayerOption
-from autocomp.policy.types import NONE_SPEC, LayerProfile, StepTiming
+from autocomp.policy.progress import progress_ascent, rate
+from autocomp.policy.types import LayerProfile, StepTiming
 
-__all__ = [
-    "BucketGroups",
-    "GroupLoad",
-    "Pending",
-    "SearchConfig",
-    "SearchResult",
-    "progress_rate",
-    "search",
-]
+__all__ = ["BucketGroups", "GroupLoad", "Pending", "SearchConfig", "SearchResult", "search"]
 
 _TOLERANCE = 1e-9
 
@@ -479,8 +473,11 @@ def search(
         return math.fsum(o.error for o in chosen)
 
     method, chosen, solution = min(candidates, key=lambda c: (error(c[1]), c[0]))
-    if config.progress_per_error > 0:
-        faster_learning = _progress_ascent(problem, chosen, compute, config)
+    per_error = config.progress_per_error
+    if per_error > 0:
+        faster_learning = progress_ascent(
+            problem, chosen, compute, per_error, passes=config.ascent_passes
+        )
         if [o.key for o in faster_learning] != [o.key for o in chosen]:
             method, chosen, solution = "progress", faster_learning, None
     timeline = problem.timeline(chosen)
@@ -495,9 +492,9 @@ def search(
             current_timeline.added_s <= keep_budget * (1 + _TOLERANCE)
             or _meets_target(current_timeline, target)
             or (
-                config.progress_per_error > 0
-                and _rate(problem, current, compute, config)
-                >= (1.0 - config.time_slack) * _rate(problem, chosen, compute, config)
+                per_error > 0
+                and rate(problem, current, compute, per_error)
+                >= (1.0 - config.time_slack) * rate(problem, chosen, compute, per_error)
             )
         )
         changed = any(c.key != o.key for c, o in zip(current, chosen, strict=True))
@@ -514,86 +511,6 @@ def search(
         budget_added=budget,
         meets_target=_meets_target(timeline, target),
     )
-
-
-def progress_rate(step: float, error: float, progress_per_error: float) -> float:
-    """Predicted progress per second, in uncompressed steps' worth per second: a step of
-    ``step`` seconds delivers ``1 - progress_per_error x error`` (summed option error) of an
-    uncompressed step's progress."""
-    progress = max(0.0, 1.0 - progress_per_error * error)
-    return progress / step if step > 0 else 0.0
-
-
-def _rate(
-    problem: _Problem, chosen: Sequence[LayerOption], compute: float, config: SearchConfig
-) -> float:
-    step = compute + problem.timeline(chosen).added_s
-    return progress_rate(step, math.fsum(o.error for o in chosen), config.progress_per_error)
-
-
-def _separable_plan(
-    problem: _Problem, start: Sequence[LayerOption], compute: float, config: SearchConfig
-) -> list[LayerOption]:
-    """Dinkelbach's iteration for the ratio (1 - a E) / (compute + sum of seconds), every
-    layer's time counted as exposed (the slow-link case): at the ratio q of the last plan,
-    each layer takes the option least in ``a x error + q x seconds``. It jumps across the
-    frontier where single-layer moves from the slack plan would stall on overlap effects."""
-    chosen = list(start)
-    a = config.progress_per_error
-    for _ in range(8):
-        total = compute + math.fsum(o.seconds for o in chosen)
-        if total <= 0:
-            return chosen
-        q = max(1.0 - a * math.fsum(o.error for o in chosen), 0.0) / total
-        step = [
-            min(
-                (o for o in item.options if o.error <= origin.error),
-                key=lambda o: (a * o.error + q * o.seconds, o.seconds, o.key),
-            )
-            for item, origin in zip(problem.pending, start, strict=True)
-        ]
-        if [o.key for o in step] == [o.key for o in chosen] or all(
-            o.key == NONE_SPEC for o in step
-        ):
-            break
-        chosen = step
-    return chosen
-
-
-def _progress_ascent(
-    problem: _Problem, start: Sequence[LayerOption], compute: float, config: SearchConfig
-) -> list[LayerOption]:
-    """The compressed plan that learns most per second from ``start`` towards more accurate
-    options:
-    the better of ``start`` and the separable plan, each improved by single-layer moves to a
-    lower-error option on the exact model while a move raises the predicted rate. The slack
-    rule ranks plans by time first; a slower plan outside the slack still learns faster per
-    second when the fast plans' errors cost more progress than the extra time (top-1%
-    against PowerSGD on a slow link). Only error-lowering moves are tried: a time gain
-    within the slack is below what the predictions can tell (the slack rule's premise). The
-    move to all-uncompressed is left to the engine's bar (``PolicyEngine._compression_pays``),
-    which holds a plan in use by a margin and says why."""
-    best = list(start)
-    best_rate = _rate(problem, best, compute, config)
-    for origin in (list(start), _separable_plan(problem, start, compute, config)):
-        chosen, rate = origin, _rate(problem, origin, compute, config)
-        for _ in range(config.ascent_passes):
-            improved = False
-            for index, item in enumerate(problem.pending):
-                for option in item.options:
-                    if option.error >= chosen[index].error:
-                        continue
-                    trial = [*chosen[:index], option, *chosen[index + 1 :]]
-                    if all(o.key == NONE_SPEC for o in trial):
-                        continue  # whether compression pays at all is the engine's bar
-                    trial_rate = _rate(problem, trial, compute, config)
-                    if trial_rate > rate * (1 + 1e-6):
-                        chosen, rate, improved = trial, trial_rate, True
-            if not improved:
-                break
-        if rate > best_rate * (1 + 1e-6):
-            best, best_rate = chosen, rate
-    return best
 
 
 def _runner_ups(

@@ -347,7 +347,11 @@ class AdaptiveLoop:
                 busy[i] = seconds
         busy[window] = probe_local
         busy = busy.to(device)
-        dist.all_reduce(busy, op=dist.ReduceOp.MIN, group=group)
+        hierarchy = self.state.hierarchy
+        shared = None
+        if hierarchy is not None and hierarchy.local_world_size > 1:
+            shared = hierarchy.groups.intra
+        combine_link_busy(busy, group, shared)
         reduced = busy.cpu().tolist()
         busy_min = [v for v in reduced[:window] if v < _MISSING]
         probe_seconds = reduced[window] if reduced[window] < _MISSING else None
@@ -560,6 +564,23 @@ class AdaptiveLoop:
     def load_loop_state_dict(self, state: dict[str, Any]) -> None:
         self._probe_next = int(state.get("probe_next_bytes", 0))
         self._last_boundary = int(state["last_boundary"])
+
+
+def combine_link_busy(
+    busy: torch.Tensor, group: dist.ProcessGroup | None, node: dist.ProcessGroup | None
+) -> None:
+    """Combine per-step link busy times over ranks, in place, on every rank.
+
+    The MIN over ranks is skew-free: the rank that arrived last at a collective did not wait
+    for the others. With a hierarchy a node's owners send their shards over the one
+    cross-node link at once, and the node's transfer (its bytes are counted x link_share)
+    ends with its last owner's, so ``node`` (the ranks of this rank's node) takes the MAX
+    first. The MIN alone took the owner that got the link first, and read a 200 Mbit/s
+    link at 280 (two nodes of two ranks, 2026-11-23). Absent entries hold a huge value.
+    """
+    if node is not None:
+        dist.all_reduce(busy, op=dist.ReduceOp.MAX, group=node)
+    dist.all_reduce(busy, op=dist.ReduceOp.MIN, group=group)
 
 
 NODE_LINK_MIN_ADVANTAGE = 4.0

@@ -247,6 +247,27 @@ def test_adaptive_plans_for_the_cross_node_link(tmp_path: Path) -> None:
         assert torch.equal(reference["params"], result["params"])
 
 
+def _link_busy(rank: int, world_size: int) -> list[float]:
+    from autocomp.adaptive import combine_link_busy
+
+    nodes = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank creates both
+    busy = torch.tensor([rank + 1.0, 10.0 - rank, 1e30 if rank == 0 else 5.0])
+    combine_link_busy(busy, None, nodes[rank // 2])
+    return busy.tolist()
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+def test_link_busy_is_a_nodes_last_owner_then_the_least_node(tmp_path: Path) -> None:
+    """A node's owners share the cross-node link: its busy time is the last owner's (MAX in
+    the node), and over nodes the least (MIN, skew-free). Per step: node 0 holds 1, 2 and
+    node 1 holds 3, 4 -> 2; 10, 9 and 8, 7 -> 8; an owner without the step (1e30) makes its
+    node's entry absent, so the other node's 5 stands."""
+    results = run_ranks(_link_busy, 4, tmp_path)
+    for result in results:
+        assert result == [2.0, 8.0, 5.0]
+
+
 def _nonfinite_everywhere(rank: int, world_size: int) -> dict[str, Any]:
     """Rank 3 (node 1, local rank 1) poisons every weight gradient once. Each layer's
     non-finite average is seen only by its owners; rank 0's guards must hear of all."""

@@ -14,15 +14,15 @@ previous backward's collectives have all completed):
    same step.
 
 Boundaries fall at every multiple of ``window``, at the end of the warm-up, and early: after
-the first step (a glance that acts only when communication dominates) and at
-``first_look_steps``, so that a link far slower than the backward is acted on after a step or
-two instead of a whole window. The schedule is a pure function of the hook's step counter
-(one per synchronizing backward) and the configuration, which ``wrap`` checks is identical on
-every rank, so all ranks reach every boundary at the same step. A boundary runs inside the
-comm hook, at the first bucket of the step, before any of its collectives: no forward hook
-issues collectives, so ``torch.compile`` cannot trace or reorder them, and frameworks that
-own the DDP wrapper need nothing but the (state, hook) pair. Backwards without gradient sync
-(``no_sync`` accumulation) never reach the hook and never trigger a collective.
+the first step (a glance that acts only when communication dominates), at
+``first_look_steps`` and at twice that, so that a link far slower than the backward is acted
+on after a few steps instead of a whole window. The schedule is a pure function of the hook's
+step counter (one per synchronizing backward) and the configuration, which ``wrap`` checks is
+identical on every rank, so all ranks reach every boundary at the same step. A boundary runs
+inside the comm hook, at the first bucket of the step, before any of its collectives: no
+forward hook issues collectives, so ``torch.compile`` cannot trace or reorder them, and
+frameworks that own the DDP wrapper need nothing but the (state, hook) pair. Backwards without
+gradient sync (``no_sync`` accumulation) never reach the hook and never trigger a collective.
 
 When the plan's own transfers are too small to show the bandwidth (heavy compression), rank 0
 asks for an active probe: at the next boundary, right after the measurement all-reduce, every
@@ -86,7 +86,11 @@ class AdaptiveLoop:
         first_look_steps: int = 2
         """Step of the early boundary: after two measured steps (the first includes DDP's
         bucket rebuild), so that a slow link costs as few uncompressed steps as PyTorch's
-        PowerSGD hook takes (the decision comes then if the link is slow)."""
+        PowerSGD hook takes (the decision comes then if the link is slow). A second look
+        follows at twice this step: the first one's compute still carries one-off costs
+        (4 ranks as two nodes at 200 Mbit/s: 0.27-0.31 s against 0.15 s later), so an
+        uncompressed step at 3.5x the true compute read 1.96x, under ``slow_link_ratio``,
+        and the warm-up ran on to the first window boundary (step 50) in half the runs."""
         history: int = 1000
         """Window records kept in memory."""
         sampled_steps: int = 2
@@ -255,14 +259,20 @@ class AdaptiveLoop:
         cfg = self.config
         if step <= 0:
             return False
-        early = step in (GLANCE_STEP, cfg.first_look_steps) and step < cfg.warmup_steps
+        looks = (GLANCE_STEP, cfg.first_look_steps, 2 * cfg.first_look_steps)
+        early = step in looks and step < cfg.warmup_steps
         return step % cfg.window == 0 or early or step == cfg.warmup_steps
 
     def next_boundary(self, step: int) -> int:
         """The first boundary after ``step``."""
         cfg = self.config
         following = (step // cfg.window + 1) * cfg.window
-        for special in (GLANCE_STEP, cfg.first_look_steps, cfg.warmup_steps):
+        for special in (
+            GLANCE_STEP,
+            cfg.first_look_steps,
+            2 * cfg.first_look_steps,
+            cfg.warmup_steps,
+        ):
             if step < special < following and self.is_boundary(special):
                 following = special
         return following

@@ -67,7 +67,8 @@ class AutocompConfig:
     dashboard: bool | int = False
     """True or a port: rank 0 starts the sidecar (needs a run log)."""
     first_look_steps: int = 2
-    """Step of the early boundary that may end the warm-up on a slow link (adaptive)."""
+    """Step of the early boundary that may end the warm-up on a slow link, looked at again
+    at twice this step (adaptive)."""
     opening: bool = True
     """Probe the link before step 0's first collective and compress that step already when
     an uncompressed one would be communication-bound (adaptive; needs the DDP model)."""

@@ -350,7 +350,7 @@ class WindowPlanner:
                 link_bytes(Collective.ALL_REDUCE, payload_bytes, world),
                 seconds,
             )
-        # Before the warm-up ends, a step or two must do (the glance and the first look).
+        # Before the warm-up ends, a step or two must do (the glance and the first looks).
         early = 1 if m.step <= GLANCE_STEP else 2
         return self.meter.end_window(min_samples=None if self.warmup_done else early)
 

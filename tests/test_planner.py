@@ -1,7 +1,8 @@
 """Tier 1: pure unit, no processes.
 
 ``autocomp.planner.WindowPlanner`` on synthetic window measurements: the first look ends the
-warm-up when an uncompressed step costs 2x the compute-only step (and not otherwise), the
+warm-up when an uncompressed step costs 2x the compute-only step (and not otherwise; a second
+look catches a first step whose compute one-off costs inflated), the
 opening decides before step 0 from a link probe only when communication would dominate,
 measured relative errors are smoothed across windows and count only ``settle_steps`` after a
 switch, a layer that switched keeps its compressor for ``dwell_windows`` windows unless the
@@ -99,6 +100,39 @@ def test_the_first_look_ends_the_warm_up_on_a_slow_link() -> None:
     assert update.plan[NAMES.index("fc1.bias")] == "none"  # 1-D
     warmup = [e for e in update.record.guard_events if e["guard"] == "warmup"]
     assert warmup and "cut short" in warmup[0]["detail"]
+
+
+def test_a_second_look_catches_a_first_step_inflated_by_one_off_costs() -> None:
+    """The first look sees one step after DDP's bucket rebuild: with its compute inflated
+    1.8x an uncompressed step reads under 2x the compute and the warm-up goes on; the look
+    at twice ``first_look_steps`` sees the true compute and ends it there, not a window
+    later. The schedule (``AdaptiveLoop.is_boundary``) has both looks, and only inside the
+    warm-up."""
+    from types import SimpleNamespace
+
+    from autocomp.adaptive import AdaptiveLoop
+
+    looks = planner()
+    current = dict.fromkeys(NAMES, "none")
+    true_compute = 0.1
+    raw = sum(s.numel() * 4 for s in SHAPES.values())
+    # An uncompressed step takes 2.7x the true compute, and 1.94x the inflated one (the
+    # two-node run at 200 Mbit/s: 0.54 s against 0.15 s true, 0.27 s at the first look).
+    mbit = raw / (1.7 * true_compute) / MBIT
+    first = looks.decide(measurement(2, mbit=mbit, compute=1.8 * true_compute, steps=1), current)
+    assert not looks.warmup_done and set(first.plan) == {"none"}
+    second = looks.decide(measurement(4, mbit=mbit, compute=true_compute, steps=2), current)
+    assert looks.warmup_done
+    assert second.plan[NAMES.index("fc1.weight")] != "none"
+
+    config = AdaptiveLoop.Config(window=50, warmup_steps=100, first_look_steps=2)
+    loop = SimpleNamespace(config=config)
+    loop.is_boundary = lambda step: AdaptiveLoop.is_boundary(loop, step)  # type: ignore[arg-type]
+    boundaries = [s for s in range(1, 101) if loop.is_boundary(s)]
+    assert boundaries == [1, 2, 4, 50, 100]
+    assert AdaptiveLoop.next_boundary(loop, 2) == 4  # type: ignore[arg-type]
+    late = SimpleNamespace(config=AdaptiveLoop.Config(window=4, warmup_steps=4))
+    assert [s for s in range(1, 9) if AdaptiveLoop.is_boundary(late, s)] == [1, 2, 4, 8]  # type: ignore[arg-type]
 
 
 def test_the_first_look_keeps_the_warm_up_on_a_fast_link() -> None:

@@ -9,7 +9,6 @@ users misread), while the model changes only when the timeline arithmetic does.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -18,7 +17,7 @@ from autocomp.compressors import Collective
 from autocomp.link_model import latency_hops
 
 if TYPE_CHECKING:
-    from autocomp.advisor.whatif import Evaluation, OptionResult, WhatIfModel
+    from autocomp.advisor.whatif import Evaluation, WhatIfModel
 
 __all__ = ["DO_NOT_COMPRESS_COSTLY", "DO_NOT_COMPRESS_HIDDEN", "Verdict", "judge"]
 
@@ -147,8 +146,8 @@ def judge(whatif: WhatIfModel, evaluation: Evaluation) -> Verdict:
         reasons.append(
             f"{choice.label} shortens the step by {shorter:.0%}, less than the "
             f"{progress_cost:.0%} of per-step progress its error costs (error_cost "
-            f"{whatif.rules.error_cost:g} x error^2 {choice.rel_error**2:.2g}"
-            f"{_family_text(whatif, choice)})"
+            f"{whatif.rules.error_cost:g} x the mean squared error, weighed as the engine "
+            "weighs it)"
         )
     if gain >= cfg.compress_gain and pays_for_error:
         return Verdict(
@@ -181,9 +180,3 @@ def judge(whatif: WhatIfModel, evaluation: Evaluation) -> Verdict:
         ),
         top_layers=top,
     )
-
-
-def _family_text(whatif: WhatIfModel, choice: OptionResult) -> str:
-    """Whether the family weights moved the choice's price off error_cost x error^2."""
-    plain = max(0.0, 1.0 - whatif.rules.error_cost * choice.rel_error**2)
-    return "" if math.isclose(plain, choice.progress, abs_tol=1e-9) else ", family-weighted"

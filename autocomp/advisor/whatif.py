@@ -544,31 +544,36 @@ class WhatIfModel:
 
     def plan_error(self, plan: Mapping[str, str]) -> float:
         """sqrt(sum e_l^2 |g_l|^2 / sum |g_l|^2): one step's error relative to the gradient."""
-        num = den = 0.0
-        for name, layer in self.layers.items():
-            weight = layer.grad_norm**2 if layer.grad_norm > 0 else 0.0
-            den += weight
-            spec = plan.get(name, "none")
-            if spec != "none":
-                num += (self.rel_error(spec, layer) ** 2) * weight
-        return math.sqrt(num / den) if den > 0 else 0.0
+        return math.sqrt(self._mean_squared_error(plan, by_norm=True, by_family=False))
 
     def plan_progress(self, plan: Mapping[str, str]) -> float:
         """The share of an uncompressed step's progress one step of ``plan`` delivers:
-        ``1 - error_cost x sum(w_f e_l^2 |g_l|^2) / sum |g_l|^2``, ``w_f`` the family weight
-        (``ErrorPriors.progress_weight_by_family``), the price the engine puts on error."""
+        ``1 - error_cost x`` the weighted mean of ``w_f e_l^2``, as the engine prices error:
+        layers weighed by the policy's ``error_weight``, ``w_f`` the family weight
+        (``ErrorPriors.progress_weight_by_family``)."""
+        by_norm = self.rules.error_weight == "grad_norm"
+        mean = self._mean_squared_error(plan, by_norm=by_norm, by_family=True)
+        return max(0.0, 1.0 - self.rules.error_cost * mean)
+
+    def _mean_squared_error(
+        self, plan: Mapping[str, str], *, by_norm: bool, by_family: bool
+    ) -> float:
+        """Mean of e_l^2 over the layers, weighed by |g_l|^2 or by parameter count, each
+        term times its family weight when ``by_family``."""
         num = den = 0.0
         for name, layer in self.layers.items():
-            weight = layer.grad_norm**2 if layer.grad_norm > 0 else 0.0
+            if by_norm:
+                weight = layer.grad_norm**2 if layer.grad_norm > 0 else 0.0
+            else:
+                weight = float(layer.numel)
             den += weight
             spec = plan.get(name, "none")
             if spec != "none":
-                compressor = self.compressor(spec)
-                family = self._priors.progress_weight(compressor)
+                family = 1.0
+                if by_family:
+                    family = self._priors.progress_weight(self.compressor(spec))
                 num += family * self.rel_error(spec, layer) ** 2 * weight
-        if den <= 0:
-            return 1.0
-        return max(0.0, 1.0 - self.rules.error_cost * num / den)
+        return num / den if den > 0 else 0.0
 
     def sweep(
         self,

@@ -320,7 +320,8 @@ class PolicyEngine:
             if free:
                 result = search(free, groups, with_held, timing, config)
             if held:
-                # Locks hold while the locked plan stays near the fastest plan without them.
+                # Locks hold while the locked plan learns per second within dwell_max_loss of
+                # the plan the search takes without them.
                 unlocked_items = [self._copy(item) for item in pending]
                 unlocked = search(unlocked_items, groups, fixed, timing, config)
                 added = (

@@ -259,20 +259,19 @@ class AdaptiveLoop:
         cfg = self.config
         if step <= 0:
             return False
-        looks = (GLANCE_STEP, cfg.first_look_steps, 2 * cfg.first_look_steps)
-        early = step in looks and step < cfg.warmup_steps
+        early = step in self._early_looks() and step < cfg.warmup_steps
         return step % cfg.window == 0 or early or step == cfg.warmup_steps
+
+    def _early_looks(self) -> tuple[int, ...]:
+        """The glance and the two first looks (boundaries only inside the warm-up)."""
+        first = self.config.first_look_steps
+        return (GLANCE_STEP, first, 2 * first)
 
     def next_boundary(self, step: int) -> int:
         """The first boundary after ``step``."""
         cfg = self.config
         following = (step // cfg.window + 1) * cfg.window
-        for special in (
-            GLANCE_STEP,
-            cfg.first_look_steps,
-            2 * cfg.first_look_steps,
-            cfg.warmup_steps,
-        ):
+        for special in (*self._early_looks(), cfg.warmup_steps):
             if step < special < following and self.is_boundary(special):
                 following = special
         return following

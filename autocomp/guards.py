@@ -270,8 +270,16 @@ class ConvergenceGuards:
         step: int,
         grad_norms: Mapping[str, float],
         residual_norms: Mapping[str, float],
+        *,
+        full_window: bool = True,
     ) -> None:
         """Close a controller window ending at ``step`` with rank-combined per-layer norms.
+
+        ``full_window`` False: the window is one of the adaptive loop's early looks (a step
+        or two): its gradient norms are single samples, so they do not enter the
+        critical-regime test (its intervals would otherwise pair a look at step 1 or 2 with
+        a full window, and the fall of every norm in the first steps of training read as a
+        critical regime on every layer); the residual test still runs.
 
         Per layer (in name order): a relative gradient-norm change above ``critical_change``
         against the previous window is a critical regime (back off one level); a residual norm
@@ -292,7 +300,7 @@ class ConvergenceGuards:
             residual = float(residual_norms[name]) if name in residual_norms else None
             if not math.isfinite(grad) and name in grad_norms:
                 logger.debug("autocomp guards step %d: %s grad norm %s skipped", step, name, grad)
-            backed_off = self._check_critical(step, name, grad, compressing)
+            backed_off = full_window and self._check_critical(step, name, grad, compressing)
             troubled = self._check_residual(step, name, grad, residual, compressing, backed_off)
             if backed_off or troubled:
                 self._layer_quiet[name] = 0

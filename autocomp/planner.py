@@ -245,7 +245,9 @@ class WindowPlanner:
         if m.loss is not None:
             self.guards.observe_loss(m.step, m.loss)
         if grad_norms:
-            self.guards.observe_window(m.step, grad_norms, residual_norms)
+            # The looks before the first regular boundary hold a step or two each.
+            full = m.step >= self.config.window
+            self.guards.observe_window(m.step, grad_norms, residual_norms, full_window=full)
         resets = sorted(self.guards.layers_to_reset())
         new_events = [e.to_dict() for e in self.guards.events[guard_events_before:]]
 

@@ -211,6 +211,23 @@ def test_one_noisy_window_never_fires() -> None:
     assert guards.state_dict()["prev_grad_norm"]["fc2.weight"] == pytest.approx(2.0)
 
 
+def test_an_early_look_feeds_no_norm_to_the_critical_test_but_checks_residuals() -> None:
+    """The adaptive loop's looks at steps 1, 2 and 4 hold a sampled step or two: a 10x norm
+    there neither fires nor moves the reference, but a runaway residual still resets."""
+    guards = make_guards(residual_factor=10.0)
+    step = warm_up(guards)
+    guards.observe_window(step, CALM, NO_RESIDUAL)
+    tenfold = {name: 10.0 * norm for name, norm in CALM.items()}
+    for offset in (1, 2):
+        guards.observe_window(step + offset, tenfold, NO_RESIDUAL, full_window=False)
+    assert guards.counts()["critical_regime"] == 0
+    assert guards.state_dict()["prev_grad_norm"]["fc2.weight"] == pytest.approx(CALM["fc2.weight"])
+    runaway = {**NO_RESIDUAL, "fc1.weight": 11.0 * CALM["fc1.weight"]}
+    guards.observe_window(step + 3, CALM, runaway, full_window=False)
+    assert guards.layers_to_reset() == {"fc1.weight"}
+    assert guards.counts()["residual_growth"] == 1
+
+
 @pytest.mark.parametrize("factor", [2.0, 0.5, 65536.0, 2.0**-10])
 def test_loss_scale_change_moves_no_statistic(factor: float) -> None:
     """GradScaler multiplies every gradient by its scale: when it grows (x2 every 2000 steps)

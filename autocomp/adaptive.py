@@ -464,9 +464,16 @@ class AdaptiveLoop:
         current = {name: self.state.slots[name].compressor.spec for name in self.names}
         payload: list[Any] = [None]
         update: PlanUpdate | None = None
+        self.planner.cost_model.update_contention(agreed.contention_seconds_per_byte)
         if self.state.rank == 0:
             record_window_line(
-                {"opening": {"probe": list(probe), "forward_seconds": slowest_forward}}
+                {
+                    "opening": {
+                        "probe": list(probe),
+                        "forward_seconds": slowest_forward,
+                        "contention_seconds_per_byte": agreed.contention_seconds_per_byte,
+                    }
+                }
             )
             try:
                 if not missing:

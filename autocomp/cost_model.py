@@ -58,6 +58,7 @@ from autocomp.link_model import LinkEstimate, latency_hops, link_bytes
 
 __all__ = [
     "FORMAT_VERSION",
+    "MAX_CONTENTION_RATE",
     "CostModel",
 ]
 
@@ -67,6 +68,10 @@ FORMAT = "autocomp.cost_model"
 """Marker in saved files, so a stray JSON file is recognised as not ours."""
 FORMAT_VERSION = 1
 """Version of the saved format; files of another version are refused."""
+MAX_CONTENTION_RATE = 0.9
+"""Cap of :meth:`CostModel.contention_rate`: the probe measures a share of the stretched
+compute, below 1 by construction; a link estimate that later reads faster than the probed
+link must not scale it past that."""
 
 _KINDS = ("compress", "comm")
 
@@ -188,6 +193,7 @@ class CostModel:
     def __init__(self, config: Config | None = None) -> None:
         self.config = config or CostModel.Config()
         self._link: LinkEstimate | None = None
+        self._contention = 0.0
         self._groups: OrderedDict[_Key, deque[float]] = OrderedDict()
         self._since_fit = 0
         self._fit_rows: list[_Row] | None = None
@@ -226,6 +232,27 @@ class CostModel:
     def comm_seconds(self, collective: Collective, payload_bytes: int, world_size: int) -> float:
         """Predicted service time of one collective carrying ``payload_bytes`` per rank."""
         return self.link.seconds(collective, payload_bytes, world_size)
+
+    @property
+    def contention_seconds_per_byte(self) -> float:
+        """Compute seconds a transfer takes from the backward per byte this rank sends (0 until
+        measured: :meth:`update_contention`)."""
+        return self._contention
+
+    def update_contention(self, seconds_per_byte: float) -> None:
+        """Use a measured transfer contention (``opening.ProbeRunner.contention``)."""
+        if not math.isfinite(seconds_per_byte) or seconds_per_byte < 0:
+            raise ValueError(f"contention must be finite and >= 0, got {seconds_per_byte!r}")
+        self._contention = float(seconds_per_byte)
+
+    def contention_rate(self) -> float:
+        """The share of the backward's time lost while the link is busy beside it
+        (``exposure.simulate``): the contention per byte times the link's bytes per second,
+        at most ``MAX_CONTENTION_RATE``; 0 while either is unknown."""
+        bandwidth = self.bandwidth_bytes_per_s
+        if bandwidth is None or not bandwidth > 0:
+            return 0.0
+        return min(MAX_CONTENTION_RATE, self._contention * bandwidth)
 
     def add_comm_sample(
         self, collective: Collective, payload_bytes: int, world_size: int, seconds: float
@@ -475,6 +502,7 @@ class CostModel:
             "version": FORMAT_VERSION,
             "config": asdict(self.config),
             "link": None if self._link is None else self._link.to_dict(),
+            "contention_seconds_per_byte": self._contention,
             "groups": [
                 {"spec": k[0], "shape": list(k[1]), "world_size": k[2], "seconds": list(v)}
                 for k, v in self._groups.items()
@@ -525,9 +553,13 @@ class CostModel:
             since_fit = int(state["since_fit"])
             prior_scale = {str(k): float(v) for k, v in state.get("prior_scale", {}).items()}
             link_estimate = None if link is None else LinkEstimate.from_dict(link)
+            contention = float(state.get("contention_seconds_per_byte", 0.0))
+            if not math.isfinite(contention) or contention < 0:
+                raise ValueError(f"contention {contention!r}")
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"malformed cost model state: {err}") from None
         self._link = link_estimate
+        self._contention = contention
         self._groups = groups
         self._prior_scale = prior_scale
         for kind in _KINDS:

@@ -25,8 +25,13 @@ Then, with groups indexed in ready order, ``W_{<=g}`` the work of groups up to g
 (:func:`added_seconds`). Two-round compressors (PowerSGD) add a dependency the closed form
 does not have: the hook launches group g's first round ahead of its other collectives, and
 group g+1's hook call waits for it before launching g's second round. When the link is behind,
-that wait stalls the backward. :func:`simulate` replays all of it event by event and is what
-the policy and the advisor use; it equals the closed form when no group has a second round.
+that wait stalls the backward. A transfer is not free for the backward beside it either: on
+CPU its sockets, copies and gloo's threads share the backward's cores (on 2 cores at 50 Mbit/s
+a hidden 300 kB all-gather stretched the GPT LM's backward by ~20 ms). The opening measures
+that contention (``opening.ProbeRunner.contention``), and the replay stretches the backward
+by it while the link is busy. :func:`simulate` replays all of it event by event and is what
+the policy and the advisor use; it equals the closed form when no group has a second round
+and the contention is 0.
 The measured counterpart is :func:`measured_exposed` (the profiler's timestamps, the stalls
 included) and :func:`overlap`.
 """
@@ -37,6 +42,9 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+_CONTENTION_ITERATIONS = 60
+"""Bound on the fixed-point steps of one stretch (at 0.25 it converges in about 15)."""
 
 __all__ = [
     "Group",
@@ -72,7 +80,7 @@ class Timeline:
     """Outcome of one step's communication (seconds, counted from the first group ready)."""
 
     added_s: float
-    """What communication adds to the compute-only step: work plus exposed time."""
+    """What communication adds to the compute-only step: work, contention and exposed time."""
     exposed_s: float
     """Communication still running after the backward (work included) has ended."""
     work_s: float
@@ -81,6 +89,9 @@ class Timeline:
     """Sum of the groups' communication time."""
     stall_s: float = 0.0
     """Time hook calls blocked the backward waiting for a first round (part of exposed)."""
+    contention_s: float = 0.0
+    """Backward compute lost to the transfers running beside it (part of added, not of
+    exposed: see :func:`simulate`'s ``contention``)."""
 
     @property
     def overlap(self) -> float:
@@ -111,62 +122,109 @@ def added_seconds(groups: Sequence[Group]) -> float:
     return max(worst, work)
 
 
-def simulate(groups: Sequence[Group]) -> Timeline:
+def simulate(groups: Sequence[Group], contention: float = 0.0) -> Timeline:
     """Replay the groups in ready order on one link (see the module docstring).
 
     Group g's hook call comes at ``first hideable - hideable_g`` on the compute clock, delayed
-    by the work and the stalls before it. It waits for the previous group's first round if
-    there is one (a stall) and launches that group's second round, then its own first round,
-    then the rest of its collectives; each starts when the link is free. The last group's
-    hook call also waits for its own first round and launches its second round (after the
-    last bucket no backward is left to stall). Exposed time is what runs past the end of the
-    backward, plus the stalls (time the backward stood still for the link). ``hideable_s``
-    must not increase along ``groups``.
+    by the work, the stalls and the contention before it. It waits for the previous group's
+    first round if there is one (a stall) and launches that group's second round, then its
+    own first round, then the rest of its collectives; each starts when the link is free. The
+    last group's hook call also waits for its own first round and launches its second round
+    (after the last bucket no backward is left to stall). Exposed time is what runs past the
+    end of the backward, plus the stalls (time the backward stood still for the link).
+    ``hideable_s`` must not increase along ``groups``.
+
+    ``contention`` (in [0, 1)): the share of the backward's wall time lost while the link is
+    busy beside it (the transfer's own CPU work on the same cores: sockets, copies, gloo's
+    threads), as the opening's probe measures it: slowdown over the stretched compute. The
+    backward between two hook calls is stretched by ``contention`` x the link's busy time in
+    that stretched interval, which delays every later hook call like compression work does;
+    traffic after the backward's end costs nothing more. 0 (a transfer that costs the
+    backward nothing) gives the closed form of :func:`added_seconds`.
     """
     if any(b.hideable_s > a.hideable_s + 1e-12 for a, b in itertools.pairwise(groups)):
         raise ValueError("groups must be in ready order (hideable time not increasing)")
+    if not 0.0 <= contention < 1.0:
+        raise ValueError(f"contention must be in [0, 1), got {contention!r}")
     if not groups:
         return Timeline(0.0, 0.0, 0.0, 0.0)
-    first = groups[0].hideable_s
     work = 0.0
     stalls = 0.0
+    lost = 0.0  # contention so far
     link_free = -math.inf
+    busy: list[tuple[float, float]] = []  # the link's service intervals, in order
     waiting: tuple[float, float] | None = None  # (first round done, second round seconds)
-    now = 0.0
+
+    def occupy(start: float, seconds: float) -> float:
+        """Serve ``seconds`` on the link from ``start`` (or when it frees); the end time."""
+        nonlocal link_free
+        begin = max(link_free, start)
+        link_free = begin + seconds
+        if seconds > 0:
+            busy.append((begin, link_free))
+        return link_free
 
     def release(now: float) -> float:
         """Wait for the pending first round (a stall of the backward), launch its second."""
-        nonlocal waiting, stalls, link_free
+        nonlocal waiting, stalls
         if waiting is None:
             return now
         done, second = waiting
         if done > now:
             stalls += done - now
             now = done
-        link_free = max(link_free, now) + second
+        occupy(now, second)
         waiting = None
         return now
 
+    def busy_within(start: float, end: float) -> float:
+        return math.fsum(max(0.0, min(e, end) - max(s, start)) for s, e in busy)
+
+    def compute_from(now: float, seconds: float) -> float:
+        """When ``seconds`` of backward compute started at ``now`` end, the contention of
+        the link's traffic beside them included."""
+        nonlocal lost
+        if contention > 0 and seconds > 0:
+            # The stretch is itself beside the link: extra = contention x busy time within
+            # [now, now + seconds + extra] (a fixed point, reached from below).
+            extra = 0.0
+            for _ in range(_CONTENTION_ITERATIONS):
+                again = contention * busy_within(now, now + seconds + extra)
+                if again - extra <= 1e-9 * seconds:
+                    extra = again
+                    break
+                extra = again
+            lost += extra
+            seconds += extra
+        return now + seconds
+
+    now = 0.0  # the latest hook call's launches (compute clock)
+    previous_hideable = groups[0].hideable_s
     for group in groups:
+        now = compute_from(now, previous_hideable - group.hideable_s)
+        previous_hideable = group.hideable_s
         work += group.work_s
-        now = release(first - group.hideable_s + work + stalls)
+        now = release(now + group.work_s)
         if group.first_round_s > 0 or group.second_round_s > 0:
-            link_free = max(link_free, now) + group.first_round_s
-            waiting = (link_free, group.second_round_s)
-        single = max(0.0, group.comm_s - group.first_round_s - group.second_round_s)
-        link_free = max(link_free, now) + single
-    backward_end = first + work + stalls
+            waiting = (occupy(now, group.first_round_s), group.second_round_s)
+        occupy(now, max(0.0, group.comm_s - group.first_round_s - group.second_round_s))
+    backward_end = compute_from(now, groups[-1].hideable_s)
     if waiting is not None:
         # The last hook call waits for its own first round, then launches the second. No
         # backward is left to stall after the last bucket (its hideable time is 0 when the
         # timeline is measured), so this wait only delays the link.
         done, second = waiting
-        link_free = max(link_free, done, now) + second
+        occupy(max(done, now), second)
     tail = max(0.0, link_free - backward_end)
     comm = math.fsum(g.comm_s for g in groups)
     exposed = tail + stalls
     return Timeline(
-        added_s=work + exposed, exposed_s=exposed, work_s=work, comm_s=comm, stall_s=stalls
+        added_s=work + lost + exposed,
+        exposed_s=exposed,
+        work_s=work,
+        comm_s=comm,
+        stall_s=stalls,
+        contention_s=lost,
     )
 
 

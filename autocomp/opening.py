@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -57,6 +58,12 @@ OPENING_COMPUTE_PER_FORWARD = 3.0
 about twice its cost)."""
 CALIBRATION_SHAPE = torch.Size([1024, 1024])
 """The gradient shape each candidate is timed on."""
+CONTENTION_PAIRS = 5
+"""Timed pairs (compute alone, compute beside a transfer) of the contention probe."""
+CONTENTION_MIN_SLOWDOWN = 0.03
+"""A median slowdown under this fraction of the compute alone reads as no contention."""
+CONTENTION_SECONDS = (0.01, 0.1)
+"""Bounds of the contention probe's compute per pass (it is sized like the transfer)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +78,9 @@ class OpeningProbe:
     """The slowest rank's first training forward."""
     forward_missing: bool
     """A rank had no forward time (then the opening decides nothing)."""
+    contention_seconds_per_byte: float = 0.0
+    """The most any rank's compute slowed per byte it sent beside it
+    (:meth:`ProbeRunner.contention`)."""
 
 
 class ProbeRunner:
@@ -128,8 +138,69 @@ class ProbeRunner:
             dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
             least, slowest_forward, missing = agreed.cpu().tolist()
             if -least >= OPENING_PROBE_SECONDS or size >= cap:
-                return OpeningProbe(size, -least, slowest_forward, missing != 0.0)
+                contention = self.contention(size, -least, device, group)
+                return OpeningProbe(size, -least, slowest_forward, missing != 0.0, contention)
             size = min(cap, size * 4)
+
+    def contention(
+        self,
+        payload_bytes: int,
+        transfer_seconds: float,
+        device: torch.device,
+        group: dist.ProcessGroup | None,
+    ) -> float:
+        """Compute seconds a transfer takes from this machine's compute, per byte a rank sends:
+        the most any rank measured, agreed through one all-reduce.
+
+        A transfer is not free for the compute beside it. On CPU the sockets, copies and
+        gloo's threads run on the backward's cores: on 2 cores a hidden 300 kB all-gather at
+        50 Mbit/s stretched the GPT LM's backward by ~20 ms, and a plan the exposure model
+        called as fast as all-PowerSGD measured 16% slower per step. So every rank times a
+        matrix-product loop as long as the probe's transfer, alone and beside the probe's
+        all-reduce, ``CONTENTION_PAIRS`` times; the median slowdown over the bytes sent
+        while it ran is the contention. A slowdown under ``CONTENTION_MIN_SLOWDOWN`` reads as
+        none (the noise of a shared machine). On a GPU the loop is a CUDA kernel, so the same
+        probe measures what NCCL's kernels take from it.
+        """
+        side = 256 if device.type == "cpu" else 2048
+        generator = torch.Generator().manual_seed(0)  # leaves the training RNG alone
+        matrix = torch.randn(side, side, generator=generator).to(device)
+
+        def timed(reps: int) -> float:
+            if matrix.is_cuda:
+                torch.cuda.synchronize(device)
+            started = time.perf_counter()
+            for _ in range(reps):
+                torch.mm(matrix, matrix)
+            if matrix.is_cuda:
+                torch.cuda.synchronize(device)
+            return time.perf_counter() - started
+
+        timed(2)  # warm the kernel
+        one = max(timed(4) / 4, 1e-6)
+        low, high = CONTENTION_SECONDS
+        reps = max(1, round(min(high, max(low, transfer_seconds)) / one))
+        self.time_all_reduce(payload_bytes, device, group)  # sizes the buffer, primes the path
+        assert self._buffer is not None
+        view = self._buffer[: max(1, payload_bytes // 4)]
+        alone: list[float] = []
+        beside: list[float] = []
+        for _ in range(CONTENTION_PAIRS):
+            alone.append(timed(reps))
+            work = dist.all_reduce(view, group=group, async_op=True)
+            beside.append(timed(reps))
+            work.wait()
+        quiet, busy = statistics.median(alone), statistics.median(beside)
+        world = dist.get_world_size(group)
+        sent = link_bytes(Collective.ALL_REDUCE, payload_bytes, world)
+        overlapped = sent * min(1.0, busy / transfer_seconds) if transfer_seconds > 0 else 0.0
+        slowdown = busy - quiet
+        local = 0.0
+        if overlapped > 0 and slowdown > CONTENTION_MIN_SLOWDOWN * quiet:
+            local = slowdown / overlapped
+        agreed = torch.tensor([local], dtype=torch.float64).to(device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
+        return float(agreed.item())
 
 
 def gradient_device(ddp: torch.nn.Module | None) -> torch.device:
@@ -219,11 +290,16 @@ def open_plan(
     comm = estimate.seconds(Collective.ALL_REDUCE, raw_bytes, world)
     compute = OPENING_COMPUTE_PER_FORWARD * forward_seconds
     ratio = comm / compute
+    contention = planner.cost_model.contention_seconds_per_byte
+    link = (
+        f"{estimate.describe()}, transfers take {contention * 1e9:.3g} ns of compute per byte "
+        f"sent (x{planner.cost_model.contention_rate():.2f} of the link's busy time)"
+    )
     if ratio < planner.config.dominance_ratio:
         logger.info(
             "autocomp: opening: %s; an uncompressed step would communicate %.3g s, %.1fx "
             "the estimated compute %.3g s; no decision before the first look",
-            estimate.describe(),
+            link,
             comm,
             ratio,
             compute,
@@ -235,7 +311,7 @@ def open_plan(
     logger.info(
         "autocomp: opening: %s; an uncompressed step would communicate %.3g s, %.1fx the "
         "estimated compute %.3g s: deciding before step 0",
-        estimate.describe(),
+        link,
         comm,
         ratio,
         compute,

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from autocomp.compressors import Collective, available_compressors, build_compressor
-from autocomp.cost_model import FORMAT_VERSION, CostModel
+from autocomp.cost_model import FORMAT_VERSION, MAX_CONTENTION_RATE, CostModel
 from autocomp.cost_prior import PRIORS, CostSample, prior_seconds, samples_from_bench
 from autocomp.link_model import LinkEstimate
 
@@ -300,6 +300,26 @@ def test_comm_prior_then_estimate() -> None:
     assert model.comm_seconds(Collective.ALL_GATHER, 625_000, 3) == pytest.approx(0.2)
     model.update_link(None)
     assert model.link.samples == 0
+
+
+def test_contention_rate_is_the_measured_cost_per_byte_times_the_link() -> None:
+    """The opening measures compute seconds lost per byte sent; the exposure model wants the
+    share of the backward lost while the link is busy: per byte x bytes per second, capped
+    below 1, 0 while the link or the contention is unknown. It survives a checkpoint."""
+    model = CostModel()
+    assert model.contention_seconds_per_byte == 0.0 and model.contention_rate() == 0.0
+    model.update_contention(40e-9)  # 2 CPU cores, 50 Mbit/s veth (the opening's probe)
+    assert model.contention_rate() == 0.0  # no link estimate yet
+    model.update_link(LinkEstimate(0.0, 6.25e6, 64, 0.02))
+    assert model.contention_rate() == pytest.approx(0.25)
+    model.update_link(LinkEstimate(0.0, 1e9, 64, 0.02))
+    assert model.contention_rate() == MAX_CONTENTION_RATE
+    restored = CostModel()
+    restored.load_state_dict(json.loads(json.dumps(model.state_dict())))
+    assert restored.contention_seconds_per_byte == pytest.approx(40e-9)
+    for bad in (-1e-9, math.inf, math.nan):
+        with pytest.raises(ValueError, match="contention"):
+            model.update_contention(bad)
 
 
 def test_prediction_error_matches_hand_computation() -> None:

@@ -3,7 +3,8 @@
 The one exposure model (``autocomp.exposure``): the event-by-event simulation equals the closed
 form when no group has a second round (random timelines), hand-made timelines give the
 documented numbers, PowerSGD's first round stalls the next bucket's hook call only when the
-link is behind, and the measured counterparts (exposed time, overlap, compute-only step)
+link is behind, transfers beside the backward stretch it by the contention (and nothing once
+it has ended), and the measured counterparts (exposed time, overlap, compute-only step)
 follow the same definitions.
 """
 
@@ -50,6 +51,32 @@ def test_hand_made_timeline() -> None:
     assert (worked.work_s, worked.exposed_s, worked.added_s) == pytest.approx((0.4, 0.6, 1.0))
     with pytest.raises(ValueError, match="ready order"):
         simulate([Group(0.0, 1.0), Group(1.0, 1.0)])
+
+
+def test_contention_stretches_the_backward_only_while_the_link_is_busy_beside_it() -> None:
+    """Group 0 (ready 1 s before the end) sends 0.4 s; at a contention of 0.5 the backward
+    loses 0.2 s while it runs (the link is idle after 0.4 s, so the stretch is not busy),
+    group 1's hook call and the backward's end come 0.2 s late, and group 1's 0.3 s is
+    exposed from there. Traffic after the backward costs nothing."""
+    groups = [Group(1.0, 0.4), Group(0.0, 0.3)]
+    quiet = simulate(groups)
+    assert (quiet.exposed_s, quiet.contention_s, quiet.added_s) == pytest.approx((0.3, 0, 0.3))
+    busy = simulate(groups, contention=0.5)
+    assert busy.contention_s == pytest.approx(0.2, rel=1e-6)
+    assert busy.exposed_s == pytest.approx(0.3)
+    assert busy.added_s == pytest.approx(0.5, rel=1e-6)
+    # The same bytes after the backward: exposed either way, no contention.
+    late = simulate([Group(1.0, 0.0), Group(0.0, 0.7)], contention=0.5)
+    assert (late.contention_s, late.added_s) == pytest.approx((0.0, 0.7))
+    # A transfer outlasting the backward: the stretch is busy too, so 1 s of compute takes
+    # 2 s at 0.5 (what the opening's probe reads: slowdown over the stretched compute).
+    long = simulate([Group(1.0, 3.0), Group(0.0, 0.0)], contention=0.5)
+    assert long.contention_s == pytest.approx(1.0, rel=1e-6)
+    assert long.exposed_s == pytest.approx(3.0 - 2.0, rel=1e-6)
+    assert long.added_s == pytest.approx(long.contention_s + long.exposed_s)
+    for bad in (-0.1, 1.0, float("nan")):
+        with pytest.raises(ValueError, match="contention"):
+            simulate(groups, contention=bad)
 
 
 def test_first_round_ahead_of_bulk_traffic_does_not_stall() -> None:

@@ -7,6 +7,8 @@ histories agree on step and size, the plans and parameters stay identical), the 
 the real loopback speed, the estimate rises by orders of magnitude and the policy's fast-link
 rule lifts the compression on its own.
 
+Tier 2 also: the opening's contention probe agrees on one reading on every rank.
+
 Tier 3 (root + iproute2, skipped otherwise; ~20 s): two ranks on a tbf-shaped veth start at
 50 Mbit/s, where the policy compresses with PowerSGD and the steps fall below what the meter
 can identify; the test raises the link to 1000 Mbit/s mid-window, and the next probe makes
@@ -18,6 +20,7 @@ from __future__ import annotations
 import datetime
 import gc
 import json
+import math
 import subprocess
 import sys
 import time
@@ -101,6 +104,33 @@ def _stuck_slow(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:
         "params": torch.cat([p.detach().reshape(-1) for p in model.parameters()]),
         "blind": loop.meter.blind,
     }
+
+
+def _opening(rank: int, world: int) -> dict[str, Any]:
+    from autocomp.opening import ProbeRunner
+
+    runner = ProbeRunner()
+    before = torch.random.get_rng_state()
+    agreed = runner.opening(8 << 20, 0.01, torch.device("cpu"), None)
+    return {
+        "probe": agreed,
+        "rng_untouched": torch.equal(before, torch.random.get_rng_state()),
+        "after": runner.time_all_reduce(1 << 16, torch.device("cpu"), None) > 0,
+    }
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+def test_the_opening_agrees_on_one_contention_reading(tmp_path: Path) -> None:
+    """The opening's contention probe (compute timed alone and beside the probe's
+    all-reduce) issues the same collectives on every rank, ends with every rank holding the
+    MAX reading, and leaves the training RNG alone; the ranks stay in step afterwards."""
+    zero, one = run_ranks(_opening, 2, tmp_path / "ranks")
+    assert zero["probe"] == one["probe"]
+    contention = zero["probe"].contention_seconds_per_byte
+    assert math.isfinite(contention) and contention >= 0.0
+    assert zero["rng_untouched"] and one["rng_untouched"]
+    assert zero["after"] and one["after"]
 
 
 @pytest.mark.multirank

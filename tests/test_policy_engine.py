@@ -606,6 +606,47 @@ def test_the_last_bucket_cannot_hide_behind_the_backward_before_it() -> None:
     assert seen.predicted_step_seconds < blind.predicted_step_seconds + 0.02  # beats exposing
 
 
+class ContendedCostModel(FakeCostModel):
+    """The fake link, with transfers that take ``rate`` of the backward's time while busy."""
+
+    def __init__(self, mbit_per_s: float | None, rate: float) -> None:
+        super().__init__(mbit_per_s)
+        self.rate = rate
+
+    def contention_rate(self) -> float:
+        return self.rate
+
+
+def test_a_hidden_transfer_costs_the_backward_what_it_contends() -> None:
+    """The early bucket's 20 ms all-reduce hides behind the backward: free for the exposure
+    model alone, so it stays uncompressed. When transfers take the backward's cores (the
+    opening's contention probe: on 2 CPU cores at 50 Mbit/s a rate of ~0.23) hiding is not
+    free: the plan compresses the early layer too, and the decision says what contention it
+    predicts."""
+    rules = PolicyRules(
+        candidates=("none", "fp16", "powersgd:rank=4"), time_slack=0.0, error_cost=0.0
+    )
+    layers, timing = _two_buckets(hideable_last=0.0)
+    free = PolicyEngine(rules, ContendedCostModel(10_000, 0.0), target_overlap=TARGET)
+    quiet = free.decide(layers, timing, AFTER_WARMUP, WORLD)
+    assert quiet.layer("early.weight").spec == "none"
+    assert quiet.contention_rate == 0.0 and quiet.predicted_contention_seconds == 0.0
+
+    busy = PolicyEngine(rules, ContendedCostModel(10_000, 0.5), target_overlap=TARGET)
+    contended = busy.decide(layers, timing, AFTER_WARMUP, WORLD)
+    assert contended.layer("early.weight").spec != "none"
+    assert contended.contention_rate == 0.5
+    assert contended.to_dict()["predicted_contention_seconds"] > 0.0
+    # Its prediction for the quiet plan: the hidden 20 ms transfer now adds 10 ms.
+    same_plan = busy.decide(
+        layers, timing, AFTER_WARMUP, WORLD, pins=[(n, s) for n, s in quiet.plan.items()]
+    )
+    early_comm = quiet.layer("early.weight").predicted_seconds
+    assert same_plan.predicted_step_seconds == pytest.approx(
+        quiet.predicted_step_seconds + 0.5 * early_comm, rel=0.05
+    )
+
+
 def test_compression_must_beat_the_time_slack() -> None:
     """The last bucket's ~20 ms of exposure: on a 2 s step compressing it saves under 1%,
     inside the 3% slack, so the least-error plan (all none) is as fast as any and wins. On a

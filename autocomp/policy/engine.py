@@ -190,7 +190,7 @@ class PolicyEngine:
                 pending.append(self._pending(index, layer, levels, latency, in_use, share))
 
         per_bucket_latency = latency.of(Collective.ALL_REDUCE) if world_size > 1 else 0.0
-        groups = BucketGroups.build(layers, timing)
+        groups = BucketGroups.build(layers, timing, self._contention())
         # Without bucket indices the single group's bucket count is the estimate from sizes.
         counted = [g.buckets or buckets for g in groups.groups]
         latency_by_group = [per_bucket_latency * count for count in counted]
@@ -242,6 +242,8 @@ class PolicyEngine:
             time_slack=self.rules.time_slack,
             required_gain=required_gain,
             uncompressed_step_seconds=uncompressed_step,
+            contention_rate=groups.contention,
+            predicted_contention_seconds=timeline.contention_s,
         )
         logger.debug(
             "step %d: predicted step %.4g s (compute %.4g, fastest %s), overlap %.3f, "
@@ -275,6 +277,12 @@ class PolicyEngine:
         )
 
     # ---- the plan search -------------------------------------------------------------------
+
+    def _contention(self) -> float:
+        """The exposure model's contention (backward seconds lost per busy link second), from
+        the cost model's measured contention when it has one (an optional member)."""
+        rate = getattr(self.cost_model, "contention_rate", None)
+        return float(rate()) if callable(rate) else 0.0
 
     def _search_config(self) -> SearchConfig:
         cfg = self.config

@@ -112,9 +112,13 @@ class BucketGroups:
     groups: tuple[_Group, ...]
     group_of: tuple[int, ...]
     """Group index of every layer, in the order given to the engine."""
+    contention: float = 0.0
+    """Backward seconds lost per second of link traffic beside it (``exposure.simulate``)."""
 
     @staticmethod
-    def build(layers: Sequence[LayerProfile], timing: StepTiming) -> BucketGroups:
+    def build(
+        layers: Sequence[LayerProfile], timing: StepTiming, contention: float = 0.0
+    ) -> BucketGroups:
         hideable = timing.hideable_seconds
         by_bucket = timing.bucket_hideable_seconds
         known = bool(layers) and all(
@@ -125,7 +129,7 @@ class BucketGroups:
             count = len({layer.bucket for layer in layers}) if layers else 0
             if any(layer.bucket is None for layer in layers):
                 count = 0  # the engine estimates bucket latency from sizes then
-            return BucketGroups((_Group(hideable, count),), (0,) * len(layers))
+            return BucketGroups((_Group(hideable, count),), (0,) * len(layers), contention)
         used = sorted({layer.bucket for layer in layers}, key=lambda b: (by_bucket[b], b))  # type: ignore[index]
         values = [min(by_bucket[b], hideable) for b in used]  # type: ignore[index]
         values[-1] = hideable  # the first bucket ready has the whole H by definition
@@ -137,7 +141,11 @@ class BucketGroups:
             else:
                 groups.append(_Group(value, 1))
             index_of[bucket] = len(groups) - 1  # type: ignore[index]
-        return BucketGroups(tuple(groups), tuple(index_of[layer.bucket] for layer in layers))  # type: ignore[index]
+        return BucketGroups(
+            tuple(groups),
+            tuple(index_of[layer.bucket] for layer in layers),  # type: ignore[index]
+            contention,
+        )
 
     def timeline(
         self,
@@ -155,7 +163,7 @@ class BucketGroups:
                 self.groups, comm, work, first or zeros, second or zeros, strict=True
             )
         ][::-1]
-        return simulate(ready_order)
+        return simulate(ready_order, self.contention)
 
 
 @dataclass(frozen=True, slots=True)

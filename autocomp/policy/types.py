@@ -254,6 +254,11 @@ class PolicyDecision:
     compressed). The payoff check holds measured windows to it too."""
     uncompressed_step_seconds: float | None = None
     """Predicted step with every optimizer layer uncompressed (None without such layers)."""
+    contention_rate: float = 0.0
+    """Backward seconds lost per second the link is busy beside it (measured at the opening;
+    ``exposure.simulate``)."""
+    predicted_contention_seconds: float = 0.0
+    """Of the predicted step: backward time this plan's transfers take (part of it)."""
 
     @property
     def plan(self) -> dict[str, str]:
@@ -291,5 +296,7 @@ class PolicyDecision:
             "time_slack": self.time_slack,
             "required_gain": self.required_gain,
             "uncompressed_step_seconds": self.uncompressed_step_seconds,
+            "contention_rate": self.contention_rate,
+            "predicted_contention_seconds": self.predicted_contention_seconds,
             "layers": [layer.to_dict() for layer in self.layers],
         }

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 from autocomp.compressors import Collective, build_compressor
-from autocomp.cost_model import CostModel
+from autocomp.cost_model import CostModel, load_regressor
 from autocomp.distributed import collective_device
 from autocomp.exposure import overlap
 from autocomp.hook_state import HookState
@@ -166,6 +166,7 @@ class AdaptiveLoop:
         """Rank 0 decides with it; every rank holds one (the same configuration)."""
         if state.rank == 0:  # only rank 0 decides
             calibrate(self.planner.cost_model, rules.candidates, state.link_world_size, self.device)
+            load_regressor()  # at set-up, not at the first fit with every rank waiting
         self._probe_next = 0  # payload bytes rank 0 asked for at the next boundary
         self._prober = ProbeRunner()
         self._vector = WindowVector(self.names)

@@ -62,7 +62,7 @@ CONTENTION_PAIRS = 5
 """Timed pairs (compute alone, compute beside a transfer) of the contention probe."""
 CONTENTION_MIN_SLOWDOWN = 0.03
 """A median slowdown under this fraction of the compute alone reads as no contention."""
-CONTENTION_SECONDS = (0.01, 0.1)
+CONTENTION_SECONDS = (0.01, 0.05)
 """Bounds of the contention probe's compute per pass (it is sized like the transfer)."""
 
 

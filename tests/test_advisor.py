@@ -245,7 +245,16 @@ def test_efficiency_is_compute_step_over_predicted_step(whatif: WhatIfModel) -> 
 def test_uniform_options_leave_small_and_1d_layers_alone(whatif: WhatIfModel) -> None:
     plan = whatif.uniform_plan("powersgd:rank=4")
     assert plan["big.weight"].startswith("powersgd:rank=4")
-    assert plan["big.bias"] == plan["head.weight"] == plan["head.bias"] == "none"
+    # head.weight (10,240 elements) is above the default min_numel (4,096): compressed too.
+    assert plan["head.weight"].startswith("powersgd:rank=4")
+    assert plan["big.bias"] == plan["head.bias"] == "none"
+    small = WhatIfModel(make_profile(), config=WhatIfModel.Config(policy=SMALL_HEAD_RULES))
+    assert small.uniform_plan("powersgd:rank=4")["head.weight"] == "none"
+
+
+SMALL_HEAD_RULES = PolicyRules(min_numel=16384)
+"""A policy under which head.weight is too small to compress (as the default was until
+min_numel went to 4096): the verdict scenarios below are about the big layer alone."""
 
 
 def test_verdict_flips_from_compress_to_not_as_bandwidth_rises(whatif: WhatIfModel) -> None:
@@ -271,9 +280,10 @@ def test_a_compression_that_does_not_buy_back_its_error_is_not_recommended(
     squared error is said to cost 3 steps' worth of progress, the choice moves to the plan
     that learns most per second (the near-lossless adaptive plan, 45% faster than
     uncompressed), and PowerSGD alone is no longer recommended."""
-    default = whatif.verdict(whatif.evaluate(scenario(0.56)))
+    big_only = WhatIfModel(make_profile(), config=WhatIfModel.Config(policy=SMALL_HEAD_RULES))
+    default = big_only.verdict(big_only.evaluate(scenario(0.56)))
     assert default.kind == "compress" and default.option == "powersgd-r4"
-    costly_rules = PolicyRules(error_cost=3.0)
+    costly_rules = PolicyRules(error_cost=3.0, min_numel=16384)
     costly = WhatIfModel(make_profile(), config=WhatIfModel.Config(policy=costly_rules))
     evaluation = costly.evaluate(scenario(0.56))
     lossless = costly.verdict(evaluation)

@@ -10,7 +10,7 @@ the controller at the copy. Schema, version 1 (``policies/default.toml`` carries
     [policy]                        # every key optional: omitted keys take the defaults below
     description = "..."             # one line for logs and reports
     warmup_steps = 100              # int >= 0: first steps run uncompressed
-    min_numel = 16384               # int >= 0: smaller tensors are never compressed
+    min_numel = 4096                # int >= 0: smaller tensors are never compressed
     compress_1d = false             # bool: whether biases and norm scales may be compressed
     fast_link_gbit = 25.0           # float > 0 (or inf): at or above this bandwidth, all 'none'
     min_gain = 0.05                 # 0..1: a compressed window must measure this much faster
@@ -291,7 +291,7 @@ class PolicyRules:
     """One line for logs and reports."""
     warmup_steps: int = 100
     """Steps at the start that run uncompressed."""
-    min_numel: int = 16384
+    min_numel: int = 4096
     """Tensors with fewer elements are never compressed."""
     compress_1d: bool = False
     """Whether 1-D tensors (biases, norm scales) may be compressed."""

@@ -257,12 +257,14 @@ def open_plan(
     backward costs about twice the forward). That estimate can be several times short: an
     embedding table's backward writes a dense gradient its forward never read (the n-gram
     model: 3 x its forward ~15 ms against a measured 93 ms compute-only step, so at 2x
-    it compressed on loopback from step 0). So, as at the glance after one step, the
-    opening acts only when the uncompressed step's predicted communication takes
-    ``dominance_ratio`` (10x) that compute: then the warm-up ends here and the engine
-    decides, one or two steps before the measured looks could (at 10 Mbit/s an
-    uncompressed first step of a 34 MB model takes 30 s). Else None: the plan stays,
-    and the probe only seeds the link estimate.
+    it compressed on loopback from step 0). So the opening acts only when the uncompressed
+    step's predicted communication takes ``opening_ratio`` (5x) that compute: then the
+    warm-up ends here and the engine decides, one or two steps before the measured looks
+    could (at 10 Mbit/s an uncompressed first step of a 34 MB model takes 30 s; at
+    50 Mbit/s the GPT LM's two uncompressed steps took 2.9 s, 24 compressed steps, at a
+    ratio of 6.9). A wrong call costs the steps until the look at step 2 or 4 measures
+    the compute and the engine sends the plan back to uncompressed. Else None: the plan
+    stays, and the probe only seeds the link estimate.
     """
     payload, seconds = probe
     sent = link_bytes(Collective.ALL_REDUCE, payload, world)
@@ -295,7 +297,7 @@ def open_plan(
         f"{estimate.describe()}, transfers take {contention * 1e9:.3g} ns of compute per byte "
         f"sent (x{planner.cost_model.contention_rate():.2f} of the link's busy time)"
     )
-    if ratio < planner.config.dominance_ratio:
+    if ratio < planner.config.opening_ratio:
         logger.info(
             "autocomp: opening: %s; an uncompressed step would communicate %.3g s, %.1fx "
             "the estimated compute %.3g s; no decision before the first look",
@@ -336,9 +338,11 @@ def open_plan(
         warmup_done=True,
     )
     planner.last_decision = decision
+    planner.opened = True
     plan = [decision.layer(name).spec for name in planner.names]
     bandwidth = estimate.bandwidth_bytes_per_s
-    planner.note_switches(plan, current, profiles, bandwidth)
+    # No dwell clock starts here (nor hysteresis at the first measured look, see
+    # ``WindowPlanner.decide``): this plan rests on priors and a guessed compute.
     record = WindowRecord.opening(
         float(raw_bytes),
         bandwidth_bytes_per_s=bandwidth,

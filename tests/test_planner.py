@@ -191,7 +191,7 @@ def _probe(mbit: float, payload: int = 1 << 20) -> tuple[int, float]:
 
 def test_the_opening_decides_before_step_0_when_communication_dominates() -> None:
     """Raw gradients here are 4.2 MB: 0.67 s at 50 Mbit/s against 3 x a 20 ms forward (11x,
-    over ``dominance_ratio``)."""
+    over ``opening_ratio``)."""
     slow = planner()
     update = slow.open(_probe(50), 0.02, 2, dict.fromkeys(NAMES, "none"))
     assert update is not None and slow.warmup_done
@@ -207,6 +207,28 @@ def test_the_opening_decides_before_step_0_when_communication_dominates() -> Non
     assert following.plan[NAMES.index("fc1.bias")] == "none"
 
 
+def test_the_looks_after_an_opening_decision_start_from_measurements() -> None:
+    """The opening's plan rests on priors and a guessed compute. The glance after it (one
+    step, one-off costs) only measures; the first look after that decides without dwell
+    locks or hysteresis towards the opening's plan."""
+    opened = planner()
+    none = dict.fromkeys(NAMES, "none")
+    update = opened.open(_probe(50), 0.02, 2, none)
+    assert update is not None and opened.opened
+    plan = dict(zip(NAMES, update.plan, strict=True))
+    glance = opened.decide(measurement(1, mbit=50, steps=1, compute=0.6, specs=plan), plan)
+    assert dict(zip(NAMES, glance.plan, strict=True)) == plan
+    # Pretend the opening had picked fp16 for fc1: the look at step 2 is free to move it.
+    guessed = {**plan, "fc1.weight": "fp16:ef=false"}
+    look = opened.decide(measurement(2, mbit=50, steps=1, specs=guessed), guessed)
+    rules = {d["name"]: d["rule"] for d in look.record.decision["layers"]}  # type: ignore[index]
+    assert "dwell" not in rules.values() and look.record.decision["solver"] != "kept"  # type: ignore[index]
+    # Without an opening decision the glance decides as before.
+    plain = planner()
+    first = plain.decide(measurement(1, mbit=5, steps=1), none)
+    assert first.plan[NAMES.index("fc1.weight")] != "none"
+
+
 def test_the_opening_leaves_a_fast_or_unknown_link_to_the_measured_looks() -> None:
     # 10 Gbit/s: 3.4 ms of communication against 60 ms of compute.
     fast = planner()
@@ -216,8 +238,11 @@ def test_the_opening_leaves_a_fast_or_unknown_link_to_the_measured_looks() -> No
     # At 50 Mbit/s but a 10x slower forward: 0.67 s against 0.6 s, far below 10x.
     heavy = planner()
     assert heavy.open(_probe(50), 0.2, 2, dict.fromkeys(NAMES, "none")) is None
-    # The bound is dominance_ratio: at 0.4, 1.35 Gbit/s (25 ms against 60 ms) is enough.
-    borderline = planner(slow_link_ratio=0.4, dominance_ratio=0.4)
+    # The bound is opening_ratio (5x): 0.67 s against 3 x 30 ms (7.4x) acts, against
+    # 3 x 50 ms (4.5x) it does not; at 0.4, 1.35 Gbit/s (25 ms against 60 ms) is enough.
+    assert planner().open(_probe(50), 0.03, 2, dict.fromkeys(NAMES, "none")) is not None
+    assert planner().open(_probe(50), 0.05, 2, dict.fromkeys(NAMES, "none")) is None
+    borderline = planner(slow_link_ratio=0.4, opening_ratio=0.4)
     assert borderline.open(_probe(1_350), 0.02, 2, dict.fromkeys(NAMES, "none")) is not None
     # No forward measured (a framework-owned model): nothing to weigh the link against.
     blind = planner()

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"\n2) autocomp.wrap(ddp, target_overlap=0.9), window {args.window}, "
             f"{args.steps} steps (a link probe before step 0 decides at once when the link "
-            "dominates the step 10x; otherwise the warm-up runs uncompressed while it measures):",
+            "dominates the step 5x; otherwise the warm-up runs uncompressed while it measures):",
             flush=True,
         )
         run_dir = (args.run_dir or Path("autocomp-runs") / f"demo-{new_run_id()}").resolve()

@@ -466,6 +466,10 @@ class AdaptiveLoop:
         payload: list[Any] = [None]
         update: PlanUpdate | None = None
         self.planner.cost_model.update_contention(agreed.contention_seconds_per_byte)
+        for dtype, cost in zip(
+            (torch.float16, torch.bfloat16), agreed.half_sum_seconds_per_element, strict=True
+        ):
+            self.planner.cost_model.update_half_sum(dtype, cost)
         if self.state.rank == 0:
             record_window_line(
                 {
@@ -473,6 +477,7 @@ class AdaptiveLoop:
                         "probe": list(probe),
                         "forward_seconds": slowest_forward,
                         "contention_seconds_per_byte": agreed.contention_seconds_per_byte,
+                        "half_sum_seconds_per_element": list(agreed.half_sum_seconds_per_element),
                     }
                 }
             )

@@ -69,6 +69,7 @@ FORMAT = "autocomp.cost_model"
 """Marker in saved files, so a stray JSON file is recognised as not ours."""
 FORMAT_VERSION = 1
 """Version of the saved format; files of another version are refused."""
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
 MAX_CONTENTION_RATE = 0.9
 """Cap of :meth:`CostModel.contention_rate`: the probe measures a share of the stretched
 compute, below 1 by construction; a link estimate that later reads faster than the probed
@@ -195,6 +196,7 @@ class CostModel:
         self.config = config or CostModel.Config()
         self._link: LinkEstimate | None = None
         self._contention = 0.0
+        self._half_sum: dict[torch.dtype, float] = {}
         self._groups: OrderedDict[_Key, deque[float]] = OrderedDict()
         self._since_fit = 0
         self._fit_rows: list[_Row] | None = None
@@ -245,6 +247,19 @@ class CostModel:
         if not math.isfinite(seconds_per_byte) or seconds_per_byte < 0:
             raise ValueError(f"contention must be finite and >= 0, got {seconds_per_byte!r}")
         self._contention = float(seconds_per_byte)
+
+    def half_sum_seconds_per_element(self, dtype: torch.dtype) -> float:
+        """What an all-reduce of ``dtype`` elements costs per element beyond its bytes (the
+        CPU's sum of halves; 0 for other dtypes and until measured)."""
+        return self._half_sum.get(dtype, 0.0)
+
+    def update_half_sum(self, dtype: torch.dtype, seconds_per_element: float) -> None:
+        """Use a measured half-precision sum cost (``opening.ProbeRunner.half_sums``)."""
+        if dtype not in _HALF_DTYPES:
+            raise ValueError(f"half-precision sum costs are for {_HALF_DTYPES}, got {dtype}")
+        if not math.isfinite(seconds_per_element) or seconds_per_element < 0:
+            raise ValueError(f"half sum cost must be finite and >= 0, got {seconds_per_element}")
+        self._half_sum[dtype] = float(seconds_per_element)
 
     def contention_rate(self) -> float:
         """The share of the backward's time lost while the link is busy beside it
@@ -503,6 +518,9 @@ class CostModel:
             "config": asdict(self.config),
             "link": None if self._link is None else self._link.to_dict(),
             "contention_seconds_per_byte": self._contention,
+            "half_sum_seconds_per_element": {
+                str(dtype).removeprefix("torch."): value for dtype, value in self._half_sum.items()
+            },
             "groups": [
                 {"spec": k[0], "shape": list(k[1]), "world_size": k[2], "seconds": list(v)}
                 for k, v in self._groups.items()
@@ -556,10 +574,17 @@ class CostModel:
             contention = float(state.get("contention_seconds_per_byte", 0.0))
             if not math.isfinite(contention) or contention < 0:
                 raise ValueError(f"contention {contention!r}")
+            half_sum = {}
+            for name, value in state.get("half_sum_seconds_per_element", {}).items():
+                dtype = getattr(torch, str(name), None)
+                if dtype not in _HALF_DTYPES or not (math.isfinite(value) and value >= 0):
+                    raise ValueError(f"half sum cost {name}: {value!r}")
+                half_sum[dtype] = float(value)
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"malformed cost model state: {err}") from None
         self._link = link_estimate
         self._contention = contention
+        self._half_sum = half_sum
         self._groups = groups
         self._prior_scale = prior_scale
         for kind in _KINDS:

@@ -58,11 +58,11 @@ OPENING_COMPUTE_PER_FORWARD = 3.0
 about twice its cost)."""
 CALIBRATION_SHAPE = torch.Size([1024, 1024])
 """The gradient shape each candidate is timed on."""
-CONTENTION_PAIRS = 5
+CONTENTION_PAIRS = 3
 """Timed pairs (compute alone, compute beside a transfer) of the contention probe."""
 CONTENTION_MIN_SLOWDOWN = 0.03
 """A median slowdown under this fraction of the compute alone reads as no contention."""
-CONTENTION_SECONDS = (0.01, 0.05)
+CONTENTION_SECONDS = (0.01, 0.03)
 """Bounds of the contention probe's compute per pass (it is sized like the transfer)."""
 
 
@@ -81,6 +81,9 @@ class OpeningProbe:
     contention_seconds_per_byte: float = 0.0
     """The most any rank's compute slowed per byte it sent beside it
     (:meth:`ProbeRunner.contention`)."""
+    half_sum_seconds_per_element: tuple[float, float] = (0.0, 0.0)
+    """(float16, bfloat16): what an all-reduce of half-precision elements costs per element
+    beyond its bytes (:meth:`ProbeRunner.half_sums`)."""
 
 
 class ProbeRunner:
@@ -139,7 +142,10 @@ class ProbeRunner:
             least, slowest_forward, missing = agreed.cpu().tolist()
             if -least >= OPENING_PROBE_SECONDS or size >= cap:
                 contention = self.contention(size, -least, device, group)
-                return OpeningProbe(size, -least, slowest_forward, missing != 0.0, contention)
+                halves = self.half_sums(size, -least, device, group)
+                return OpeningProbe(
+                    size, -least, slowest_forward, missing != 0.0, contention, halves
+                )
             size = min(cap, size * 4)
 
     def contention(
@@ -201,6 +207,45 @@ class ProbeRunner:
         agreed = torch.tensor([local], dtype=torch.float64).to(device)
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
         return float(agreed.item())
+
+    def half_sums(
+        self,
+        payload_bytes: int,
+        float_seconds: float,
+        device: torch.device,
+        group: dist.ProcessGroup | None,
+    ) -> tuple[float, float]:
+        """(float16, bfloat16): seconds per element an all-reduce of halves costs beyond half
+        the float32 probe's time, agreed as the fastest rank's (like the probe).
+
+        The link model prices an all-reduce by its bytes, but gloo sums on the CPU, and it
+        sums halves slowly: on loopback the n-gram table's 8.5M elements took 25.9 ms in
+        float32, 23.2 ms in float16 and 18.7 ms in bfloat16, where bytes alone say 13 ms.
+        The policy then put the table on fp16, predicted 5.5% faster, and it measured 7%
+        slower. Same element count as the probe, ``PROBE_PASSES`` passes each. A half that
+        costs under 20% more than its bytes reads as 0 (noise), and so does every GPU
+        (NCCL sums halves on the device at bandwidth).
+        """
+        if device.type != "cpu" or float_seconds <= 0:
+            return 0.0, 0.0
+        numel = max(1, payload_bytes // 4)
+        local = []
+        for dtype in (torch.float16, torch.bfloat16):
+            buffer = torch.zeros(numel, dtype=dtype, device=device)
+            seconds = math.inf
+            for _ in range(PROBE_PASSES):
+                started = time.perf_counter()
+                dist.all_reduce(buffer, group=group)
+                seconds = time.perf_counter() - started
+            local.append(-seconds)
+        agreed = torch.tensor(local, dtype=torch.float64)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
+        bytes_only = float_seconds / 2
+        costs = []
+        for seconds in (-agreed).tolist():
+            extra = seconds - bytes_only
+            costs.append(extra / numel if extra > 0.2 * bytes_only else 0.0)
+        return costs[0], costs[1]
 
 
 def gradient_device(ddp: torch.nn.Module | None) -> torch.device:

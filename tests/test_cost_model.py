@@ -322,6 +322,28 @@ def test_contention_rate_is_the_measured_cost_per_byte_times_the_link() -> None:
             model.update_contention(bad)
 
 
+def test_half_precision_sums_are_priced_per_element_and_checkpointed() -> None:
+    """On CPU gloo sums halves slowly; the opening measures what that costs per element
+    beyond the bytes, for float16 and bfloat16 only, and it survives a checkpoint."""
+    model = CostModel()
+    assert model.half_sum_seconds_per_element(torch.float16) == 0.0
+    model.update_half_sum(torch.float16, 1.13e-9)
+    model.update_half_sum(torch.bfloat16, 0.94e-9)
+    assert model.half_sum_seconds_per_element(torch.float32) == 0.0
+    restored = CostModel()
+    restored.load_state_dict(json.loads(json.dumps(model.state_dict())))
+    assert restored.half_sum_seconds_per_element(torch.float16) == pytest.approx(1.13e-9)
+    assert restored.half_sum_seconds_per_element(torch.bfloat16) == pytest.approx(0.94e-9)
+    with pytest.raises(ValueError, match="half"):
+        model.update_half_sum(torch.float32, 1e-9)
+    with pytest.raises(ValueError, match="half"):
+        model.update_half_sum(torch.float16, -1.0)
+    broken = model.state_dict()
+    broken["half_sum_seconds_per_element"] = {"float32": 1e-9}
+    with pytest.raises(ValueError, match="half sum"):
+        CostModel().load_state_dict(broken)
+
+
 def test_prediction_error_matches_hand_computation() -> None:
     model = CostModel()
     assert model.prediction_error()["comm"] == {

@@ -123,12 +123,15 @@ def _opening(rank: int, world: int) -> dict[str, Any]:
 @pytest.mark.timeout(120)
 def test_the_opening_agrees_on_one_contention_reading(tmp_path: Path) -> None:
     """The opening's contention probe (compute timed alone and beside the probe's
-    all-reduce) issues the same collectives on every rank, ends with every rank holding the
-    MAX reading, and leaves the training RNG alone; the ranks stay in step afterwards."""
+    all-reduce) and its timed sums of halves issue the same collectives on every rank, end
+    with every rank holding the same readings, and leave the training RNG alone; the ranks
+    stay in step afterwards."""
     zero, one = run_ranks(_opening, 2, tmp_path / "ranks")
     assert zero["probe"] == one["probe"]
     contention = zero["probe"].contention_seconds_per_byte
     assert math.isfinite(contention) and contention >= 0.0
+    halves = zero["probe"].half_sum_seconds_per_element
+    assert len(halves) == 2 and all(math.isfinite(h) and h >= 0.0 for h in halves)
     assert zero["rng_untouched"] and one["rng_untouched"]
     assert zero["after"] and one["after"]
 

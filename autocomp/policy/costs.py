@@ -15,6 +15,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
+
 from autocomp.compressors import Collective, Compressor
 from autocomp.policy.types import CostModelProtocol, LayerProfile
 
@@ -55,6 +57,15 @@ class LatencyCache:
 
     def comm(self, collective: Collective, payload_bytes: int) -> float:
         return float(self.cost_model.comm_seconds(collective, payload_bytes, self.world_size))
+
+    def half_sum(self, dtype: torch.dtype, payload_bytes: int) -> float:
+        """What summing ``payload_bytes`` of ``dtype`` costs beyond its bytes (the cost model's
+        measured half-precision sum, an optional member; 0 without it)."""
+        per_element = getattr(self.cost_model, "half_sum_seconds_per_element", None)
+        if not callable(per_element):
+            return 0.0
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return float(per_element(dtype)) * (payload_bytes // itemsize)
 
     def of(self, collective: Collective) -> float:
         if collective not in self._latency:
@@ -105,6 +116,8 @@ def option_cost(
         )
         return OptionCost(first + second, work, wire, first, second)
     comm = max(0.0, latency.comm(collective, sizes[0]) - base)
+    if collective is Collective.ALL_REDUCE:
+        comm += latency.half_sum(compressor.payload_dtype(layer.dtype), sizes[0])
     shares_bucket = collective is Collective.ALL_REDUCE and (
         compressor.payload_dtype(layer.dtype) == layer.dtype
     )

@@ -101,17 +101,7 @@ class ProbeRunner:
         if buffer is None or buffer.numel() < numel or buffer.device != device:
             buffer = torch.zeros(numel, dtype=torch.float32, device=device)
             self._buffer = buffer
-        view = buffer[:numel]
-        seconds = math.inf
-        for _ in range(PROBE_PASSES):
-            if view.is_cuda:
-                torch.cuda.synchronize(view.device)
-            started = time.perf_counter()
-            dist.all_reduce(view, group=group)
-            if view.is_cuda:
-                torch.cuda.synchronize(view.device)
-            seconds = time.perf_counter() - started
-        return seconds
+        return _timed_all_reduce(buffer[:numel], group)
 
     def opening(
         self,
@@ -229,15 +219,10 @@ class ProbeRunner:
         if device.type != "cpu" or float_seconds <= 0:
             return 0.0, 0.0
         numel = max(1, payload_bytes // 4)
-        local = []
-        for dtype in (torch.float16, torch.bfloat16):
-            buffer = torch.zeros(numel, dtype=dtype, device=device)
-            seconds = math.inf
-            for _ in range(PROBE_PASSES):
-                started = time.perf_counter()
-                dist.all_reduce(buffer, group=group)
-                seconds = time.perf_counter() - started
-            local.append(-seconds)
+        local = [
+            -_timed_all_reduce(torch.zeros(numel, dtype=dtype, device=device), group)
+            for dtype in (torch.float16, torch.bfloat16)
+        ]
         agreed = torch.tensor(local, dtype=torch.float64)
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
         bytes_only = float_seconds / 2
@@ -246,6 +231,21 @@ class ProbeRunner:
             extra = seconds - bytes_only
             costs.append(extra / numel if extra > 0.2 * bytes_only else 0.0)
         return costs[0], costs[1]
+
+
+def _timed_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> float:
+    """Seconds of the last of ``PROBE_PASSES`` all-reduces of ``tensor`` (the first primes
+    the path)."""
+    seconds = math.inf
+    for _ in range(PROBE_PASSES):
+        if tensor.is_cuda:
+            torch.cuda.synchronize(tensor.device)
+        started = time.perf_counter()
+        dist.all_reduce(tensor, group=group)
+        if tensor.is_cuda:
+            torch.cuda.synchronize(tensor.device)
+        seconds = time.perf_counter() - started
+    return seconds
 
 
 def gradient_device(ddp: torch.nn.Module | None) -> torch.device:

@@ -64,8 +64,7 @@ class LatencyCache:
         per_element = getattr(self.cost_model, "half_sum_seconds_per_element", None)
         if not callable(per_element):
             return 0.0
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        return float(per_element(dtype)) * (payload_bytes // itemsize)
+        return float(per_element(dtype)) * (payload_bytes // dtype.itemsize)
 
     def of(self, collective: Collective) -> float:
         if collective not in self._latency:

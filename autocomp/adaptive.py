@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 from autocomp.compressors import Collective, build_compressor
-from autocomp.cost_model import CostModel, load_regressor
+from autocomp.cost_model import HALF_DTYPES, CostModel, load_regressor
 from autocomp.distributed import collective_device
 from autocomp.exposure import overlap
 from autocomp.hook_state import HookState
@@ -466,9 +466,7 @@ class AdaptiveLoop:
         payload: list[Any] = [None]
         update: PlanUpdate | None = None
         self.planner.cost_model.update_contention(agreed.contention_seconds_per_byte)
-        for dtype, cost in zip(
-            (torch.float16, torch.bfloat16), agreed.half_sum_seconds_per_element, strict=True
-        ):
+        for dtype, cost in zip(HALF_DTYPES, agreed.half_sum_seconds_per_element, strict=True):
             self.planner.cost_model.update_half_sum(dtype, cost)
         if self.state.rank == 0:
             record_window_line(

@@ -58,6 +58,7 @@ from autocomp.link_model import LinkEstimate, latency_hops, link_bytes
 
 __all__ = [
     "FORMAT_VERSION",
+    "HALF_DTYPES",
     "MAX_CONTENTION_RATE",
     "CostModel",
     "load_regressor",
@@ -69,7 +70,9 @@ FORMAT = "autocomp.cost_model"
 """Marker in saved files, so a stray JSON file is recognised as not ours."""
 FORMAT_VERSION = 1
 """Version of the saved format; files of another version are refused."""
-_HALF_DTYPES = (torch.float16, torch.bfloat16)
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+"""The half-precision types whose all-reduce sums the cost model prices apart, in the order
+the opening measures them (``opening.ProbeRunner.half_sums``)."""
 MAX_CONTENTION_RATE = 0.9
 """Cap of :meth:`CostModel.contention_rate`: the probe measures a share of the stretched
 compute, below 1 by construction; a link estimate that later reads faster than the probed
@@ -255,8 +258,8 @@ class CostModel:
 
     def update_half_sum(self, dtype: torch.dtype, seconds_per_element: float) -> None:
         """Use a measured half-precision sum cost (``opening.ProbeRunner.half_sums``)."""
-        if dtype not in _HALF_DTYPES:
-            raise ValueError(f"half-precision sum costs are for {_HALF_DTYPES}, got {dtype}")
+        if dtype not in HALF_DTYPES:
+            raise ValueError(f"half-precision sum costs are for {HALF_DTYPES}, got {dtype}")
         if not math.isfinite(seconds_per_element) or seconds_per_element < 0:
             raise ValueError(f"half sum cost must be finite and >= 0, got {seconds_per_element}")
         self._half_sum[dtype] = float(seconds_per_element)
@@ -577,7 +580,7 @@ class CostModel:
             half_sum = {}
             for name, value in state.get("half_sum_seconds_per_element", {}).items():
                 dtype = getattr(torch, str(name), None)
-                if dtype not in _HALF_DTYPES or not (math.isfinite(value) and value >= 0):
+                if dtype not in HALF_DTYPES or not (math.isfinite(value) and value >= 0):
                     raise ValueError(f"half sum cost {name}: {value!r}")
                 half_sum[dtype] = float(value)
         except (KeyError, TypeError, ValueError) as err:

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from autocomp.compressors import Collective, build_compressor
-from autocomp.cost_model import CostModel
+from autocomp.cost_model import HALF_DTYPES, CostModel
 from autocomp.hook_layer import LayerReplay
 from autocomp.link_model import latency_hops, link_bytes
 from autocomp.link_probe import PROBE_PASSES
@@ -81,9 +81,10 @@ class OpeningProbe:
     contention_seconds_per_byte: float = 0.0
     """The most any rank's compute slowed per byte it sent beside it
     (:meth:`ProbeRunner.contention`)."""
-    half_sum_seconds_per_element: tuple[float, float] = (0.0, 0.0)
-    """(float16, bfloat16): what an all-reduce of half-precision elements costs per element
-    beyond its bytes (:meth:`ProbeRunner.half_sums`)."""
+    half_sum_seconds_per_element: tuple[float, ...] = (0.0, 0.0)
+    """Per type of ``cost_model.HALF_DTYPES`` (float16, bfloat16): what an all-reduce of
+    half-precision elements costs per element beyond its bytes
+    (:meth:`ProbeRunner.half_sums`)."""
 
 
 class ProbeRunner:
@@ -204,9 +205,10 @@ class ProbeRunner:
         float_seconds: float,
         device: torch.device,
         group: dist.ProcessGroup | None,
-    ) -> tuple[float, float]:
-        """(float16, bfloat16): seconds per element an all-reduce of halves costs beyond half
-        the float32 probe's time, agreed as the fastest rank's (like the probe).
+    ) -> tuple[float, ...]:
+        """Per type of ``cost_model.HALF_DTYPES`` (float16, bfloat16): seconds per element an
+        all-reduce of halves costs beyond half the float32 probe's time, agreed as the
+        fastest rank's (like the probe).
 
         The link model prices an all-reduce by its bytes, but gloo sums on the CPU, and it
         sums halves slowly: on loopback the n-gram table's 8.5M elements took 25.9 ms in
@@ -217,20 +219,17 @@ class ProbeRunner:
         (NCCL sums halves on the device at bandwidth).
         """
         if device.type != "cpu" or float_seconds <= 0:
-            return 0.0, 0.0
+            return (0.0,) * len(HALF_DTYPES)
         numel = max(1, payload_bytes // 4)
         local = [
             -_timed_all_reduce(torch.zeros(numel, dtype=dtype, device=device), group)
-            for dtype in (torch.float16, torch.bfloat16)
+            for dtype in HALF_DTYPES
         ]
         agreed = torch.tensor(local, dtype=torch.float64)
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
         bytes_only = float_seconds / 2
-        costs = []
-        for seconds in (-agreed).tolist():
-            extra = seconds - bytes_only
-            costs.append(extra / numel if extra > 0.2 * bytes_only else 0.0)
-        return costs[0], costs[1]
+        extras = [seconds - bytes_only for seconds in (-agreed).tolist()]
+        return tuple(e / numel if e > 0.2 * bytes_only else 0.0 for e in extras)
 
 
 def _timed_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> float:

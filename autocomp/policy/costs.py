@@ -115,11 +115,10 @@ def option_cost(
         )
         return OptionCost(first + second, work, wire, first, second)
     comm = max(0.0, latency.comm(collective, sizes[0]) - base)
+    payload_dtype = compressor.payload_dtype(layer.dtype)
     if collective is Collective.ALL_REDUCE:
-        comm += latency.half_sum(compressor.payload_dtype(layer.dtype), sizes[0])
-    shares_bucket = collective is Collective.ALL_REDUCE and (
-        compressor.payload_dtype(layer.dtype) == layer.dtype
-    )
+        comm += latency.half_sum(payload_dtype, sizes[0])
+    shares_bucket = collective is Collective.ALL_REDUCE and payload_dtype == layer.dtype
     if not shares_bucket:
         comm += extra
     return OptionCost(comm, work, wire)

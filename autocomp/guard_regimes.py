@@ -7,8 +7,8 @@ feed it each window's rank-combined norms and turn what it reports into events a
 * ``critical_regime`` (Accordion, Agarwal et al. 2021): the median norm of an interval of
   ``block`` windows differs by more than ``change`` (relative) from the reference built from
   the calm intervals before, in ``patience`` intervals in a row (same direction) -> the layer
-  backs off. Calm intervals move the reference by ``smoothing`` x the difference; a firing
-  makes the new level the reference.
+  is in a critical regime until an interval is calm again. Calm intervals move the reference
+  by ``smoothing`` x the difference; a firing makes the new level the reference.
 * ``loss_scale``: every layer's norm moved by the same power of two at once (what AMP's
   GradScaler does when it changes its scale) -> the references, and the norms of the open
   intervals, are multiplied by that factor, so the critical-regime test does not fire on it.
@@ -23,7 +23,25 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["NormRegimes"]
+__all__ = ["IntervalVerdict", "NormRegimes"]
+
+
+@dataclass(frozen=True, slots=True)
+class IntervalVerdict:
+    """What one window's norm did to a layer's Accordion test."""
+
+    closed: bool = False
+    """The window closed an interval, which was compared with the reference."""
+    calm: bool = False
+    """That interval stayed within ``change`` of the reference (or nothing was compressed):
+    Accordion's cue to compress as before."""
+    detail: str | None = None
+    """Set when the change persisted ``patience`` intervals: a critical regime (the numbers)."""
+
+
+_OPEN = IntervalVerdict()
+_CALM = IntervalVerdict(closed=True, calm=True)
+_UNSETTLED = IntervalVerdict(closed=True)
 
 
 @dataclass(slots=True)
@@ -51,42 +69,42 @@ class NormRegimes:
     streak: dict[str, int] = field(default_factory=dict)
     """Consecutive intervals over the threshold per layer (signed: + up, - down)."""
 
-    def check_critical(self, name: str, grad: float, compressing: bool) -> str | None:
-        """Add one window's norm of ``name``; returns what changed when the layer must back
-        off, else None. Nothing fires while not ``compressing`` (the reference still follows).
-        """
+    def check_critical(self, name: str, grad: float, compressing: bool) -> IntervalVerdict:
+        """Add one window's norm of ``name``; the verdict on the interval it closes, if any.
+        Nothing fires while not ``compressing`` (the reference still follows)."""
         if not math.isfinite(grad):
-            return None  # keep the last finite norm as the reference
+            return _OPEN  # keep the last finite norm as the reference
         block = [*self.block_norms.get(name, []), grad]
         if len(block) < self.block:
             self.block_norms[name] = block
-            return None
+            return _OPEN
         self.block_norms[name] = []
         level = statistics.median(block)
         reference = self.reference.get(name)
         if reference is None or reference <= 0.0:
             self.reference[name] = level
             self.streak[name] = 0
-            return None
+            return _CALM
         change = (level - reference) / reference
         if abs(change) <= self.change or not compressing:
             # Calm (or not compressing yet): the reference follows, smoothed.
             self.reference[name] = reference + self.smoothing * (level - reference)
             self.streak[name] = 0
-            return None
+            return _CALM
         direction = 1 if change > 0 else -1
         streak = self.streak.get(name, 0)
         streak = streak + direction if streak * direction > 0 else direction
         self.streak[name] = streak
         if abs(streak) < self.patience:
-            return None  # the reference stays where the calm intervals left it
+            return _UNSETTLED  # the reference stays where the calm intervals left it
         self.reference[name] = level  # the new regime is the next reference
         self.streak[name] = 0
         unit = "intervals" if self.block > 1 else "windows"
-        return (
+        detail = (
             f"|d|g||/|g| = {abs(change):.3g} > {self.change:g} for {abs(streak)} "
             f"{unit} (|g| {reference:.4g} -> {level:.4g})"
         )
+        return IntervalVerdict(closed=True, detail=detail)
 
     def check_loss_scale(self, grad_norms: Mapping[str, float]) -> float | None:
         """Rescale the references when all layers moved by one power of two (GradScaler);

@@ -12,13 +12,16 @@ drop a layer's error-feedback residual, and to relax again once things stay quie
 * ``critical_regime`` (Accordion, Agarwal et al. 2021): the median gradient norm of an
   interval of ``critical_block`` windows differs by more than ``critical_change`` (relative)
   from the reference built from the calm intervals before, in ``critical_patience`` intervals
-  in a row -> that layer backs off one level. One noisy window neither fires nor moves it.
+  in a row -> that layer backs off one level until an interval is calm again (Accordion's two
+  levels, re-chosen every interval: the level does not stack while the regime lasts, and needs
+  no quiet windows to lift). One noisy window neither fires nor moves it.
 * ``loss_scale``: every layer's gradient norm moved by the same power of two at once, which is
   what AMP's GradScaler does to gradients when it changes its scale -> the references are
   rescaled by that factor (no back-off): the guards' statistics do not move with the scale.
 * ``residual_growth``: a layer's residual norm exceeds ``residual_factor`` x its gradient norm
   -> EF reset + that layer backs off one level.
-* ``recovered``: ``recovery_windows`` quiet windows in a row -> one back-off level removed.
+* ``recovered``: ``recovery_windows`` quiet windows in a row -> one back-off level removed
+  (loss and residual back-off); a calm interval -> the critical regime's level removed.
 
 Back-off is in levels, not compressors: level *k* means "k rungs less aggressive than the
 bandwidth-optimal choice" on whatever ladder the controller uses for that layer (e.g.
@@ -71,6 +74,7 @@ from autocomp.guard_events import (
     ACTION_AT_MAX,
     ACTION_BACK_OFF,
     ACTION_BACK_OFF_ALL,
+    ACTION_CRITICAL_HOLDS,
     ACTION_ENABLE,
     ACTION_IGNORED,
     ACTION_RECOVER,
@@ -180,6 +184,7 @@ class ConvergenceGuards:
         self._global_quiet = 0
         self._layer_level: dict[str, int] = {}
         self._layer_quiet: dict[str, int] = {}
+        self._critical: set[str] = set()
         self._norms = NormRegimes(
             change=self.config.critical_change,
             patience=self.config.critical_patience,
@@ -327,7 +332,8 @@ class ConvergenceGuards:
     # ---- decisions for the controller --------------------------------------------------------
 
     def backoff(self) -> dict[str, int]:
-        """Back-off level of every known layer: global (loss) + its own, at most ``max_backoff``."""
+        """Back-off level of every known layer: global (loss) + its own (residual) + 1 in a
+        critical regime, at most ``max_backoff``."""
         cap = self.config.max_backoff
         return {name: self._effective_level(name, cap) for name in self._layers}
 
@@ -369,6 +375,7 @@ class ConvergenceGuards:
             "global_quiet": self._global_quiet,
             "layer_level": dict(self._layer_level),
             "layer_quiet": dict(self._layer_quiet),
+            "critical_layers": sorted(self._critical),
             "prev_grad_norm": dict(self._norms.reference),
             "critical_streak": dict(self._norms.streak),
             "block_norms": {k: list(v) for k, v in self._norms.block_norms.items()},
@@ -410,6 +417,7 @@ class ConvergenceGuards:
         self._global_quiet = int(state["global_quiet"])
         self._layer_level = {str(k): int(v) for k, v in state["layer_level"].items()}
         self._layer_quiet = {str(k): int(v) for k, v in state["layer_quiet"].items()}
+        self._critical = {str(name) for name in state.get("critical_layers", [])}
         self._norms.reference = {str(k): float(v) for k, v in state["prev_grad_norm"].items()}
         self._norms.streak = {str(k): int(v) for k, v in state.get("critical_streak", {}).items()}
         self._norms.block_norms = {
@@ -431,7 +439,8 @@ class ConvergenceGuards:
             self._layers[name] = None
 
     def _effective_level(self, name: str, cap: int) -> int:
-        return min(cap, self._global_level + self._layer_level.get(name, 0))
+        critical = 1 if name in self._critical else 0
+        return min(cap, self._global_level + self._layer_level.get(name, 0) + critical)
 
     def _note_step(self, step: int) -> None:
         if not self._warmup_announced and step >= self._warmup_end:
@@ -441,9 +450,8 @@ class ConvergenceGuards:
                 detail += f" (warm-up of {self.config.warmup_steps} cut short: slow link)"
             self._record(step, WARMUP, None, detail, ACTION_ENABLE)
 
-    def _back_off_layer(
-        self, step: int, guard: str, name: str, detail: str, *, reset: bool
-    ) -> None:
+    def _back_off_layer(self, step: int, name: str, detail: str) -> None:
+        """Runaway error feedback: reset the residual and raise the layer's own level."""
         cap = self.config.max_backoff
         before = self._effective_level(name, cap)
         own = self._layer_level.get(name, 0)
@@ -453,20 +461,40 @@ class ConvergenceGuards:
             self._layer_level[name] = own + 1
         after = self._effective_level(name, cap)
         self._layer_quiet[name] = 0
-        if reset:
-            self._pending_resets.add(name)
-            action = ACTION_RESET_BACK_OFF if after > before else ACTION_RESET_AT_MAX
-        else:
-            action = ACTION_BACK_OFF if after > before else ACTION_AT_MAX
-        self._record(step, guard, name, f"{detail}; level now {after}", action)
+        self._pending_resets.add(name)
+        action = ACTION_RESET_BACK_OFF if after > before else ACTION_RESET_AT_MAX
+        self._record(step, RESIDUAL_GROWTH, name, f"{detail}; level now {after}", action)
 
     def _check_critical(self, step: int, name: str, grad: float, compressing: bool) -> bool:
-        """Accordion test of an interval against the reference; True if the layer backed off."""
-        detail = self._norms.check_critical(name, grad, compressing)
-        if detail is None:
-            return False
-        self._back_off_layer(step, CRITICAL_REGIME, name, detail, reset=False)
-        return True
+        """Accordion test of an interval against the reference; True if it fired.
+
+        Accordion picks one of two compression levels per interval: the lighter one while the
+        norms move, the usual one once an interval is calm. Stacking a level per firing, each
+        lifted only after ``recovery_windows`` quiet windows, read a CNN converging at a
+        constant learning rate (norms falling 50-80% per 100 steps) as three regimes in a row
+        and moved its largest layer from top-1% to int8: 0.033 -> 0.25 s/step at 10 Mbit/s.
+        """
+        verdict = self._norms.check_critical(name, grad, compressing)
+        cap = self.config.max_backoff
+        if verdict.detail is not None:
+            if name in self._critical:
+                level = self._effective_level(name, cap)
+                detail = f"{verdict.detail}; level stays {level}"
+                self._record(step, CRITICAL_REGIME, name, detail, ACTION_CRITICAL_HOLDS)
+                return True
+            before = self._effective_level(name, cap)
+            self._critical.add(name)
+            after = self._effective_level(name, cap)
+            action = ACTION_BACK_OFF if after > before else ACTION_AT_MAX
+            detail = f"{verdict.detail}; level now {after}"
+            self._record(step, CRITICAL_REGIME, name, detail, action)
+            return True
+        if verdict.calm and name in self._critical:
+            self._critical.discard(name)
+            level = self._effective_level(name, cap)
+            detail = f"a calm interval ends the critical regime; level now {level}"
+            self._record(step, RECOVERED, name, detail, ACTION_RECOVER)
+        return False
 
     def _check_loss_scale(self, step: int, grad_norms: Mapping[str, float]) -> None:
         """Rescale the references when all layers moved by one power of two (GradScaler)."""
@@ -501,7 +529,7 @@ class ConvergenceGuards:
             self._pending_resets.add(name)
             self._record(step, RESIDUAL_GROWTH, name, detail, ACTION_RESET_ONLY)
         else:
-            self._back_off_layer(step, RESIDUAL_GROWTH, name, detail, reset=True)
+            self._back_off_layer(step, name, detail)
         return True
 
     def _count_quiet_layer(self, step: int, name: str) -> None:

@@ -8,7 +8,8 @@ reaction the controller will apply:
 - a sustained loss rise after warm-up backs off every layer one level, and quiet windows bring
   it back to 0; a single noisy spike does not fire (patience + rising trend);
 - a gradient-norm jump in one layer (Accordion critical regime) that persists for
-  ``critical_patience`` windows backs off that layer only; a single noisy window does not, and
+  ``critical_patience`` windows backs off that layer only, by one level while the regime
+  lasts, lifted by the first calm interval; a single noisy window does not fire, and
   all layers moving by one power of two at once (GradScaler changing its loss scale) rescales
   the references instead of backing anything off;
 - a residual norm beyond ``residual_factor`` x the gradient norm resets and backs off;
@@ -193,11 +194,13 @@ def test_gradient_norm_jump_backs_off_only_that_layer() -> None:
     assert "for 2 windows" in event.detail
     assert guards.layers_to_reset() == set(), "a critical regime keeps the residual"
 
-    # A drop counts too (Accordion uses the absolute change); small drifts do not.
+    # A drop counts too (Accordion uses the absolute change); small drifts do not. fc2.weight
+    # stays at its new level: a calm interval, which ends its critical regime.
     dropped = {**jumped, "fc1.weight": CALM["fc1.weight"] * 0.4, "fc1.bias": 0.12}
     guards.observe_window(step + 30, dropped, NO_RESIDUAL)
+    assert guards.backoff()["fc2.weight"] == 0
     guards.observe_window(step + 40, dropped, NO_RESIDUAL)
-    assert guards.backoff() == {"fc1.weight": 1, "fc1.bias": 0, "fc2.weight": 1}
+    assert guards.backoff() == {"fc1.weight": 1, "fc1.bias": 0, "fc2.weight": 0}
 
 
 def test_one_noisy_window_never_fires() -> None:
@@ -251,15 +254,57 @@ def test_loss_scale_change_moves_no_statistic(factor: float) -> None:
 
 
 def test_layer_recovers_after_quiet_windows() -> None:
-    guards = make_guards(recovery_windows=3, critical_patience=1)
+    """A residual back-off lifts after ``recovery_windows`` quiet windows, one level each."""
+    guards = make_guards(recovery_windows=3, residual_factor=10.0)
     step = warm_up(guards)
-    guards.observe_window(step, {**CALM, "fc1.weight": 5.0}, NO_RESIDUAL)
+    guards.observe_window(step, CALM, {"fc1.weight": 11.0})
     assert guards.backoff()["fc1.weight"] == 1
     for window in range(1, 4):
         assert guards.backoff()["fc1.weight"] == 1
-        guards.observe_window(step + 10 * window, {**CALM, "fc1.weight": 5.0}, NO_RESIDUAL)
+        guards.observe_window(step + 10 * window, CALM, {"fc1.weight": 1.0})
     assert guards.backoff()["fc1.weight"] == 0
     assert [e.layer for e in events_of(guards, "recovered")] == ["fc1.weight"]
+
+
+def test_a_critical_regime_holds_one_level_until_an_interval_is_calm() -> None:
+    """Accordion's two levels, re-chosen each interval. A model converging at a constant
+    learning rate drops its norms 50-80% per interval for a while (the digits CNN did, from
+    step 200 to 500): that is one regime at one level, not a level per interval; the first
+    calm interval lifts it, without waiting out ``recovery_windows``."""
+    guards = make_guards(recovery_windows=30, critical_patience=1)
+    step = warm_up(guards)
+    norm = CALM["fc2.weight"]
+    for window in range(1, 5):
+        norm *= 0.4  # -60% per interval
+        guards.observe_window(step + 10 * window, {**CALM, "fc2.weight": norm}, NO_RESIDUAL)
+        assert guards.backoff() == {"fc1.weight": 0, "fc1.bias": 0, "fc2.weight": 1}
+    actions = [e.action for e in events_of(guards, "critical_regime")]
+    assert actions == ["back off 1 level"] + ["none: critical regime goes on (one level)"] * 3
+    assert "level stays 1" in events_of(guards, "critical_regime")[-1].detail
+
+    guards.observe_window(step + 50, {**CALM, "fc2.weight": norm * 0.9}, NO_RESIDUAL)
+    assert guards.backoff()["fc2.weight"] == 0
+    recovered = events_of(guards, "recovered")[-1]
+    assert recovered.layer == "fc2.weight" and "calm interval" in recovered.detail
+    # Once lifted, a new regime backs off again.
+    guards.observe_window(step + 60, {**CALM, "fc2.weight": norm * 3.0}, NO_RESIDUAL)
+    assert guards.backoff()["fc2.weight"] == 1
+
+
+def test_an_open_interval_neither_lifts_nor_holds_a_regime() -> None:
+    """With intervals of several windows, only the window that closes one is judged."""
+    guards = make_guards(critical_patience=1, critical_block=3)
+    step = warm_up(guards)
+    for window in range(1, 3):  # with warm-up's last window, the first interval: the reference
+        guards.observe_window(step + window, CALM, NO_RESIDUAL)
+    for window in range(3, 6):  # +80%: critical at its close
+        guards.observe_window(step + window, {**CALM, "fc1.weight": 1.8}, NO_RESIDUAL)
+    assert guards.backoff()["fc1.weight"] == 1
+    for window in range(6, 8):  # calm windows of an interval still open
+        guards.observe_window(step + window, {**CALM, "fc1.weight": 1.8}, NO_RESIDUAL)
+        assert guards.backoff()["fc1.weight"] == 1
+    guards.observe_window(step + 8, {**CALM, "fc1.weight": 1.8}, NO_RESIDUAL)
+    assert guards.backoff()["fc1.weight"] == 0
 
 
 def test_absent_layer_neither_recovers_nor_loses_its_quiet_count() -> None:
@@ -320,12 +365,20 @@ def test_nonfinite_residual_norm_is_reset_without_back_off() -> None:
 
 
 def test_backoff_is_clamped_at_max() -> None:
-    guards = make_guards(max_backoff=2, loss_ewma_alpha=1.0, loss_patience=1, critical_patience=1)
+    guards = make_guards(
+        max_backoff=2,
+        loss_ewma_alpha=1.0,
+        loss_patience=1,
+        critical_patience=1,
+        residual_factor=10.0,
+        recovery_windows=100,
+    )
     step = warm_up(guards)
-    norm = 1.0
-    for window in range(5):  # every window doubles fc1.weight's gradient norm
-        norm *= 2.0
-        guards.observe_window(step + window, {**CALM, "fc1.weight": norm}, NO_RESIDUAL)
+    for window in range(3):  # runaway residuals stack fc1.weight's own level
+        guards.observe_window(step + window, CALM, {"fc1.weight": 11.0})
+    assert guards.backoff()["fc1.weight"] == 2
+    assert events_of(guards, "residual_growth")[-1].action == "EF reset (back-off already at max)"
+    guards.observe_window(step + 3, {**CALM, "fc1.weight": 3.0}, NO_RESIDUAL)
     assert guards.backoff()["fc1.weight"] == 2
     assert events_of(guards, "critical_regime")[-1].action == "none: back-off already at max"
 

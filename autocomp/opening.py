@@ -64,6 +64,10 @@ CONTENTION_MIN_SLOWDOWN = 0.03
 """A median slowdown under this fraction of the compute alone reads as no contention."""
 CONTENTION_SECONDS = (0.01, 0.03)
 """Bounds of the contention probe's compute per pass (it is sized like the transfer)."""
+HALF_SUM_MAX_LINK_SECONDS_PER_ELEMENT = 50e-9
+"""A float32 probe slower than this per element is a link too slow for the sum of halves to
+count: half its time is 25 ns an element, and a sum 20% over that (5 ns) is 4-5x what gloo's
+CPU sum of halves costs beyond its bytes here (0.94-1.13 ns). About 640 Mbit/s for 2 ranks."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,12 +101,16 @@ class ProbeRunner:
         self, payload_bytes: int, device: torch.device, group: dist.ProcessGroup | None
     ) -> float:
         """Seconds of the last of ``PROBE_PASSES`` all-reduces (the first primes the path)."""
+        return _timed_all_reduce(self._view(payload_bytes, device), group)
+
+    def _view(self, payload_bytes: int, device: torch.device) -> torch.Tensor:
+        """The reused zero buffer's first ``payload_bytes`` (float32), grown when needed."""
         numel = max(1, payload_bytes // 4)
         buffer = self._buffer
         if buffer is None or buffer.numel() < numel or buffer.device != device:
             buffer = torch.zeros(numel, dtype=torch.float32, device=device)
             self._buffer = buffer
-        return _timed_all_reduce(buffer[:numel], group)
+        return buffer[:numel]
 
     def opening(
         self,
@@ -177,9 +185,8 @@ class ProbeRunner:
         one = max(timed(4) / 4, 1e-6)
         low, high = CONTENTION_SECONDS
         reps = max(1, round(min(high, max(low, transfer_seconds)) / one))
-        self.time_all_reduce(payload_bytes, device, group)  # sizes the buffer, primes the path
-        assert self._buffer is not None
-        view = self._buffer[: max(1, payload_bytes // 4)]
+        # The opening's last probe pass just ran at this size: the path is primed.
+        view = self._view(payload_bytes, device)
         alone: list[float] = []
         beside: list[float] = []
         for _ in range(CONTENTION_PAIRS):
@@ -216,11 +223,15 @@ class ProbeRunner:
         The policy then put the table on fp16, predicted 5.5% faster, and it measured 7%
         slower. Same element count as the probe, ``PROBE_PASSES`` passes each. A half that
         costs under 20% more than its bytes reads as 0 (noise), and so does every GPU
-        (NCCL sums halves on the device at bandwidth).
+        (NCCL sums halves on the device at bandwidth). Not timed on a link slower than
+        ``HALF_SUM_MAX_LINK_SECONDS_PER_ELEMENT``, where it would read 0: its four transfers
+        cost 84-105 ms of the first step at 10-200 Mbit/s. Every rank has the same float
+        time (agreed), so all skip alike.
         """
-        if device.type != "cpu" or float_seconds <= 0:
-            return (0.0,) * len(HALF_DTYPES)
         numel = max(1, payload_bytes // 4)
+        slow_link = float_seconds > HALF_SUM_MAX_LINK_SECONDS_PER_ELEMENT * numel
+        if device.type != "cpu" or float_seconds <= 0 or slow_link:
+            return (0.0,) * len(HALF_DTYPES)
         local = [
             -_timed_all_reduce(torch.zeros(numel, dtype=dtype, device=device), group)
             for dtype in HALF_DTYPES

@@ -7,7 +7,8 @@ histories agree on step and size, the plans and parameters stay identical), the 
 the real loopback speed, the estimate rises by orders of magnitude and the policy's fast-link
 rule lifts the compression on its own.
 
-Tier 2 also: the opening's contention probe agrees on one reading on every rank.
+Tier 2 also: the opening's contention probe agrees on one reading on every rank. Tier 1: on a
+link too slow for it to matter, the opening does not time sums of halves at all.
 
 Tier 3 (root + iproute2, skipped otherwise; ~20 s): two ranks on a tbf-shaped veth start at
 50 Mbit/s, where the policy compresses with PowerSGD and the steps fall below what the meter
@@ -104,6 +105,19 @@ def _stuck_slow(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:
         "params": torch.cat([p.detach().reshape(-1) for p in model.parameters()]),
         "blind": loop.meter.blind,
     }
+
+
+@pytest.mark.parametrize("mbit", [10.0, 200.0])
+def test_no_sum_of_halves_is_timed_on_a_slow_link(mbit: float) -> None:
+    """At 10-200 Mbit/s a half's transfer dwarfs gloo's CPU sum, so the opening returns zeros
+    without a collective (there is no process group here: one would raise)."""
+    from autocomp.opening import HALF_SUM_MAX_LINK_SECONDS_PER_ELEMENT, ProbeRunner
+
+    payload = 1 << 20
+    float_seconds = payload / (mbit * 1e6 / 8)  # one float32 pass at that rate
+    assert float_seconds > HALF_SUM_MAX_LINK_SECONDS_PER_ELEMENT * (payload // 4)
+    halves = ProbeRunner().half_sums(payload, float_seconds, torch.device("cpu"), None)
+    assert halves == (0.0, 0.0)
 
 
 def _opening(rank: int, world: int) -> dict[str, Any]:

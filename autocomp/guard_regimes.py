@@ -28,20 +28,18 @@ __all__ = ["IntervalVerdict", "NormRegimes"]
 
 @dataclass(frozen=True, slots=True)
 class IntervalVerdict:
-    """What one window's norm did to a layer's Accordion test."""
+    """What one window's norm did to a layer's Accordion test (neither field set: the
+    interval is still open, or over the threshold for fewer than ``patience`` intervals)."""
 
-    closed: bool = False
-    """The window closed an interval, which was compared with the reference."""
     calm: bool = False
-    """That interval stayed within ``change`` of the reference (or nothing was compressed):
-    Accordion's cue to compress as before."""
+    """The window closed an interval within ``change`` of the reference (or nothing was
+    compressed): Accordion's cue to compress as before."""
     detail: str | None = None
     """Set when the change persisted ``patience`` intervals: a critical regime (the numbers)."""
 
 
-_OPEN = IntervalVerdict()
-_CALM = IntervalVerdict(closed=True, calm=True)
-_UNSETTLED = IntervalVerdict(closed=True)
+_UNDECIDED = IntervalVerdict()
+_CALM = IntervalVerdict(calm=True)
 
 
 @dataclass(slots=True)
@@ -73,11 +71,11 @@ class NormRegimes:
         """Add one window's norm of ``name``; the verdict on the interval it closes, if any.
         Nothing fires while not ``compressing`` (the reference still follows)."""
         if not math.isfinite(grad):
-            return _OPEN  # keep the last finite norm as the reference
+            return _UNDECIDED  # keep the last finite norm as the reference
         block = [*self.block_norms.get(name, []), grad]
         if len(block) < self.block:
             self.block_norms[name] = block
-            return _OPEN
+            return _UNDECIDED
         self.block_norms[name] = []
         level = statistics.median(block)
         reference = self.reference.get(name)
@@ -96,7 +94,7 @@ class NormRegimes:
         streak = streak + direction if streak * direction > 0 else direction
         self.streak[name] = streak
         if abs(streak) < self.patience:
-            return _UNSETTLED  # the reference stays where the calm intervals left it
+            return _UNDECIDED  # the reference stays where the calm intervals left it
         self.reference[name] = level  # the new regime is the next reference
         self.streak[name] = 0
         unit = "intervals" if self.block > 1 else "windows"
@@ -104,7 +102,7 @@ class NormRegimes:
             f"|d|g||/|g| = {abs(change):.3g} > {self.change:g} for {abs(streak)} "
             f"{unit} (|g| {reference:.4g} -> {level:.4g})"
         )
-        return IntervalVerdict(closed=True, detail=detail)
+        return IntervalVerdict(detail=detail)
 
     def check_loss_scale(self, grad_norms: Mapping[str, float]) -> float | None:
         """Rescale the references when all layers moved by one power of two (GradScaler);

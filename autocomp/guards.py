@@ -18,6 +18,8 @@ drop a layer's error-feedback residual, and to relax again once things stay quie
 * ``loss_scale``: every layer's gradient norm moved by the same power of two at once, which is
   what AMP's GradScaler does to gradients when it changes its scale -> the references are
   rescaled by that factor (no back-off): the guards' statistics do not move with the scale.
+  A fall is taken for one only in the window of a non-finite step or the next (the scaler
+  backs off at an overflow and nowhere else).
 * ``residual_growth``: a layer's residual norm exceeds ``residual_factor`` x its gradient norm
   -> EF reset + that layer backs off one level.
 * ``recovered``: ``recovery_windows`` quiet windows in a row -> one back-off level removed
@@ -185,6 +187,9 @@ class ConvergenceGuards:
         self._layer_level: dict[str, int] = {}
         self._layer_quiet: dict[str, int] = {}
         self._critical: set[str] = set()
+        # Windows left in which a fall of every norm may be a loss-scale back-off (set by a
+        # non-finite step: GradScaler lowers its scale there and nowhere else).
+        self._overflow_windows = 0
         self._norms = NormRegimes(
             change=self.config.critical_change,
             patience=self.config.critical_patience,
@@ -242,6 +247,9 @@ class ConvergenceGuards:
             self._record(step, NONFINITE, name, "NaN/Inf in gradient", ACTION_UNCOMPRESSED_RESET)
         if bad:
             self._uncompressed_steps.add(step)
+            # Its window and the next: the scale falls at the overflow, and the next window's
+            # sampled steps may be the first to run at the lower scale.
+            self._overflow_windows = 2
         return bad
 
     def observe_loss(self, step: int, loss: float) -> None:
@@ -376,6 +384,8 @@ class ConvergenceGuards:
             "layer_level": dict(self._layer_level),
             "layer_quiet": dict(self._layer_quiet),
             "critical_layers": sorted(self._critical),
+            "overflow_windows": self._overflow_windows,
+            "common_norm_ratio": self._norms.common_ratio,
             "prev_grad_norm": dict(self._norms.reference),
             "critical_streak": dict(self._norms.streak),
             "block_norms": {k: list(v) for k, v in self._norms.block_norms.items()},
@@ -418,6 +428,8 @@ class ConvergenceGuards:
         self._layer_level = {str(k): int(v) for k, v in state["layer_level"].items()}
         self._layer_quiet = {str(k): int(v) for k, v in state["layer_quiet"].items()}
         self._critical = {str(name) for name in state.get("critical_layers", [])}
+        self._overflow_windows = int(state.get("overflow_windows", 0))
+        self._norms.common_ratio = optional_float(state.get("common_norm_ratio"))
         self._norms.reference = {str(k): float(v) for k, v in state["prev_grad_norm"].items()}
         self._norms.streak = {str(k): int(v) for k, v in state.get("critical_streak", {}).items()}
         self._norms.block_norms = {
@@ -498,7 +510,9 @@ class ConvergenceGuards:
 
     def _check_loss_scale(self, step: int, grad_norms: Mapping[str, float]) -> None:
         """Rescale the references when all layers moved by one power of two (GradScaler)."""
-        factor = self._norms.check_loss_scale(grad_norms)
+        overflowed = self._overflow_windows > 0
+        self._overflow_windows = max(0, self._overflow_windows - 1)
+        factor = self._norms.check_loss_scale(grad_norms, overflowed=overflowed)
         if factor is None:
             return
         detail = f"all gradient norms moved by {factor:g}x at once (loss scale change)"

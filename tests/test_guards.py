@@ -238,6 +238,8 @@ def test_loss_scale_change_moves_no_statistic(factor: float) -> None:
     That is recognised and the references follow, so nothing backs off, however long."""
     guards = make_guards()
     step = warm_up(guards)
+    if factor < 1.0:  # the scaler backs off only at an overflow
+        guards.check_nonfinite(step + 5, dict.fromkeys(LAYERS, True))
     scaled = {name: norm * factor for name, norm in CALM.items()}
     for window in range(1, 6):
         guards.observe_window(step + 10 * window, scaled, NO_RESIDUAL)
@@ -251,6 +253,44 @@ def test_loss_scale_change_moves_no_statistic(factor: float) -> None:
     guards.observe_window(step + 100, jumped, NO_RESIDUAL)
     guards.observe_window(step + 110, jumped, NO_RESIDUAL)
     assert guards.backoff()["fc1.weight"] == 1
+
+
+def test_a_common_fall_without_an_overflow_is_not_a_loss_scale_change() -> None:
+    """A converged classifier's gradients all scale with one loss residual: the digits CNN at
+    10 Mbit/s had every norm fall 8x for one window at step 400 and rebound. GradScaler lowers
+    its scale only at a non-finite step, so without one the dip is not a scale change: the
+    references stay, and neither the dip nor the rebound starts a critical regime."""
+    guards = make_guards(critical_patience=2)
+    step = warm_up(guards)
+    for window in range(1, 4):
+        guards.observe_window(step + 10 * window, CALM, NO_RESIDUAL)
+    dip = {name: norm / 8.0 for name, norm in CALM.items()}
+    guards.observe_window(step + 40, dip, NO_RESIDUAL)
+    for window in range(5, 9):
+        guards.observe_window(step + 10 * window, CALM, NO_RESIDUAL)
+    assert guards.counts()["loss_scale"] == 0, guards.events
+    assert guards.counts()["critical_regime"] == 0, guards.events
+    assert guards.state_dict()["prev_grad_norm"] == pytest.approx(CALM)
+
+    # The same fall right after an overflow is the scaler's back-off (1/8: three overflows).
+    guards.check_nonfinite(step + 85, {"fc1.weight": True})
+    guards.observe_window(step + 90, dip, NO_RESIDUAL)
+    assert [e.detail for e in events_of(guards, "loss_scale")] == [
+        "all gradient norms moved by 0.125x at once (loss scale change)"
+    ]
+    assert guards.state_dict()["prev_grad_norm"] == pytest.approx(dip)
+
+
+def test_a_rejected_dip_is_not_divided_out_of_the_next_window() -> None:
+    """The common drift of the last window is divided out when looking for a scale change;
+    a dip's 1/8 is no drift, so the rebound after it is not read as an 8x growth."""
+    guards = make_guards(critical_patience=2)
+    step = warm_up(guards)
+    guards.observe_window(step + 10, CALM, NO_RESIDUAL)
+    guards.observe_window(step + 20, {name: norm / 8.0 for name, norm in CALM.items()}, {})
+    guards.observe_window(step + 30, CALM, NO_RESIDUAL)
+    assert guards.counts()["loss_scale"] == 0, guards.events
+    assert guards.state_dict()["prev_grad_norm"] == pytest.approx(CALM)
 
 
 def test_layer_recovers_after_quiet_windows() -> None:

@@ -14,8 +14,9 @@ Steadiness, by design:
   (``error_smoothing``): one sampled step per window is a noisy estimate, and a plan that
   follows it flaps;
 - a layer that changed compressor keeps it for ``dwell_windows`` windows (the engine's
-  ``dwell`` rule), unless a guard backs it off, an operator pins it, or the link moved by
-  ``link_change`` since: each switch resets warm starts and costs a few steps of accuracy;
+  ``dwell`` rule), unless a guard backs it off, an operator pins it, the link moved by
+  ``link_change`` since, or the switch was a guard's back-off and the guard has lifted:
+  each switch resets warm starts and costs a few steps of accuracy;
 - the engine's own hysteresis keeps an acceptable plan unless the new one is clearly better.
 
 Warm-up: the first ``warmup_steps`` steps are uncompressed, unless the first look at the link
@@ -342,13 +343,14 @@ class WindowPlanner:
     ) -> None:
         """Start the dwell clock of every layer the plan moves."""
         profile_of = {p.name: p for p in profiles}
+        backoff = self.guards.backoff()
         for name, spec in zip(self.names, plan, strict=True):
             if spec != current[name]:
                 assumed = None
                 if spec != NONE_SPEC and spec not in self.rel_errors[name]:
                     priors = self.engine.config.priors
                     assumed = rel_error(build_compressor(spec), profile_of[name], priors)
-                self.dwell.note(name, self._windows, bandwidth, assumed)
+                self.dwell.note(name, self._windows, bandwidth, assumed, backoff.get(name, 0))
 
     # ---- the pieces ----------------------------------------------------------------------------
 
@@ -467,7 +469,11 @@ class WindowPlanner:
     def _locked(self, current: dict[str, str], bandwidth: float | None) -> dict[str, str]:
         """Layers still in their dwell period after a switch (:mod:`autocomp.policy.dwell`)."""
         return self.dwell.locked(
-            self._windows, current, bandwidth, lambda name, spec: self.rel_errors[name].get(spec)
+            self._windows,
+            current,
+            bandwidth,
+            lambda name, spec: self.rel_errors[name].get(spec),
+            self.guards.backoff(),
         )
 
     def _payoff(

@@ -20,7 +20,7 @@ import torch
 from autocomp.compressors import Collective, build_compressor
 from autocomp.planner import WindowPlanner
 from autocomp.policy.priors import ErrorPriors
-from autocomp.policy.rules import PolicyRules
+from autocomp.policy.rules import GuardRules, PolicyRules
 from autocomp.window import LayerWindow, WindowMeasurement
 
 SHAPES = {
@@ -285,6 +285,63 @@ def test_a_layer_that_switched_dwells_unless_the_link_moves() -> None:
     moved = p.decide(measurement(60, mbit=200, specs=current, errors=errors), current)
     rules = {d["name"]: d["rule"] for d in moved.record.decision["layers"]}  # type: ignore[index]
     assert rules["fc1.weight"] != "dwell"
+
+
+def test_a_guards_switch_dwells_no_longer_than_the_guard() -> None:
+    """A critical regime moves a layer to a lighter option; that switch starts a dwell clock
+    like any other, but the clock holds the guard's choice only while the guard does: the
+    first calm interval lifts the regime and, in the same decision, frees the layer (the
+    digits CNN at 10 Mbit/s kept ``conv2`` on rank 4 for 300 steps after its regime ended)."""
+    rules = PolicyRules(
+        candidates=("none", "fp16", "powersgd:rank=4", "powersgd:rank=16"),
+        guards=GuardRules(accordion_interval_steps=10),  # one window per interval, patience 2
+    )
+    p = WindowPlanner(
+        rules,
+        NAMES,
+        SHAPES,
+        dict.fromkeys(NAMES, torch.float32),
+        [],
+        WindowPlanner.Config(window=10, warmup_steps=0, dwell_windows=20, settle_steps=0),
+        world_size=2,
+    )
+    for name in NAMES:  # rank 16 the more accurate, rank 4 fast enough to be the choice
+        p.rel_errors[name].update(
+            {
+                "fp16:ef=false": 0.001,
+                "powersgd:rank=4,ef=true": 0.35,
+                "powersgd:rank=16,ef=true": 0.3,
+            }
+        )
+    current = dict.fromkeys(NAMES, "none")
+    step = 0
+
+    def decide(grad_norm: float) -> dict[str, str]:
+        nonlocal step, current
+        step += 10
+        m = measurement(step, mbit=50, compute=0.3, specs=current, grad_norm=grad_norm)
+        update = p.decide(m, current)
+        rules_now = {d["name"]: d["rule"] for d in update.record.decision["layers"]}  # type: ignore[index]
+        current = dict(zip(NAMES, update.plan, strict=True))
+        return rules_now
+
+    for _ in range(3):
+        decide(1.0)
+    chosen = current["fc1.weight"]
+    assert chosen == "powersgd:rank=4,ef=true"
+    for _ in range(25):  # past the first switch's dwell: the plan settles
+        decide(1.0)
+    assert current["fc1.weight"] == chosen
+    decide(3.0)
+    decide(3.0)  # the second interval over the threshold: a critical regime, one level
+    assert p.guards.backoff()["fc1.weight"] == 1
+    assert current["fc1.weight"] == "powersgd:rank=16,ef=true"
+    rules_now = decide(3.0)  # calm against the new level: the regime and its lock end
+    assert p.guards.backoff()["fc1.weight"] == 0
+    assert rules_now["fc1.weight"] != "dwell"
+    assert current["fc1.weight"] == chosen
+    rules_now = decide(3.0)  # the way back is an ordinary switch, with its own dwell
+    assert rules_now["fc1.weight"] == "dwell"
 
 
 @pytest.mark.parametrize(("miss", "released"), [(0.05, False), (0.3, True)])

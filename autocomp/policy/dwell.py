@@ -8,7 +8,10 @@ noisy from window to window. So a layer that switched is locked on its new compr
 - the switch rested on a prior error (the compressor had never run on that layer) and the
   measurement came out clearly worse than that prior: the lock guards against noise, not
   against a wrong prior, so it is released (:attr:`DwellClock.released`);
-- the link moved by ``link_change`` or more since the switch.
+- the link moved by ``link_change`` or more since the switch;
+- a guard forced the switch and has since lifted its back-off: the lock holds a choice, and
+  a guard's choice lasts only as long as the guard (a critical regime on the digits CNN at
+  10 Mbit/s ended at step 400, and the lock still held ``conv2`` on rank 4 until step 700).
 
 The engine drops the remaining locks when the locked plan's predicted progress per second
 falls ``dwell_max_loss`` below the plan it would take without them; guards and pins win over
@@ -38,6 +41,8 @@ class _Switch:
     assumed_error: float | None = None
     """The prior relative error the switch rested on when the new compressor had never run on
     this layer, else None."""
+    backoff: int = 0
+    """The layer's guard back-off level when it switched (a lower level since lifts the lock)."""
 
 
 class DwellClock:
@@ -57,10 +62,16 @@ class DwellClock:
         prior error measured worse than that prior (``prior_miss``)."""
 
     def note(
-        self, name: str, window: int, bandwidth: float | None, assumed_error: float | None
+        self,
+        name: str,
+        window: int,
+        bandwidth: float | None,
+        assumed_error: float | None,
+        backoff: int = 0,
     ) -> None:
-        """Start ``name``'s clock: it switched at ``window`` on a link of ``bandwidth``."""
-        self.changed_at[name] = _Switch(window, bandwidth, assumed_error)
+        """Start ``name``'s clock: it switched at ``window`` on a link of ``bandwidth``, under
+        a guard back-off of ``backoff`` levels."""
+        self.changed_at[name] = _Switch(window, bandwidth, assumed_error, backoff)
 
     def locked(
         self,
@@ -68,10 +79,12 @@ class DwellClock:
         current: Mapping[str, str],
         bandwidth: float | None,
         measured_error: Callable[[str, str], float | None],
+        backoff: Mapping[str, int],
     ) -> dict[str, str]:
         """Layers still in their dwell at ``window``, with the spec they keep.
 
-        ``measured_error(name, spec)`` is the smoothed measured relative error, or None.
+        ``measured_error(name, spec)`` is the smoothed measured relative error, or None;
+        ``backoff`` the guards' level per layer now.
         """
         locked = {}
         self.released = set()
@@ -79,6 +92,8 @@ class DwellClock:
         for name, switch in self.changed_at.items():
             if window - switch.window >= self.dwell_windows:
                 continue
+            if backoff.get(name, 0) < switch.backoff:
+                continue  # the guard that forced the switch has lifted
             measured = measured_error(name, current[name])
             assumed = switch.assumed_error
             if (
@@ -108,7 +123,8 @@ class DwellClock:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            name: [s.window, s.bandwidth, s.assumed_error] for name, s in self.changed_at.items()
+            name: [s.window, s.bandwidth, s.assumed_error, s.backoff]
+            for name, s in self.changed_at.items()
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -117,6 +133,7 @@ class DwellClock:
                 int(v[0]),
                 None if v[1] is None else float(v[1]),
                 None if len(v) < 3 or v[2] is None else float(v[2]),
+                int(v[3]) if len(v) > 3 else 0,
             )
             for name, v in state.items()
         }

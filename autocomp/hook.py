@@ -9,11 +9,13 @@ therefore issues the same collectives, with the same sizes, in the same order.
 
 Two-round compressors (PowerSGD: P, then Q computed from the summed P) are pipelined across
 buckets. Bucket b's hook call launches the first round of its two-round layers ahead of its
-other collectives; bucket b+1's hook call waits for that round, computes and launches bucket
-b's final round, then proceeds with its own; the last bucket runs its final round at once.
-The order is again a pure function of the plan and the bucket order:
+other collectives; bucket b+1's hook call waits for that round, computes bucket b's final
+round and launches it in one all-reduce with its own first round, then proceeds with the
+rest; the last bucket puts its plain all-reduce parts into that one too and runs its final
+round at once. The order is again a pure function of the plan and the bucket order (``+``
+joins payloads of one all-reduce, where their dtypes agree):
 
-    P_0, rest_0 | Q_0, P_1, rest_1 | Q_1, P_2, rest_2 | ... | Q_{n-1}, P_n, rest_n, Q_n
+    P_0, rest_0 | Q_0+P_1, rest_1 | Q_1+P_2, rest_2 | ... | Q_{n-1}+P_n+rest_n, Q_n
 
 so it holds on gloo and NCCL with any number of buckets (PyTorch's own hook launches Q from a
 callback, which reorders across ranks when buckets complete in different orders). Bucket b's
@@ -66,6 +68,8 @@ __all__ = [
     "exchange_now",
     "launch_bucket",
     "launch_final_round",
+    "launch_prepared_round",
+    "prepare_final_round",
 ]
 
 
@@ -121,7 +125,8 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
                 "round was still pending (an exception inside backward?); the ranks can no "
                 "longer be assumed to issue the same collectives"
             )
-        launch_final_round(state, pending)
+        # Its final round rides on this bucket's first collective (launched below).
+        prepare_final_round(state, pending)
     buffer = bucket.buffer()
     group = state.process_group
     world = state.world_size
@@ -131,6 +136,8 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
     sample = profiler is not None and profiler.sample_this_step
 
     if not state.enabled or all(state.sends_plain(s) for s in layout.slots):
+        if pending is not None:
+            launch_prepared_round(state, pending)
         for slot, offset in zip(layout.slots, layout.offsets, strict=True):
             size = slot.numel * slot.dtype.itemsize
             slot.bytes_sent += size
@@ -153,8 +160,17 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
         world=world,
         profiled_step=profiler.current_step if profiler is not None else None,
     )
-    reduce_parts = encode_bucket(state, work, layout.slots, layout.offsets, sample)
-    launch_bucket(work, reduce_parts, profiler)
+    try:
+        reduce_parts = encode_bucket(state, work, layout.slots, layout.offsets, sample)
+    except BaseException as err:
+        if pending is not None:
+            _fail(pending, err)
+        raise
+    # The last bucket's plain parts join its first round too: its final round waits for
+    # that round at once, so nothing is gained by sending them apart.
+    launch_bucket(work, reduce_parts, profiler, carried=pending, merge_rest=is_last)
+    if pending is not None:
+        complete_when_done(state, pending)
     if is_last:
         state.step += 1
         state._in_step = False
@@ -243,16 +259,62 @@ def launch_bucket(
     work: BucketWork,
     reduce_parts: dict[torch.dtype, list[_Part]],
     profiler: StepProfiler | None,
+    *,
+    carried: BucketWork | None = None,
+    merge_rest: bool = False,
 ) -> None:
     """Launch a bucket's first-round collectives, in an order that is a pure function of the
-    plan: the first round of two-round layers (small, and awaited before the final round, so
-    it goes first), then one all-reduce per dtype sorted by name, then the gather."""
+    plan and the bucket order: ``carried``'s final round (the previous bucket's, prepared by
+    :func:`prepare_final_round`) and this bucket's first round, in one all-reduce when their
+    dtypes agree (both small, and each awaited: the final round by the previous bucket, the
+    first by the next hook call); with ``merge_rest``, this bucket's plain all-reduce parts of
+    that dtype in the same one; then one all-reduce per remaining dtype sorted by name, then
+    the gather. The caller completes ``carried`` (:func:`complete_when_done`) afterwards.
+
+    Merging saves a collective's latency per bucket boundary: on the digits CNN's two DDP
+    buckets (2 gloo ranks, loopback) the chain after the last bucket's hook call was four
+    collectives (the previous final round, the first round, the plain parts, the final round).
+    """
+    lead: list[tuple[str, torch.Tensor]] = []
+    if carried is not None:
+        assert carried.final_flat is not None
+        lead.append(("final", carried.final_flat))
     if work.round_parts:
-        work.round_flat = torch.cat([p.encoding.payload.reshape(-1) for p in work.round_parts])
-        work.round_future = _all_reduce(work.round_flat, work, profiler)
-    for dtype in sorted(reduce_parts, key=str):
+        lead.append(("round", _flat(work.round_parts)))
+    rest = sorted(reduce_parts, key=str)
+    dtype = lead[-1][1].dtype if lead else None
+    if dtype is not None and dtype in reduce_parts:
+        plain = sum(p.encoding.payload.numel() for p in reduce_parts[dtype])
+        # Small plain parts (biases, norms) ride along anywhere: the wait for the first round
+        # grows by no more than the round itself. Large ones only in the last bucket.
+        if merge_rest or plain <= sum(tensor.numel() for _, tensor in lead):
+            lead.append(("rest", _flat(reduce_parts[dtype])))
+            rest.remove(dtype)
+    start_of_run = 0
+    for index in range(1, len(lead) + 1):
+        if index < len(lead) and lead[index][1].dtype == lead[start_of_run][1].dtype:
+            continue
+        run = lead[start_of_run:index]
+        start_of_run = index
+        flat = run[0][1] if len(run) == 1 else torch.cat([tensor for _, tensor in run])
+        fut = _all_reduce(flat, work, profiler)
+        offset = 0
+        for role, tensor in run:
+            view = flat[offset : offset + tensor.numel()]
+            offset += tensor.numel()
+            if role == "final":
+                assert carried is not None
+                carried.final_flat = view
+                carried.futures.append(fut)
+            elif role == "round":
+                work.round_flat = view
+                work.round_future = fut
+            else:
+                work.reduce_groups.append((view, reduce_parts[view.dtype]))
+                work.futures.append(fut)
+    for dtype in rest:
         parts = reduce_parts[dtype]
-        flat = torch.cat([p.encoding.payload.reshape(-1) for p in parts])
+        flat = _flat(parts)
         work.reduce_groups.append((flat, parts))
         work.futures.append(_all_reduce(flat, work, profiler))
     if work.gather_parts:
@@ -264,6 +326,10 @@ def launch_bucket(
         work.futures.append(fut)
         if profiler is not None:
             profiler.collective(Collective.ALL_GATHER, local.numel() * work.link_share, fut)
+
+
+def _flat(parts: list[_Part]) -> torch.Tensor:
+    return torch.cat([p.encoding.payload.reshape(-1) for p in parts])
 
 
 def _all_reduce(
@@ -282,7 +348,23 @@ def _fail(work: BucketWork, err: BaseException) -> None:
 
 
 def launch_final_round(state: HookState, work: BucketWork, blocks_backward: bool = True) -> None:
-    """Wait for a bucket's first round, compute and launch its final round (hook thread).
+    """Wait for a bucket's first round, compute and launch its final round on its own
+    (the last bucket's, and every bucket's outside DDP's pipeline)."""
+    prepare_final_round(state, work, blocks_backward)
+    launch_prepared_round(state, work)
+
+
+def launch_prepared_round(state: HookState, work: BucketWork) -> None:
+    """Launch a final round :func:`prepare_final_round` computed, alone, and complete the
+    bucket once it is decoded."""
+    assert work.final_flat is not None
+    work.futures.append(_all_reduce(work.final_flat, work, state.profiler))
+    complete_when_done(state, work)
+
+
+def prepare_final_round(state: HookState, work: BucketWork, blocks_backward: bool = True) -> None:
+    """Wait for a bucket's first round and compute its final round's payload into
+    ``work.final_flat`` (hook thread); launching it is the caller's.
 
     Called from the next bucket's hook call (or the last bucket's own): by then the small
     first-round all-reduce has usually finished behind the backward in between. On CUDA
@@ -316,8 +398,6 @@ def launch_final_round(state: HookState, work: BucketWork, blocks_backward: bool
     except BaseException as err:
         _fail(work, err)
         raise
-    work.futures.append(_all_reduce(work.final_flat, work, profiler))
-    complete_when_done(state, work)
 
 
 def complete_when_done(state: HookState, work: BucketWork) -> None:

@@ -476,8 +476,9 @@ def test_extra_collectives_pay_their_latency() -> None:
 
 
 def test_layers_of_a_bucket_share_its_extra_collectives() -> None:
-    """The hook sends each PowerSGD round of a bucket as one collective: four layers of one
-    bucket pay two latencies between them, a layer alone in its bucket pays both."""
+    """The hook sends each PowerSGD round of a bucket as one collective, the first inside the
+    bucket's own all-reduce: four layers of one bucket pay the final round's latency between
+    them, a layer alone in its bucket pays it alone."""
     eng = engine(5, PolicyRules(min_numel=0, candidates=("none", "powersgd:rank=4")))
     cost = FakeCostModel(5)
     hop = cost.comm_seconds(Collective.ALL_REDUCE, 0, WORLD)
@@ -494,8 +495,8 @@ def test_layers_of_a_bucket_share_its_extra_collectives() -> None:
     assert all(d.spec.startswith("powersgd") for d in shared.layers)
     paid_shared = sum(d.predicted_seconds - d.predicted_work_seconds for d in shared.layers)
     paid_alone = sum(d.predicted_seconds - d.predicted_work_seconds for d in alone.layers)
-    # Four layers x two rounds: 8 latencies alone, 2 shared (the bandwidth terms are equal).
-    assert paid_alone - paid_shared == pytest.approx(6 * hop)
+    # Four layers: 4 latencies alone, 1 shared (the bandwidth terms are equal).
+    assert paid_alone - paid_shared == pytest.approx(3 * hop)
     # A pin is not the optimizer's: it pays its own latencies wherever it sits.
     pinned = eng.decide(together, TIMING, AFTER_WARMUP, WORLD, pins=pin)
     paid_pinned = sum(d.predicted_seconds - d.predicted_work_seconds for d in pinned.layers)

@@ -452,9 +452,12 @@ class WhatIfModel:
                 shape = torch.Size(layer.shape)
                 rounds = compressor.round_wire_bytes(shape, dtype)
                 if len(rounds) > 1:
-                    # Each round is a collective of its own (the hook launches them apart).
-                    for index, size in enumerate(rounds):
-                        payloads[(collective, f"round{index}")] += size  # type: ignore[index]
+                    # The first round shares the bucket's all-reduce of its dtype (the hook
+                    # joins small plain parts to it, all of them in the last bucket); the
+                    # final round is a collective of its own.
+                    payloads[(collective, kind)] += rounds[0]
+                    for size in rounds[1:]:
+                        payloads[(collective, "final")] += size  # type: ignore[index]
                 else:
                     payloads[(collective, kind)] += rounds[0]
                 seconds_local, seconds_decode = self._layer_cost(compressor, layer, world, costs)

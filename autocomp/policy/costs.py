@@ -2,11 +2,14 @@
 
 A layer's option costs its collective's bandwidth term, ``comm_seconds(collective, bytes) -
 comm_seconds(collective, 0)``, plus a share of one extra latency when it needs a collective a
-bucket would not issue anyway (an all-gather, a payload in another dtype, or each of
-PowerSGD's two rounds): the hook batches those per bucket, so the latency is split among the
+bucket would not issue anyway (an all-gather, a payload in another dtype, or PowerSGD's
+final round): the hook batches those per bucket, so the latency is split among the
 bucket's optimizer-placed layers (:func:`latency_shares`), plus its compression work (cost
 model), kept apart because it runs on the backward's thread. Every bucket pays one all-reduce
 latency whatever the plan; the engine (:mod:`autocomp.policy.engine`) counts that itself.
+PowerSGD's first round travels in that one (with the previous bucket's final round and the
+bucket's small plain parts, :func:`autocomp.hook.launch_bucket`), so only its final round
+is charged a latency.
 """
 
 from __future__ import annotations
@@ -107,9 +110,9 @@ def option_cost(
     work = max(0.0, float(latency.cost_model.compress_seconds(compressor, layer.shape)))
     sizes = compressor.round_wire_bytes(layer.shape, layer.dtype)
     if len(sizes) > 1:
-        # Each round is a collective of its own: the first is what the next bucket's hook
-        # call waits for, the second is launched by it.
-        first = max(0.0, latency.comm(collective, sizes[0]) - base) + extra
+        # The first round is what the next bucket's hook call waits for (in the bucket's own
+        # all-reduce), the final round is launched by it (a collective more).
+        first = max(0.0, latency.comm(collective, sizes[0]) - base)
         second = math.fsum(
             max(0.0, latency.comm(collective, size) - base) + extra for size in sizes[1:]
         )

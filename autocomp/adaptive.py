@@ -15,10 +15,12 @@ previous backward's collectives have all completed):
 
 Boundaries fall at every multiple of ``window``, at the end of the warm-up, and early: after
 the first step (a glance that acts only when communication dominates), at
-``first_look_steps`` and at twice that, so that a link far slower than the backward is acted
-on after a few steps instead of a whole window. The schedule is a pure function of the hook's
-step counter (one per synchronizing backward) and the configuration, which ``wrap`` checks is
-identical on every rank, so all ranks reach every boundary at the same step. A boundary runs
+``first_look_steps`` and at each doubling of it before the first window boundary, so that a
+link far slower than the backward is acted on after a few steps instead of a whole window
+(the looks after the first two only while rank 0's last broadcast said the warm-up goes on).
+The schedule is a pure function of the hook's step counter (one per synchronizing backward),
+the configuration, which ``wrap`` checks is identical on every rank, and that broadcast flag,
+so all ranks reach every boundary at the same step. A boundary runs
 inside the comm hook, at the first bucket of the step, before any of its collectives: no
 forward hook issues collectives, so ``torch.compile`` cannot trace or reorder them, and
 frameworks that own the DDP wrapper need nothing but the (state, hook) pair. Backwards without
@@ -86,11 +88,14 @@ class AdaptiveLoop:
         first_look_steps: int = 2
         """Step of the early boundary: after two measured steps (the first includes DDP's
         bucket rebuild), so that a slow link costs as few uncompressed steps as PyTorch's
-        PowerSGD hook takes (the decision comes then if the link is slow). A second look
-        follows at twice this step: the first one's compute still carries one-off costs
-        (4 ranks as two nodes at 200 Mbit/s: 0.27-0.31 s against 0.15 s later), so an
-        uncompressed step at 3.5x the true compute read 1.96x, under ``slow_link_ratio``,
-        and the warm-up ran on to the first window boundary (step 50) in half the runs."""
+        PowerSGD hook takes (the decision comes then if the link is slow). More looks follow
+        at each doubling of this step before the first window boundary (4, 8, 16, 32 with a
+        50-step window): the first looks' compute still carries one-off costs, falling over
+        the first ten steps or so (4 ranks as two nodes at 200 Mbit/s: 0.27-0.31 s at step 2,
+        0.18-0.19 s at step 4, 0.15 s later). With looks at 2 and 4 only, an uncompressed
+        step at 2.8x the true compute read 2.24-2.27x at step 4, just over
+        ``slow_link_ratio``, and in 2 of 5 runs under it: the warm-up ran on to step 50, 46
+        uncompressed steps at 0.43 s (129 steps in 40 s against 157)."""
         history: int = 1000
         """Window records kept in memory."""
         sampled_steps: int = 2
@@ -168,6 +173,9 @@ class AdaptiveLoop:
             calibrate(self.planner.cost_model, rules.candidates, state.link_world_size, self.device)
             load_regressor()  # at set-up, not at the first fit with every rank waiting
         self._probe_next = 0  # payload bytes rank 0 asked for at the next boundary
+        # Whether rank 0's planner is still in its warm-up (broadcast with each plan): the
+        # looks after the first two only serve to end it.
+        self._warming = True
         self._prober = ProbeRunner()
         self._vector = WindowVector(self.names)
         self.history: deque[WindowRecord] = deque(maxlen=config.history)
@@ -260,13 +268,23 @@ class AdaptiveLoop:
         cfg = self.config
         if step <= 0:
             return False
-        early = step in self._early_looks() and step < cfg.warmup_steps
-        return step % cfg.window == 0 or early or step == cfg.warmup_steps
+        looks = self._early_looks()
+        early = step in looks[:3] or (step in looks and self._warming)
+        return (
+            step % cfg.window == 0
+            or (early and step < cfg.warmup_steps)
+            or (step == cfg.warmup_steps)
+        )
 
     def _early_looks(self) -> tuple[int, ...]:
-        """The glance and the two first looks (boundaries only inside the warm-up)."""
-        first = self.config.first_look_steps
-        return (GLANCE_STEP, first, 2 * first)
+        """The glance and the first looks, doubling up to the first window boundary
+        (boundaries inside the warm-up; those after the first two only while it lasts)."""
+        looks = [GLANCE_STEP]
+        step = self.config.first_look_steps
+        while step < self.config.window or len(looks) < 3:
+            looks.append(step)
+            step *= 2
+        return tuple(looks)
 
     def next_boundary(self, step: int) -> int:
         """The first boundary after ``step``."""
@@ -403,12 +421,18 @@ class AdaptiveLoop:
             record = update.record
             record_window_line({**line, "decision": record.decision})
             payload = [
-                {"plan": update.plan, "reset": update.resets, "probe_bytes": update.probe_bytes}
+                {
+                    "plan": update.plan,
+                    "reset": update.resets,
+                    "probe_bytes": update.probe_bytes,
+                    "warming": not self.planner.warmup_done,
+                }
             ]
         message = self._broadcast(payload)
         if not isinstance(message, dict):
             raise RuntimeError("autocomp: malformed plan broadcast from rank 0")
         self._probe_next = int(message.get("probe_bytes", 0))
+        self._warming = bool(message.get("warming", False))
         changes = self._apply(message, current)
         if record is None:
             record = self._peer_record(step, combined, bytes_per_step, raw_per_step)
@@ -579,11 +603,16 @@ class AdaptiveLoop:
 
     def loop_state_dict(self) -> dict[str, Any]:
         """The counters every rank holds alike (the planner's state is saved apart)."""
-        return {"probe_next_bytes": self._probe_next, "last_boundary": self._last_boundary}
+        return {
+            "probe_next_bytes": self._probe_next,
+            "last_boundary": self._last_boundary,
+            "warming": self._warming,
+        }
 
     def load_loop_state_dict(self, state: dict[str, Any]) -> None:
         self._probe_next = int(state.get("probe_next_bytes", 0))
         self._last_boundary = int(state["last_boundary"])
+        self._warming = bool(state.get("warming", True))
 
 
 def combine_link_busy(

@@ -20,8 +20,9 @@ group in place, each parameter's shard through its own compressor, with error fe
 user's loop stays forward / backward / step.
 
 Per FSDP module the hook issues the DDP hook's exchange (:func:`autocomp.hook.exchange_now`),
-in a fixed order that depends only on the plan: PowerSGD's first round, one all-reduce per
-payload dtype, one all-gather of opaque payloads, then the second rounds (PowerSGD's Q). FSDP
+in a fixed order that depends only on the plan: PowerSGD's first round (with the plain parts
+of its dtype when they are no larger), one all-reduce per other payload dtype, one all-gather
+of opaque payloads, then the second rounds (PowerSGD's Q). FSDP
 calls the hooks in the same module order on every rank of a replicate group (the same module
 structure, the same backward), so the ranks always match.
 

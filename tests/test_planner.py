@@ -107,8 +107,8 @@ def test_a_second_look_catches_a_first_step_inflated_by_one_off_costs() -> None:
     """The first look sees one step after DDP's bucket rebuild: with its compute inflated
     1.8x an uncompressed step reads under 2x the compute and the warm-up goes on; the look
     at twice ``first_look_steps`` sees the true compute and ends it there, not a window
-    later. The schedule (``AdaptiveLoop.is_boundary``) has both looks, and only inside the
-    warm-up."""
+    later. The schedule (``AdaptiveLoop.is_boundary``) has these looks and more at each
+    doubling up to the first window boundary, only inside the warm-up."""
     from types import SimpleNamespace
 
     from autocomp.adaptive import AdaptiveLoop
@@ -127,13 +127,17 @@ def test_a_second_look_catches_a_first_step_inflated_by_one_off_costs() -> None:
     assert second.plan[NAMES.index("fc1.weight")] != "none"
 
     config = AdaptiveLoop.Config(window=50, warmup_steps=100, first_look_steps=2)
-    loop = SimpleNamespace(config=config)
+    loop = SimpleNamespace(config=config, _warming=True)
     loop._early_looks = lambda: AdaptiveLoop._early_looks(loop)  # type: ignore[arg-type]
     loop.is_boundary = lambda step: AdaptiveLoop.is_boundary(loop, step)  # type: ignore[arg-type]
     boundaries = [s for s in range(1, 101) if loop.is_boundary(s)]
-    assert boundaries == [1, 2, 4, 50, 100]
+    assert boundaries == [1, 2, 4, 8, 16, 32, 50, 100]
     assert AdaptiveLoop.next_boundary(loop, 2) == 4  # type: ignore[arg-type]
-    late = SimpleNamespace(config=AdaptiveLoop.Config(window=4, warmup_steps=4))
+    assert AdaptiveLoop.next_boundary(loop, 32) == 50  # type: ignore[arg-type]
+    # Once rank 0's broadcast says the warm-up is over, only the first two looks remain.
+    loop._warming = False
+    assert [s for s in range(1, 101) if loop.is_boundary(s)] == [1, 2, 4, 50, 100]
+    late = SimpleNamespace(config=AdaptiveLoop.Config(window=4, warmup_steps=4), _warming=True)
     late._early_looks = lambda: AdaptiveLoop._early_looks(late)  # type: ignore[arg-type]
     assert [s for s in range(1, 9) if AdaptiveLoop.is_boundary(late, s)] == [1, 2, 4, 8]  # type: ignore[arg-type]
 

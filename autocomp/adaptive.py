@@ -92,10 +92,11 @@ class AdaptiveLoop:
         at each doubling of this step before the first window boundary (4, 8, 16, 32 with a
         50-step window): the first looks' compute still carries one-off costs, falling over
         the first ten steps or so (4 ranks as two nodes at 200 Mbit/s: 0.27-0.31 s at step 2,
-        0.18-0.19 s at step 4, 0.15 s later). With looks at 2 and 4 only, an uncompressed
-        step at 2.8x the true compute read 2.24-2.27x at step 4, just over
-        ``slow_link_ratio``, and in 2 of 5 runs under it: the warm-up ran on to step 50, 46
-        uncompressed steps at 0.43 s (129 steps in 40 s against 157)."""
+        0.18-0.19 s at step 4, 0.15 s later). There an uncompressed step at 2.8x the true
+        compute read 2.24-2.27x at step 4 in two recorded runs, just over ``slow_link_ratio``,
+        and under it in three more (which ended the warm-up at the look at step 8); with
+        looks at 2 and 4 only, the warm-up ran on to step 50 in such runs, 46 uncompressed
+        steps at 0.43 s (126-129 steps in 40 s against 154-157)."""
         history: int = 1000
         """Window records kept in memory."""
         sampled_steps: int = 2

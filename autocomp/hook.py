@@ -10,12 +10,14 @@ therefore issues the same collectives, with the same sizes, in the same order.
 Two-round compressors (PowerSGD: P, then Q computed from the summed P) are pipelined across
 buckets. Bucket b's hook call launches the first round of its two-round layers ahead of its
 other collectives; bucket b+1's hook call waits for that round, computes bucket b's final
-round and launches it in one all-reduce with its own first round, then proceeds with the
-rest; the last bucket puts its plain all-reduce parts into that one too and runs its final
-round at once. The order is again a pure function of the plan and the bucket order (``+``
-joins payloads of one all-reduce, where their dtypes agree):
+round and launches it in one all-reduce with its own first round and, when they are no
+larger than the rounds, its plain all-reduce parts of that dtype (biases, norms), then
+proceeds with the rest; the last bucket puts all its plain parts into that one and runs its
+final round at once. The order is again a pure function of the plan and the bucket order
+(``+`` joins payloads of one all-reduce, where their dtypes agree; ``[rest_b]`` joins only
+when small):
 
-    P_0, rest_0 | Q_0+P_1, rest_1 | Q_1+P_2, rest_2 | ... | Q_{n-1}+P_n+rest_n, Q_n
+    P_0[+rest_0] | Q_0+P_1[+rest_1] | ... | Q_{n-1}+P_n+rest_n, Q_n
 
 so it holds on gloo and NCCL with any number of buckets (PyTorch's own hook launches Q from a
 callback, which reorders across ranks when buckets complete in different orders). Bucket b's
@@ -267,9 +269,10 @@ def launch_bucket(
     plan and the bucket order: ``carried``'s final round (the previous bucket's, prepared by
     :func:`prepare_final_round`) and this bucket's first round, in one all-reduce when their
     dtypes agree (both small, and each awaited: the final round by the previous bucket, the
-    first by the next hook call); with ``merge_rest``, this bucket's plain all-reduce parts of
-    that dtype in the same one; then one all-reduce per remaining dtype sorted by name, then
-    the gather. The caller completes ``carried`` (:func:`complete_when_done`) afterwards.
+    first by the next hook call); this bucket's all-reduce parts of that dtype join it when
+    they are no larger than the rounds, or always with ``merge_rest``; then one all-reduce
+    per remaining dtype sorted by name, then the gather. The caller completes ``carried``
+    (:func:`complete_when_done`) afterwards.
 
     Merging saves a collective's latency per bucket boundary: on the digits CNN's two DDP
     buckets (2 gloo ranks, loopback) the chain after the last bucket's hook call was four

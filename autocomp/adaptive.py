@@ -270,6 +270,7 @@ class AdaptiveLoop:
         if step <= 0:
             return False
         looks = self._early_looks()
+        # The glance and the first two looks always; the later ones while warming up.
         early = step in looks[:3] or (step in looks and self._warming)
         return (
             step % cfg.window == 0

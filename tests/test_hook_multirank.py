@@ -125,20 +125,27 @@ def test_all_compressors_mixed_in_one_model(world_size: int, tmp_path: Path) -> 
     }
 
 
-def _powersgd_everywhere(rank: int, world_size: int) -> dict[str, Any]:
-    # A tiny bucket cap gives one bucket per large layer: many buckets, each with PowerSGD,
-    # which is where a second, callback-launched all-reduce would reorder across ranks.
+def _train_bucketed(
+    rank: int, bucket_cap_mb: float, plan: dict[str, str], steps: int
+) -> dict[str, Any]:
+    """Train MultiBucketNet(width=128) under ``plan``; final parameters and bucket count."""
     torch.manual_seed(0)
     model = MultiBucketNet(width=128)
-    ddp = DDP(model, bucket_cap_mb=0.005)
-    ctl = autocomp.wrap(ddp, plan={"*": "powersgd:rank=2"})
+    ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
+    ctl = autocomp.wrap(ddp, plan=plan)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-    for step in range(25):
+    for step in range(steps):
         x, y = classification_batch(rank, step)
         opt.zero_grad()
         torch.nn.functional.cross_entropy(ddp(x), y).backward()
         opt.step()
     return {"params": _flat_params(model), "buckets": len(ctl._state._layouts)}
+
+
+def _powersgd_everywhere(rank: int, world_size: int) -> dict[str, Any]:
+    # A tiny bucket cap gives one bucket per large layer: many buckets, each with PowerSGD,
+    # which is where a second, callback-launched all-reduce would reorder across ranks.
+    return _train_bucketed(rank, 0.005, {"*": "powersgd:rank=2"}, steps=25)
 
 
 def test_powersgd_on_many_buckets_keeps_collective_order(tmp_path: Path) -> None:
@@ -149,9 +156,6 @@ def test_powersgd_on_many_buckets_keeps_collective_order(tmp_path: Path) -> None
 
 
 def _bucketed(rank: int, world_size: int, bucket_cap_mb: float) -> dict[str, Any]:
-    torch.manual_seed(0)
-    model = MultiBucketNet(width=128)
-    ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
     plan = {
         "fc1.weight": "powersgd:rank=2",
         "fc2.weight": "powersgd:rank=3",
@@ -160,14 +164,7 @@ def _bucketed(rank: int, world_size: int, bucket_cap_mb: float) -> dict[str, Any
         "norm.*": "bf16",
         "*": "none",
     }
-    ctl = autocomp.wrap(ddp, plan=plan)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-    for step in range(12):
-        x, y = classification_batch(rank, step)
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(ddp(x), y).backward()
-        opt.step()
-    return {"params": _flat_params(model), "buckets": len(ctl._state._layouts)}
+    return _train_bucketed(rank, bucket_cap_mb, plan, steps=12)
 
 
 def test_bucketing_does_not_change_the_result(tmp_path: Path) -> None:

@@ -137,8 +137,14 @@ class AdaptiveLoop:
         pins: Sequence[tuple[str, str]],
         config: Config,
         runlog: RunLog | None = None,
+        warmup_peers: Sequence[dist.ProcessGroup] = (),
     ) -> None:
         self.validate(config)
+        self.warmup_peers = tuple(warmup_peers)
+        """Groups over which the end of the warm-up is agreed with other loops of the same
+        synchronous step, one MAX all-reduce each, in order (HSDP: the shard group, then the
+        replicate group, so that every replicate group's deciding rank hears every other's).
+        Empty: this loop's planner is the only one."""
         self.runlog = runlog
         """Rank 0's run log (one record per window, operator overrides), or None."""
         self.ddp = ddp
@@ -400,19 +406,22 @@ class AdaptiveLoop:
 
         payload: list[Any] = [None]
         record: WindowRecord | None = None
+        measurement: WindowMeasurement | None = None
         if self.state.rank == 0:
             measurement = self._measurement(
                 step, steps, profile, combined, busy_min, probe, nonfinite
             )
             measurement.bytes_per_step = bytes_per_step
             measurement.uncompressed_bytes_per_step = raw_per_step
+        peers_ended = self._agree_warmup_end(measurement)
+        if measurement is not None:
             line: dict[str, Any] = {
                 "measurement": measurement.to_dict(),
                 "current": current,
                 "shapes": {name: list(slot.shape) for name, slot in self.state.slots.items()},
             }
             try:
-                update = self.planner.decide(measurement, current)
+                update = self.planner.decide(measurement, current, peers_ended=peers_ended)
             except Exception:
                 # A policy failure must not strand the other ranks in the broadcast, nor stop
                 # training: keep the current plan, say so loudly, and try again next window.
@@ -420,6 +429,8 @@ class AdaptiveLoop:
                 record = self._peer_record(step, combined, bytes_per_step, raw_per_step)
                 update = PlanUpdate([current[n] for n in self.names], [], 0, record)
                 self.decision_failures += 1
+                if peers_ended:  # the warm-up flag must stay the same in every group
+                    self.planner.warmup_done = True
             record = update.record
             record_window_line({**line, "decision": record.decision})
             payload = [
@@ -450,6 +461,31 @@ class AdaptiveLoop:
             self.runlog.append_window(record.to_dict())  # queued: never waits on disk
         if self.state.rank == 0:
             logger.info("autocomp %s", record.summary())
+
+    def _agree_warmup_end(self, measurement: WindowMeasurement | None) -> bool:
+        """Every rank, while the warm-up lasts: whether any deciding rank of
+        ``warmup_peers`` ends it at this boundary.
+
+        With HSDP each replicate group decides for its own shards, but the step is one: a
+        group still warming up holds every group to its uncompressed pace (two nodes at
+        200 Mbit/s: one group read 2.15x and compressed from step 16, the other read
+        1.66-1.97x and stayed uncompressed to step 100). So the first to end it ends it for
+        all, and the warm-up flag, which sets the boundary schedule, stays the same on every
+        rank of the mesh.
+        """
+        if not self.warmup_peers or not self._warming:
+            return False
+        wants = False
+        if measurement is not None:
+            try:
+                wants = self.planner.ends_warmup(measurement)
+            except Exception:  # never skip the collective below: the peers would wait
+                logger.exception("autocomp: the warm-up check failed; this group keeps it")
+        flag = torch.tensor([1.0 if wants else 0.0])
+        for group in self.warmup_peers:
+            flag = flag.to(collective_device(group))
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        return bool(flag.item() > 0)
 
     def _broadcast(self, payload: list[Any]) -> Any:
         """Rank 0's message to every rank of the group."""

@@ -341,7 +341,8 @@ def wrap_fsdp(
     pins. FSDP's hook must finish before FSDP reads the gradient, so the replica exchange
     cannot hide behind the backward; the window loop measures and plans it as exposed
     (``AdaptiveLoop.Config.blocking_hook``). Each replicate group (one per shard index)
-    decides for its own shards, its first rank deciding.
+    decides for its own shards, its first rank deciding; the warm-up ends in every group at
+    the boundary where one group's measurements end it.
 
     A collective: call it on every rank of the mesh, after sharding and before the first
     backward. Unless ``config.broadcast_parameters`` is False it copies replica 0's
@@ -510,7 +511,12 @@ def _adaptive_loop(
     problem: Exception | None = None
     try:
         pins = [(r.pattern, r.compressor.spec) for r in resolved.rules.rules]
-        loop = AdaptiveLoop(model, state, policy, pins, loop_config)
+        replicate_group, shard_group = groups
+        # One replicate group per shard index, each deciding: the warm-up ends in all of them
+        # when it ends in one (the shard group hop, then the replicate group's, reaches every
+        # group's deciding rank on any mesh layout).
+        peers = [shard_group, replicate_group] if dist.get_world_size(shard_group) > 1 else []
+        loop = AdaptiveLoop(model, state, policy, pins, loop_config, warmup_peers=peers)
     except Exception as err:  # rank-local: every rank must hear of it
         problem = err
     raise_on_mesh(problem, groups, "autocomp.wrap_fsdp adaptive setup")

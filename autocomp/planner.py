@@ -228,12 +228,19 @@ class WindowPlanner:
 
     # ---- the decision --------------------------------------------------------------------------
 
-    def decide(self, m: WindowMeasurement, current: dict[str, str]) -> PlanUpdate:
-        """The plan after window ``m`` given the specs that ran (``current``)."""
+    def decide(
+        self, m: WindowMeasurement, current: dict[str, str], *, peers_ended: bool = False
+    ) -> PlanUpdate:
+        """The plan after window ``m`` given the specs that ran (``current``).
+
+        ``peers_ended``: another planner of the same synchronous step ended its warm-up at
+        this boundary (HSDP: each replicate group has one; see ``AdaptiveLoop``), so this one
+        ends it too: the step runs at the pace of the slowest group.
+        """
         self._windows += 1
         world = m.world_size
         estimate = self._update_link(m)
-        cut_short = self._first_look(m)
+        cut_short = self._first_look(m, peers_ended)
         probe_next = self.probe.next_window(
             blind=self.meter.blind and self.warmup_done,
             estimate=estimate,
@@ -406,31 +413,55 @@ class WindowPlanner:
         self.grad_norms.update({n: v for n, v in grad_norms.items() if math.isfinite(v)})
         return grad_norms, residual_norms
 
-    def _first_look(self, m: WindowMeasurement) -> bool:
-        """True when this window ends the warm-up early (communication dominates)."""
+    def ends_warmup(self, m: WindowMeasurement) -> bool:
+        """Whether the warm-up is over after window ``m``: ended before, reaching its last
+        step, or a step that communication dominates (no state changes; ``decide`` acts)."""
+        if self.warmup_done or m.step >= self.config.warmup_steps:
+            return True
+        return self._dominance(m) is not None
+
+    def _dominance(self, m: WindowMeasurement) -> float | None:
+        """The step's multiple of its compute when it is large enough to end the warm-up."""
+        t = m.timings
+        compute = _compute(t)
+        glance = m.step <= GLANCE_STEP
+        ratio = self.config.dominance_ratio if glance else self.config.slow_link_ratio
+        if m.profiled_ranks > 0 and compute > 0 and t["step_seconds"] >= ratio * compute:
+            return t["step_seconds"] / compute
+        return None
+
+    def _first_look(self, m: WindowMeasurement, peers_ended: bool = False) -> bool:
+        """True when this window ends the warm-up early (communication dominates here, or
+        in a peer planner of the same step)."""
         if self.warmup_done:
             return False
         if m.step >= self.config.warmup_steps:
             self.warmup_done = True
             return False
         t = m.timings
-        compute = _compute(t)
-        step = t["step_seconds"]
-        glance = m.step <= GLANCE_STEP
-        ratio = self.config.dominance_ratio if glance else self.config.slow_link_ratio
-        if m.profiled_ranks > 0 and compute > 0 and step >= ratio * compute:
-            self.warmup_done = True
+        multiple = self._dominance(m)
+        if multiple is None and not peers_ended:
+            return False
+        self.warmup_done = True
+        if multiple is None:
+            logger.info(
+                "autocomp: warm-up ends at step %d, where another group ended it (this one "
+                "read an uncompressed step of %.3g s, compute-only %.3g s)",
+                m.step,
+                t["step_seconds"],
+                _compute(t),
+            )
+        else:
             logger.info(
                 "autocomp: warm-up ends at step %d: an uncompressed step takes %.3g s, %.1fx "
                 "the compute-only %.3g s (communication %.3g s)",
                 m.step,
-                step,
-                step / compute,
-                compute,
+                t["step_seconds"],
+                multiple,
+                _compute(t),
                 t["comm_busy_seconds"],
             )
-            return True
-        return False
+        return True
 
     def _timing(self, m: WindowMeasurement) -> StepTiming:
         t = m.timings

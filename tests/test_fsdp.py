@@ -7,7 +7,8 @@ a gathered topk, an fp16 all-reduce, an empty local shard) every replica of a sh
 bit-identical, the loss falls over 30 steps, and the bytes sent across the replicate dimension
 are exactly what the compressors report; bad input fails with a clear error on every rank; in
 adaptive mode the window loop decides (pins applied), measures the link and plans nothing as
-hideable (FSDP's hook blocks); the controller's state dict round-trips bit-exactly through
+hideable (FSDP's hook blocks), and the warm-up ends in every replicate group at the boundary
+where one group's look ends it; the controller's state dict round-trips bit-exactly through
 torch.save and DCP, and another rank's entry or another mesh is refused on every rank.
 """
 
@@ -359,6 +360,57 @@ def test_adaptive_policy_decides_for_fsdp(tmp_path: Path) -> None:
         assert r["plan"]["2.weight"].startswith("topk:ratio=0.1"), r["plan"]
         first, last = sum(r["losses"][:5]) / 5, sum(r["losses"][-5:]) / 5
         assert last < 0.5 * first, r["losses"]
+
+
+def _warmup_agreed(rank: int, world: int) -> dict[str, Any]:
+    """Replicate group {0, 2} reads a communication-bound step at the look at step 2; group
+    {1, 3} never does (both planners' readings are fixed, so the test does not depend on
+    this machine's timings)."""
+    mesh = _mesh()
+    model = _shard(_net(), mesh["shard"])
+    ctl = autocomp.wrap_fsdp(
+        model, mesh, target_overlap=0.9, window=8, config=FSDPController.Config(warmup_steps=40)
+    )
+    assert ctl.adaptive is not None
+    planner = ctl.adaptive.planner
+    if rank == 0:
+        planner._dominance = lambda m: 3.0 if m.step == 2 else None  # type: ignore[method-assign]
+    else:
+        planner._dominance = lambda m: None  # type: ignore[method-assign]
+    warming = []
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(12):
+        x, y = _batch(rank, step)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        warming.append(ctl.adaptive._warming)
+    result = {
+        "warming": warming,
+        "decider_done": planner.warmup_done if dist.get_rank(mesh.get_group(0)) == 0 else None,
+        "boundaries": [r.step for r in ctl.history],
+        "identical": _replicas_identical(model, mesh.get_group(0)),
+    }
+    ctl.close()
+    return result
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(180)
+def test_the_warm_up_ends_in_every_replicate_group_when_one_ends_it(tmp_path: Path) -> None:
+    """Each replicate group decides for its own shards, but the step is one: a group left
+    warming up would hold the others to its uncompressed pace. Both deciding ranks end the
+    warm-up at step 2, and every rank keeps the same boundary schedule (a mismatch would
+    hang the shard group's agreement)."""
+    results = run_ranks(_warmup_agreed, WORLD, tmp_path, timeout=170)
+    for rank, r in enumerate(results):
+        # The flag after each step's backward: the boundary at step 2 ran in step index 2.
+        assert r["warming"] == [True, True] + [False] * 10, (rank, r["warming"])
+        assert r["decider_done"] in (True, None), (rank, r)
+        assert r["boundaries"] == [1, 2, 4, 8], (rank, r["boundaries"])
+        assert r["identical"], rank
+    assert [r["decider_done"] for r in results] == [True, True, None, None]
 
 
 def _residuals(ctl: FSDPController) -> dict[str, torch.Tensor | None]:

@@ -172,6 +172,22 @@ def test_the_first_look_keeps_the_warm_up_on_a_fast_link() -> None:
     assert all(d["rule"] == "warmup" for d in update.record.decision["layers"])  # type: ignore[index]
 
 
+def test_a_peer_planner_ending_the_warm_up_ends_it_here() -> None:
+    """HSDP runs one planner per replicate group on one synchronous step: a fast-link look
+    that keeps the warm-up on its own ends it when a peer's look ended it
+    (``peers_ended``); ``ends_warmup`` is what each planner tells its peers."""
+    fast = planner()
+    window = measurement(4, mbit=20_000, steps=3)
+    assert not fast.ends_warmup(window)
+    slow_window = measurement(4, mbit=50, steps=3)
+    assert fast.ends_warmup(slow_window) and not fast.warmup_done  # asking changes nothing
+    fast.decide(window, dict.fromkeys(NAMES, "none"), peers_ended=True)
+    assert fast.warmup_done
+    assert fast.ends_warmup(measurement(8, mbit=20_000, steps=4))  # over stays over
+    at_end = planner()
+    assert at_end.ends_warmup(measurement(100, mbit=20_000, steps=50))  # the last step
+
+
 def test_the_glance_after_one_step_acts_only_when_communication_dominates() -> None:
     """After the first step alone (one-off costs, provisional buckets) the warm-up ends only
     at ``dominance_ratio`` x the compute-only step; at the first look (step 2) the ordinary

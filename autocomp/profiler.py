@@ -221,6 +221,10 @@ class StepProfiler:
         self._finished: list[tuple[_Step, Stamp]] = []
         self._layer_costs: list[tuple[str, Stamp, Stamp]] = []
         self._timed_steps = 0
+        """Closed steps whose layers were timed: a window's layer costs are those of the steps
+        it closed (a step's decode completes after the step began, the boundary runs at the
+        start of the next), so the mean divides by these, not by the steps begun."""
+        self._current_timed = False
         self._samples: list[_PendingSample] = []
         self.sample_this_step = False
         """Set by the controller: the hook records norms and errors on this step."""
@@ -247,9 +251,10 @@ class StepProfiler:
                 self._finished.append((self._current, t))
             self._current = _Step(started=t, forward_done=self._forward_done)
             self._forward_done = None
-        self.sample_this_step = sample
-        if self.time_layers:
+        if self._current_timed:
             self._timed_steps += 1
+        self.sample_this_step = sample
+        self._current_timed = self.time_layers
 
     def forward_done(self) -> None:
         """A training forward ended (the backward that follows belongs to the next step)."""
@@ -309,8 +314,11 @@ class StepProfiler:
                 target.finishes.append((started, ended))
 
     def layer_cost(self, name: str, started: Stamp) -> None:
-        """Hook work for one layer (compress, decode) from ``started`` until now."""
-        self._layer_costs.append((name, started, self.clock.stamp()))
+        """Hook work for one layer (compress, decode) from ``started`` until now (the decode
+        runs in a completion callback, possibly on another thread)."""
+        ended = self.clock.stamp()
+        with self._lock:
+            self._layer_costs.append((name, started, ended))
 
     def layer_sample(
         self,
@@ -387,9 +395,10 @@ class StepProfiler:
             finished, self._finished = self._finished, []
             ready = [(s, n) for s, n in finished if clock.ready([*s.stamps(), n])]
             self._finished = [(s, n) for s, n in finished if not clock.ready([*s.stamps(), n])]
-        costs, self._layer_costs = self._layer_costs, []
+            costs, self._layer_costs = self._layer_costs, []
         ready_costs = [c for c in costs if clock.ready(c[1:])]
-        self._layer_costs = [c for c in costs if not clock.ready(c[1:])]
+        with self._lock:
+            self._layer_costs[:0] = [c for c in costs if not clock.ready(c[1:])]
         timed_steps, self._timed_steps = max(1, self._timed_steps), 0
         samples: dict[str, list[LayerSample]] = {}
         for pending, sample in zip(self._samples, _read_norms(self._samples), strict=True):

@@ -9,7 +9,7 @@ Covers: every rank holds the same plan at every window and switches at the same 
 opening at step 0 included), with bit-identical parameters; the fast (real loopback) link
 keeps everything uncompressed; each convergence guard fires on an injected fault (NaN
 gradient, loss spike, gradient-norm jump, runaway residual) and the plan reacts; checkpoints
-restore the adaptive plan and state.
+restore the adaptive plan and state; a layer's measured hook cost includes its decode.
 """
 
 from __future__ import annotations
@@ -393,6 +393,56 @@ def test_warmup_is_uncompressed_and_resume_restores_the_plan(tmp_path: Path) -> 
         assert result["guards_equal"] and result["meter_equal"]
     warmup = [e for e in results[0]["events"] if e["guard"] == "warmup"]
     assert len(warmup) == 1 and warmup[0]["step"] == 4
+
+
+DECODE_SECONDS = 0.02
+
+
+def _decode_timed(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:
+    """Every compressed layer's decode (in the bucket's completion callback) made 20 ms
+    slower; rank 0 reports the per-layer hook seconds the planner is given."""
+    import time
+
+    import autocomp.hook
+
+    decode = autocomp.hook.decode_into
+
+    def slow_decode(*args: Any) -> Any:
+        time.sleep(DECODE_SECONDS)
+        return decode(*args)
+
+    autocomp.hook.decode_into = slow_decode  # type: ignore[assignment]
+    _model, ddp, opt, ctl = _setup(rank, policy_path, plan={"fc*.weight": "int8"})
+    assert ctl.adaptive is not None
+    seen: list[dict[str, tuple[str, float]]] = []
+    decide = ctl.adaptive.planner.decide
+
+    def recording(m: Any, current: Any, **kwargs: Any) -> Any:
+        seen.append({n: (layer.spec, layer.hook_seconds) for n, layer in m.layers.items()})
+        return decide(m, current, **kwargs)
+
+    ctl.adaptive.planner.decide = recording  # type: ignore[method-assign]
+    for step in range(4 * WINDOW):
+        _train_step(ctl, ddp, opt, rank, step)
+    return {"windows": seen}
+
+
+def test_a_layers_measured_cost_includes_its_decode(tmp_path: Path) -> None:
+    """The cost model's prior and the opening's calibration price a layer's compress and
+    decode; its online samples must too, or they teach it a cost too low (the decode runs in
+    the bucket's completion callback, outside the hook call)."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    results = run_ranks(_decode_timed, 2, tmp_path / "ranks", str(policy))
+    compressed = [
+        (name, seconds)
+        for window in results[0]["windows"]
+        for name, (spec, seconds) in window.items()
+        if spec.startswith("int8")
+    ]
+    assert {name for name, _ in compressed} == {"fc1.weight", "fc2.weight", "fc3.weight"}
+    # Compressing these small layers takes well under a millisecond; the decode 20 ms.
+    assert all(seconds >= 0.9 * DECODE_SECONDS for _, seconds in compressed), compressed
 
 
 def _bad_arguments(rank: int, world_size: int) -> dict[str, str]:

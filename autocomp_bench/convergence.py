@@ -52,7 +52,7 @@ __all__ = [
     "run_convergence",
 ]
 
-WORKLOADS: dict[str, str] = {"digits": "cnn", "lm": "mlp-lm-large"}
+WORKLOADS: dict[str, str] = {"digits": "digits-cnn", "lm": "mlp-lm-large"}
 """``--convergence-workload`` -> the task (:mod:`autocomp_bench.tasks`) it trains."""
 CONVERGENCE_RATE = "50mbit"
 CONVERGENCE_STEPS = {"digits": 500, "lm": 300}

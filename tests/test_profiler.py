@@ -4,7 +4,8 @@ One step is played with known timestamps: forward, three buckets handed to the h
 hook work between them), collectives that queue behind each other, a decode callback. The
 window summary must give the quantities docs/policy.md defines: backward and hideable time
 without the hook's own work, service times that do not charge queueing, exposed time after
-the last hook call, and per bucket the backward left once it was ready.
+the last hook call, and per bucket the backward left once it was ready. A layer's cost is
+its hook work and its decode, per step the window closed.
 """
 
 from __future__ import annotations
@@ -175,3 +176,26 @@ def test_norms_read_once_per_window() -> None:
     assert window.layer_samples["w"].rel_error == pytest.approx(0.25)
     assert window.layer_samples["b"].rel_error == pytest.approx(0.0)
     assert window.layer_samples["b"].spec == "none"
+
+
+def test_layer_cost_is_per_closed_step_and_includes_the_decode() -> None:
+    """A layer's cost is its hook work plus its decode in the completion callback, per step.
+    The window ends at the first bucket of a new step (begun, not yet measured), so its
+    costs are divided by the steps it closed: two here, not the three begun."""
+    clock = Clock()
+    prof = StepProfiler(clock)
+    for step in range(2):
+        base = 1.0 * step
+        clock.t = base
+        prof.begin_step()
+        future = _hook_call(prof, clock, 0, base, base + 0.01, Collective.ALL_GATHER, 100)
+        prof.layer_cost("fc.weight", base)  # compress: 0.01 s in the hook call
+        _done(clock, future, base + 0.05)
+        decode_started = prof.stamp()
+        clock.t = base + 0.07
+        prof.layer_cost("fc.weight", decode_started)  # decode: 0.02 s in the callback
+    clock.t = 2.0
+    prof.begin_step()  # the boundary: step 2 begins, steps 0 and 1 are closed
+    window = prof.end_window()
+    assert window is not None and window.steps == 2
+    assert window.layer_seconds["fc.weight"] == pytest.approx(0.03)

@@ -301,12 +301,17 @@ class WindowPlanner:
                 force_none=self.force_none,
                 current=None if fresh else current,
                 hold_reason=hold,
-                locked={**self._locked(current, bandwidth), **self._revert_locks(m, bandwidth)},
+                locked={
+                    **self._locked(current, bandwidth, full_window=m.step >= self.config.window),
+                    **self._revert_locks(m, bandwidth),
+                },
                 warmup_done=self.warmup_done,
             )
             plan = [decision.layer(name).spec for name in self.names]
             self.last_decision = decision
-        self.note_switches(plan, current, profiles, bandwidth)
+        self.note_switches(
+            plan, current, profiles, bandwidth, provisional=m.step < self.config.window
+        )
         timings = m.timings
         record = WindowRecord(
             step=m.step,
@@ -347,8 +352,10 @@ class WindowPlanner:
         current: dict[str, str],
         profiles: Sequence[LayerProfile],
         bandwidth: float | None,
+        provisional: bool = False,
     ) -> None:
-        """Start the dwell clock of every layer the plan moves."""
+        """Start the dwell clock of every layer the plan moves (``provisional``: a plan from
+        an early look, locked only until the first full window)."""
         profile_of = {p.name: p for p in profiles}
         backoff = self.guards.backoff()
         for name, spec in zip(self.names, plan, strict=True):
@@ -357,7 +364,9 @@ class WindowPlanner:
                 if spec != NONE_SPEC and spec not in self.rel_errors[name]:
                     priors = self.engine.config.priors
                     assumed = rel_error(build_compressor(spec), profile_of[name], priors)
-                self.dwell.note(name, self._windows, bandwidth, assumed, backoff.get(name, 0))
+                self.dwell.note(
+                    name, self._windows, bandwidth, assumed, backoff.get(name, 0), provisional
+                )
 
     # ---- the pieces ----------------------------------------------------------------------------
 
@@ -494,10 +503,13 @@ class WindowPlanner:
     @property
     def released(self) -> set[str]:
         """Layers whose dwell the last decision released: a switch made on a prior error
-        measured worse than that prior (``Config.prior_miss``)."""
+        measured worse than that prior (``Config.prior_miss``), or one made at an early look
+        (the first full window decides it again)."""
         return self.dwell.released
 
-    def _locked(self, current: dict[str, str], bandwidth: float | None) -> dict[str, str]:
+    def _locked(
+        self, current: dict[str, str], bandwidth: float | None, full_window: bool = True
+    ) -> dict[str, str]:
         """Layers still in their dwell period after a switch (:mod:`autocomp.policy.dwell`)."""
         return self.dwell.locked(
             self._windows,
@@ -505,6 +517,7 @@ class WindowPlanner:
             bandwidth,
             lambda name, spec: self.rel_errors[name].get(spec),
             self.guards.backoff(),
+            full_window=full_window,
         )
 
     def _payoff(

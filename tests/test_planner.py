@@ -364,6 +364,35 @@ def test_a_guards_switch_dwells_no_longer_than_the_guard() -> None:
     assert rules_now["fc1.weight"] == "dwell"
 
 
+def test_a_switch_at_an_early_look_is_locked_only_until_the_first_full_window() -> None:
+    """A look measures a step or two whose compute still carries one-off costs (the MLP LM
+    at 200 Mbit/s: 0.114 s at step 2, 0.044 s later), so its plan is provisional: locked
+    against later looks, decided again, once and unlocked, at the first full window. A switch
+    made there is locked as usual."""
+    from autocomp.policy.dwell import DwellClock
+
+    p = planner(window=50, dwell_windows=5, settle_steps=0)
+    current = dict.fromkeys(NAMES, "none")
+    look = p.decide(measurement(4, mbit=50, steps=3), current)
+    current = dict(zip(NAMES, look.plan, strict=True))
+    switched = {name for name in NAMES if current[name] != "none"}
+    assert switched and all(p.dwell.changed_at[name].provisional for name in switched)
+    assert p._locked(current, None, full_window=False) == {n: current[n] for n in switched}
+    assert p._locked(current, None, full_window=True) == {}
+    assert p.released == switched and not p.dwell.changed_at
+    assert p._locked(current, None, full_window=True) == {}  # released once, not again
+
+    clock = DwellClock(dwell_windows=5, prior_miss=0.1, link_change=2.0, switch_margin=0.15)
+    clock.note("a", 3, None, None)  # at a full window
+    clock.note("b", 2, None, None, provisional=True)
+    restored = DwellClock(dwell_windows=5, prior_miss=0.1, link_change=2.0, switch_margin=0.15)
+    restored.load_state_dict(clock.state_dict())
+    assert restored.changed_at == clock.changed_at
+    current_ab = {"a": "fp16:ef=false", "b": "fp16:ef=false"}
+    assert restored.locked(4, current_ab, None, lambda *_: None, {}) == {"a": "fp16:ef=false"}
+    assert restored.released == {"b"}
+
+
 @pytest.mark.parametrize(("miss", "released"), [(0.05, False), (0.3, True)])
 def test_a_switch_on_a_prior_is_released_when_it_measures_worse(
     miss: float, released: bool

@@ -11,7 +11,14 @@ noisy from window to window. So a layer that switched is locked on its new compr
 - the link moved by ``link_change`` or more since the switch;
 - a guard forced the switch and has since lifted its back-off: the lock holds a choice, and
   a guard's choice lasts only as long as the guard (a critical regime on the digits CNN at
-  10 Mbit/s ended at step 400, and the lock still held ``conv2`` on rank 4 until step 700).
+  10 Mbit/s ended at step 400, and the lock still held ``conv2`` on rank 4 until step 700);
+- the switch was made at an early look (before the first full window), and this is the first
+  full window's decision: a look measures a step or two whose compute still carries one-off
+  costs, so it overstates what can hide behind the backward. On the MLP LM at 200 Mbit/s the
+  look at step 2 (a 0.114 s step, 0.044 s later) moved ``out.weight`` from PowerSGD to fp16,
+  predicted hidden; the lock kept it there to step 200 at 0.054 s a step, and the first
+  unlocked decision moved it back (0.044 s). The look's plan is provisional: the first full
+  window decides once, unlocked, and its own switches are locked as usual.
 
 The engine drops the remaining locks when the locked plan's predicted progress per second
 falls ``dwell_max_loss`` below the plan it would take without them; guards and pins win over
@@ -43,6 +50,8 @@ class _Switch:
     this layer, else None."""
     backoff: int = 0
     """The layer's guard back-off level when it switched (a lower level since lifts the lock)."""
+    provisional: bool = False
+    """Made at an early look: locked only until the first full window's decision."""
 
 
 class DwellClock:
@@ -58,8 +67,8 @@ class DwellClock:
         self.changed_at: dict[str, _Switch] = {}
         """Layer -> its last switch."""
         self.released: set[str] = set()
-        """Layers whose lock the last :meth:`locked` released because a switch made on a
-        prior error measured worse than that prior (``prior_miss``)."""
+        """Layers whose lock the last :meth:`locked` released early: a switch made on a prior
+        error measured worse than that prior (``prior_miss``), or a provisional one."""
 
     def note(
         self,
@@ -68,10 +77,11 @@ class DwellClock:
         bandwidth: float | None,
         assumed_error: float | None,
         backoff: int = 0,
+        provisional: bool = False,
     ) -> None:
         """Start ``name``'s clock: it switched at ``window`` on a link of ``bandwidth``, under
-        a guard back-off of ``backoff`` levels."""
-        self.changed_at[name] = _Switch(window, bandwidth, assumed_error, backoff)
+        a guard back-off of ``backoff`` levels (``provisional``: at an early look)."""
+        self.changed_at[name] = _Switch(window, bandwidth, assumed_error, backoff, provisional)
 
     def locked(
         self,
@@ -80,17 +90,23 @@ class DwellClock:
         bandwidth: float | None,
         measured_error: Callable[[str, str], float | None],
         backoff: Mapping[str, int],
+        full_window: bool = True,
     ) -> dict[str, str]:
         """Layers still in their dwell at ``window``, with the spec they keep.
 
         ``measured_error(name, spec)`` is the smoothed measured relative error, or None;
-        ``backoff`` the guards' level per layer now.
+        ``backoff`` the guards' level per layer now; ``full_window``: this decision rests on
+        a full window (not an early look), which ends every provisional lock.
         """
         locked = {}
         self.released = set()
         margin = 1.0 + self.switch_margin
-        for name, switch in self.changed_at.items():
+        for name, switch in list(self.changed_at.items()):
             if window - switch.window >= self.dwell_windows:
+                continue
+            if switch.provisional and full_window:
+                del self.changed_at[name]  # the look's choice is decided again, once
+                self.released.add(name)
                 continue
             if backoff.get(name, 0) < switch.backoff:
                 continue  # the guard that forced the switch has lifted
@@ -123,7 +139,7 @@ class DwellClock:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            name: [s.window, s.bandwidth, s.assumed_error, s.backoff]
+            name: [s.window, s.bandwidth, s.assumed_error, s.backoff, s.provisional]
             for name, s in self.changed_at.items()
         }
 
@@ -134,6 +150,7 @@ class DwellClock:
                 None if v[1] is None else float(v[1]),
                 None if len(v) < 3 or v[2] is None else float(v[2]),
                 int(v[3]) if len(v) > 3 else 0,
+                bool(v[4]) if len(v) > 4 else False,
             )
             for name, v in state.items()
         }

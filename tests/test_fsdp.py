@@ -362,10 +362,11 @@ def test_adaptive_policy_decides_for_fsdp(tmp_path: Path) -> None:
         assert last < 0.5 * first, r["losses"]
 
 
-def _warmup_agreed(rank: int, world: int) -> dict[str, Any]:
+def _warmup_agreed(rank: int, world: int, failing: bool) -> dict[str, Any]:
     """Replicate group {0, 2} reads a communication-bound step at the look at step 2; group
     {1, 3} never does (both planners' readings are fixed, so the test does not depend on
-    this machine's timings)."""
+    this machine's timings). ``failing``: group {1, 3}'s planner also raises at step 2, in
+    its warm-up check and in its decision (rank-local failures the loop must survive)."""
     mesh = _mesh()
     model = _shard(_net(), mesh["shard"])
     ctl = autocomp.wrap_fsdp(
@@ -377,6 +378,19 @@ def _warmup_agreed(rank: int, world: int) -> dict[str, Any]:
         planner._dominance = lambda m: 3.0 if m.step == 2 else None  # type: ignore[method-assign]
     else:
         planner._dominance = lambda m: None  # type: ignore[method-assign]
+    if failing and rank == 1:
+        decide = planner.decide
+
+        def broken(m: Any, *args: Any, **kwargs: Any) -> Any:
+            if m.step == 2:
+                raise RuntimeError("injected decision failure")
+            return decide(m, *args, **kwargs)
+
+        def broken_check(m: Any) -> bool:
+            raise RuntimeError("injected warm-up check failure")
+
+        planner.decide = broken  # type: ignore[method-assign]
+        planner.ends_warmup = broken_check  # type: ignore[method-assign]
     warming = []
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     for step in range(12):
@@ -398,12 +412,15 @@ def _warmup_agreed(rank: int, world: int) -> dict[str, Any]:
 
 @pytest.mark.multirank
 @pytest.mark.timeout(180)
-def test_the_warm_up_ends_in_every_replicate_group_when_one_ends_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("failing", [False, True])
+def test_the_warm_up_ends_in_every_replicate_group_when_one_ends_it(
+    tmp_path: Path, failing: bool
+) -> None:
     """Each replicate group decides for its own shards, but the step is one: a group left
     warming up would hold the others to its uncompressed pace. Both deciding ranks end the
     warm-up at step 2, and every rank keeps the same boundary schedule (a mismatch would
-    hang the shard group's agreement)."""
-    results = run_ranks(_warmup_agreed, WORLD, tmp_path, timeout=170)
+    hang the shard group's agreement), also when the other group's planner raises there."""
+    results = run_ranks(_warmup_agreed, WORLD, tmp_path, failing, timeout=170)
     for rank, r in enumerate(results):
         # The flag after each step's backward: the boundary at step 2 ran in step index 2.
         assert r["warming"] == [True, True] + [False] * 10, (rank, r["warming"])

@@ -160,6 +160,20 @@ def _digits_task(
     )
 
 
+def _digits_cnn_task(name: str, *, lr: float, shift: int) -> Task:
+    """The digits CNN at ``lr``, its images shifted by up to ``shift`` pixels (0: none)."""
+    shifted = f", images shifted by up to {shift} pixel" if shift else ""
+    return _digits_task(
+        name,
+        f"digits CNN (2 conv layers, hidden {DIGITS_CNN['hidden']}), SGD {lr:g} momentum "
+        f"{DIGITS_MOMENTUM:g}, batch {DIGITS_BATCH}{shifted}",
+        lambda: workloads.DigitsCNN(**DIGITS_CNN),
+        lr=lr,
+        batch=DIGITS_BATCH,
+        shift=shift,
+    )
+
+
 def _build(name: str) -> Task:
     if name == "mlp-lm":
         return _lm_task(
@@ -216,23 +230,9 @@ def _build(name: str) -> Task:
             sequence=False,
         )
     if name == "cnn":
-        return _digits_task(
-            name,
-            f"digits CNN (2 conv layers, hidden 256), SGD {DIGITS_CNN_LR:g} momentum 0.9, "
-            f"batch 32, images shifted by up to {DIGITS_CNN_SHIFT} pixel",
-            lambda: workloads.DigitsCNN(**DIGITS_CNN),
-            lr=DIGITS_CNN_LR,
-            batch=DIGITS_BATCH,
-            shift=DIGITS_CNN_SHIFT,
-        )
+        return _digits_cnn_task(name, lr=DIGITS_CNN_LR, shift=DIGITS_CNN_SHIFT)
     if name == "digits-cnn":
-        return _digits_task(
-            name,
-            "digits CNN (2 conv layers, hidden 256), SGD 0.05 momentum 0.9, batch 32",
-            lambda: workloads.DigitsCNN(**DIGITS_CNN),
-            lr=DIGITS_LR,
-            batch=DIGITS_BATCH,
-        )
+        return _digits_cnn_task(name, lr=DIGITS_LR, shift=0)
     if name == "digits-mlp":
         return _digits_task(
             name,

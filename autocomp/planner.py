@@ -611,6 +611,8 @@ class WindowPlanner:
             "frozen": self.frozen,
             "operator_pins": [list(pin) for pin in self.operator_pins],
             "warmup_done": self.warmup_done,
+            "opened": self.opened,
+            "measured_since_opening": self._measured_since_opening,
             "windows": self._windows,
             "changed_at": self.dwell.state_dict(),
             "running_since": {k: list(v) for k, v in self._running_since.items()},
@@ -629,6 +631,10 @@ class WindowPlanner:
         self.frozen = bool(state["frozen"])
         self.operator_pins = [(str(g), str(spec)) for g, spec in state.get("operator_pins", [])]
         self.warmup_done = bool(state.get("warmup_done", self.warmup_done))
+        # A restore between the opening's decision and the first measured one must still
+        # let that one start from measurements (no hysteresis toward the opening's priors).
+        self.opened = bool(state.get("opened", False))
+        self._measured_since_opening = bool(state.get("measured_since_opening", False))
         self._windows = int(state.get("windows", 0))
         self.dwell.load_state_dict(state.get("changed_at", {}))
         self._running_since = {

@@ -249,6 +249,24 @@ def test_the_looks_after_an_opening_decision_start_from_measurements() -> None:
     assert first.plan[NAMES.index("fc1.weight")] != "none"
 
 
+def test_the_openings_decision_survives_a_checkpoint() -> None:
+    """Whether the opening decided, and whether a measured decision followed it, survive a
+    checkpoint: they decide whether the glance only measures and whether the first measured
+    look owes the opening's guessed plan any hysteresis."""
+    opened = planner()
+    update = opened.open(_probe(50), 0.02, 2, dict.fromkeys(NAMES, "none"))
+    assert update is not None
+    restored = planner()
+    restored.load_state_dict(json.loads(json.dumps(opened.state_dict(), default=str)))
+    assert restored.opened and not restored.state_dict()["measured_since_opening"]
+    plan = dict(zip(NAMES, update.plan, strict=True))
+    restored.decide(measurement(2, mbit=50, steps=1, specs=plan), plan)
+    again = planner()
+    again.load_state_dict(json.loads(json.dumps(restored.state_dict(), default=str)))
+    assert again.opened and again.state_dict()["measured_since_opening"]
+    assert not planner().state_dict()["opened"]
+
+
 def test_the_opening_leaves_a_fast_or_unknown_link_to_the_measured_looks() -> None:
     # 10 Gbit/s: 3.4 ms of communication against 60 ms of compute.
     fast = planner()

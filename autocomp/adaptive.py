@@ -362,9 +362,17 @@ class AdaptiveLoop:
         device = collective_device(group)
         local_nonfinite = {name for _, name in self.state.nonfinite_events}
         self.state.nonfinite_events.clear()
+        sent, raw = self._bytes_totals()
         combined = self._vector.pack(
-            profile, self._loss_sum, self._loss_count, local_nonfinite, self.state.bucket_of()
+            profile,
+            self._loss_sum,
+            self._loss_count,
+            local_nonfinite,
+            self.state.bucket_of(),
+            sent_bytes=sent - self._bytes_mark[0],
+            raw_bytes=raw - self._bytes_mark[1],
         ).to(device)
+        self._bytes_mark = (sent, raw)
         dist.all_reduce(combined, group=group)
         combined = combined.cpu()
         # Right after a collective the ranks are nearly level: the best moment for a probe.
@@ -396,11 +404,8 @@ class AdaptiveLoop:
         probe = (probe_bytes * share, probe_seconds) if probe_bytes > 0 and probe_seconds else None
         self._loss_sum, self._loss_count = 0.0, 0
 
-        sent, raw = self._bytes_totals()
         steps = max(1, step - self._last_window_step())
-        bytes_per_step = (sent - self._bytes_mark[0]) / steps
-        raw_per_step = (raw - self._bytes_mark[1]) / steps
-        self._bytes_mark = (sent, raw)
+        bytes_per_step, raw_per_step = self._vector.bytes_per_step(combined, steps, world)
         nonfinite = self._vector.nonfinite(combined)
         current = {name: self.state.slots[name].compressor.spec for name in self.names}
 

@@ -255,14 +255,15 @@ class WindowRecord:
 class WindowVector:
     """The fixed layout of the boundary's summing all-reduce: the same on every rank.
 
-    A header (has a profile, the timing fields, loss sum, loss count), then per layer: grad
-    norm^2, residual norm^2, has sample, rel error, hook seconds, hideable seconds after the
-    layer's bucket is ready, and the non-finite count (with a hierarchy only a layer's owners
-    see it; summed, every rank's count reaches rank 0's guards).
+    A header (has a profile, the timing fields, bytes sent and their uncompressed size this
+    window, loss sum, loss count), then per layer: grad norm^2, residual norm^2, has sample,
+    rel error, hook seconds, hideable seconds after the layer's bucket is ready, and the
+    non-finite count (with a hierarchy only a layer's owners see it; summed, every rank's
+    count reaches rank 0's guards).
     """
 
     PER_LAYER = 7
-    HEADER = 1 + len(TIMING_FIELDS) + 2
+    HEADER = 1 + len(TIMING_FIELDS) + 4
 
     def __init__(self, names: Sequence[str]) -> None:
         self.names = list(names)
@@ -274,10 +275,15 @@ class WindowVector:
         loss_count: int,
         nonfinite: set[str],
         bucket_of: Mapping[str, int],
+        sent_bytes: float = 0.0,
+        raw_bytes: float = 0.0,
     ) -> torch.Tensor:
-        """This rank's window as a vector."""
+        """This rank's window as a vector (``sent_bytes``/``raw_bytes``: what its hook sent
+        this window, and their uncompressed size)."""
         header, per = self.HEADER, self.PER_LAYER
         values = [0.0] * (header + per * len(self.names))
+        values[header - 4] = float(sent_bytes)
+        values[header - 3] = float(raw_bytes)
         values[header - 2] = float(loss_sum)  # the window's one read of a device loss
         values[header - 1] = float(loss_count)
         for i, name in enumerate(self.names):
@@ -317,6 +323,19 @@ class WindowVector:
         count = float(combined[self.HEADER - 1])
         loss = float(combined[self.HEADER - 2]) / count if count > 0 else None
         return timings, loss
+
+    def bytes_per_step(
+        self, combined: torch.Tensor, steps: int, link_world: int
+    ) -> tuple[float, float]:
+        """(sent, uncompressed) bytes per step per instance of the policy's link: every rank's
+        bytes summed, over ``link_world`` senders. Flat, that is a rank's own traffic. With a
+        hierarchy (``link_world``: the nodes) it is a node's, which its owners split between
+        them, so rank 0's own count read 1/L of it."""
+        scale = 1.0 / (max(1, steps) * max(1, link_world))
+        return (
+            float(combined[self.HEADER - 4]) * scale,
+            float(combined[self.HEADER - 3]) * scale,
+        )
 
     def layers(
         self,

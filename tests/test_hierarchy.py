@@ -231,6 +231,10 @@ def _adaptive(rank: int, world_size: int) -> dict[str, Any]:
         "node_link": [r.node_link_bytes_per_s for r in ctl.history],
         "params": torch.cat([p.detach().reshape(-1) for p in model.parameters()]),
         "windows": len(ctl.history),
+        "window_bytes": [
+            (r.step, r.bytes_per_step, r.uncompressed_bytes_per_step) for r in ctl.history
+        ],
+        "sent_until_last_window": loop._bytes_mark,
     }
 
 
@@ -245,6 +249,17 @@ def test_adaptive_plans_for_the_cross_node_link(tmp_path: Path) -> None:
     assert all(rate is not None and rate > 0 for rate in reference["node_link"]), reference
     for result in results[1:]:
         assert torch.equal(reference["params"], result["params"])
+    # The window records count a node's traffic over the cross-node link, which its two
+    # owners split: all four ranks' bytes over the two nodes, not rank 0's own share.
+    sent, raw, last = 0.0, 0.0, 0
+    for step, per_step, raw_per_step in reference["window_bytes"]:
+        sent += per_step * (step - last)
+        raw += raw_per_step * (step - last)
+        last = step
+    every_rank = [r["sent_until_last_window"] for r in results]
+    assert sent == pytest.approx(sum(s for s, _ in every_rank) / 2)
+    assert raw == pytest.approx(sum(r for _, r in every_rank) / 2)
+    assert 0 < every_rank[0][0] < 0.9 * sent  # rank 0 alone sends part of its node's bytes
 
 
 def _link_busy(rank: int, world_size: int) -> list[float]:

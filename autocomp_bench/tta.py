@@ -100,7 +100,8 @@ class TimeToAccuracy:
         oracle_grid: dict[str, dict[str, str]] = field(default_factory=lambda: dict(DEFAULT_GRID))
         threads: int = 1
         """torch threads per rank."""
-        seed: int = SEED
+        seeds: list[int] = field(default_factory=lambda: [SEED])
+        """Every method runs once per seed (model init and batches); rows are their means."""
 
     def __init__(self, config: Config, network: Network, runner: Runner) -> None:
         self.config = config
@@ -135,13 +136,13 @@ class TimeToAccuracy:
             self._gradient_bytes[task] = 4 * sum(p.numel() for p in model.parameters())
         return self._gradient_bytes[task]
 
-    def worker_config(self, task: str, run: _Run) -> dict[str, Any]:
+    def worker_config(self, task: str, run: _Run, seed: int = SEED) -> dict[str, Any]:
         c = self.config
         cfg: dict[str, Any] = {
             "loop": "budget",
             "task": task,
             "method": run.method,
-            "seed": c.seed,
+            "seed": seed,
             "threads": c.threads,
             "budget_s": c.budget_s,
             "evals": c.evals,
@@ -161,12 +162,17 @@ class TimeToAccuracy:
         """Every method (and grid plan) on one task at the current rate; their summaries."""
         timeout = self.timeout_s(task, rate)
         summaries = []
-        for run in self.runs():
+        seeds = self.config.seeds
+        # Seed by seed, every method once: the methods alternate in time, so a machine that
+        # slows down during the cell does not favour whichever method ran its seeds first.
+        for seed, run in ((seed, run) for seed in seeds for run in self.runs()):
             label = run.method if run.grid is None else f"oracle:{run.grid}"
+            if len(seeds) > 1:
+                label += f" s{seed}"
             print(f"   {label:<14} ...", end="", flush=True)
             result = self.runner.run(
-                f"{task}-{rate.label}-{label}".replace(":", "-").replace(" ", ""),
-                self.worker_config(task, run),
+                f"{task}-{rate.label}-{label}".replace(":", "-").replace(" ", "-"),
+                self.worker_config(task, run, seed),
                 timeout,
             )
             summary = {
@@ -175,6 +181,7 @@ class TimeToAccuracy:
                 "rate_mbit": rate.mbit,
                 "method": run.method,
                 "grid": run.grid,
+                "seed": seed,
                 **summarize_run(result),
             }
             summaries.append(summary)
@@ -305,6 +312,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     parser.add_argument(
+        "--seeds",
+        default=str(SEED),
+        help="comma-separated seeds; every method runs once per seed and the tables give "
+        "the means (default: %(default)s)",
+    )
+    parser.add_argument(
         "--network",
         choices=("auto", "shaped", "loopback"),
         default="auto",
@@ -341,6 +354,12 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> TimeTo
     evals = args.evals if args.evals is not None else int(_quick(args, "evals"))
     if not budget > 0 or evals < 0 or args.threads < 1:
         parser.error("need --budget-s > 0, --evals >= 0 and --threads >= 1")
+    try:
+        seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    except ValueError:
+        parser.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+    if not seeds or len(set(seeds)) != len(seeds):
+        parser.error(f"--seeds: need distinct seeds, got {args.seeds!r}")
     grid_text = args.oracle_grid or (QUICK_GRID if args.quick else ",".join(DEFAULT_GRID))
     try:
         grid = parse_grid(grid_text)
@@ -355,6 +374,7 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> TimeTo
         adaptive_kwargs=adaptive_kwargs,
         oracle_grid=grid,
         threads=args.threads,
+        seeds=seeds,
     )
 
 

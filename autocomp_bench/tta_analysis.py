@@ -10,7 +10,13 @@ and re-run on a saved document. Definitions:
   method takes away; None when that penalty is not positive;
 * **oracle**: for a (task, rate), the static grid plan with the best final validation metric
   there (the task's metric: accuracy for classifiers, else loss), each grid plan run on its
-  own: what a user who tried every plan of the grid would have picked in hindsight.
+  own: what a user who tried every plan of the grid would have picked in hindsight;
+* **seeds**: with several seeds a method's row is the mean final metric over them (steps
+  and median step: the median), and the per-seed values are kept. One seed's trajectory is
+  noisy: on the GPT LM at 200 Mbit/s two methods with the same per-step quality (PyTorch's
+  PowerSGD hook and autocomp's, both rank 4, 3 seeds: 2.2268 against 2.2238 after 300
+  steps) ended 0.024 apart at equal steps on one seed, so one seed cannot rank methods that
+  close.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ __all__ = [
     "METHODS",
     "PEERS",
     "Cell",
+    "aggregate_seeds",
     "choose_oracle",
     "penalty_fraction",
     "summarize_run",
@@ -96,6 +103,54 @@ def summarize_run(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def aggregate_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One method's summaries over seeds (same task, rate, method, grid plan) as one row.
+
+    A single run is returned as it is. Several: mean final metrics, median steps and median
+    step time, mean bytes; the curve, plan and notes of the first seed (the plot shows one
+    trajectory); ``per_seed`` keeps each seed's numbers. If any seed failed, the row is that
+    failure: a mean over the seeds that happened to work would hide it.
+    """
+    if not runs:
+        raise ValueError("aggregate_seeds needs at least one run")
+    if len(runs) == 1:
+        return runs[0]
+    failed = [r for r in runs if not succeeded(r)]
+    if failed:
+        return {**failed[0], "error": f"seed {failed[0].get('seed')}: {failed[0].get('error')}"}
+    first = runs[0]
+    accuracies = [r.get("valid_accuracy") for r in runs]
+    sent = [r.get("bytes_per_step") for r in runs]
+    shares = [r.get("other_cpu_share") for r in runs if r.get("other_cpu_share") is not None]
+    steps = round(statistics.median(r["steps"] for r in runs))
+    return {
+        **first,
+        "steps": steps,
+        # The report flags a run whose ranks stepped differently; keep that visible.
+        "rank1_steps": steps if all(r["steps"] == r["rank1_steps"] for r in runs) else -1,
+        "median_step_s": statistics.median(r["median_step_s"] for r in runs),
+        "valid_loss": statistics.fmean(r["valid_loss"] for r in runs),
+        "valid_accuracy": None
+        if any(a is None for a in accuracies)
+        else statistics.fmean(a for a in accuracies if a is not None),
+        "bytes_per_step": None
+        if any(b is None for b in sent)
+        else statistics.fmean(b for b in sent if b is not None),
+        "wall_seconds": sum(r.get("wall_seconds") or 0.0 for r in runs),
+        "other_cpu_share": max(shares) if shares else None,
+        "per_seed": [
+            {
+                "seed": r.get("seed"),
+                "steps": r["steps"],
+                "median_step_s": r["median_step_s"],
+                "valid_loss": r["valid_loss"],
+                "valid_accuracy": r.get("valid_accuracy"),
+            }
+            for r in runs
+        ],
+    }
+
+
 def succeeded(run: dict[str, Any] | None) -> bool:
     return run is not None and "error" not in run and run.get("median_step_s") is not None
 
@@ -144,9 +199,13 @@ def tta_rows(
     """
     rows = []
     for cell in cells:
-        here = [r for r in runs if r["task"] == cell.task and r["rate"] == cell.rate]
-        by_method = {r["method"]: r for r in here if r["method"] != "oracle"}
-        grid = {r["grid"]: r for r in here if r["method"] == "oracle"}
+        here: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
+        for r in runs:
+            if r["task"] == cell.task and r["rate"] == cell.rate:
+                here.setdefault((r["method"], r.get("grid")), []).append(r)
+        merged = {key: aggregate_seeds(group) for key, group in here.items()}
+        by_method = {m: r for (m, _), r in merged.items() if m != "oracle"}
+        grid = {g: r for (m, g), r in merged.items() if m == "oracle"}
         chosen = choose_oracle(grid, cell.higher_is_better) if grid else None
         base = by_method.get("allreduce")
         limit = by_method.get("limit")
@@ -204,6 +263,7 @@ def tta_checks(rows: list[dict[str, Any]], cells: list[Cell]) -> list[Check]:
                     auto["valid_loss"] <= best["valid_loss"],
                     f"adaptive {auto['valid_loss']:.4f} vs {best['method']} "
                     f"{best['valid_loss']:.4f}"
+                    + _seed_gaps(auto, best)
                     + (f" (peers missing: {', '.join(missing)})" if missing else ""),
                 )
             )
@@ -232,6 +292,16 @@ def tta_checks(rows: list[dict[str, Any]], cells: list[Cell]) -> list[Check]:
         if cell.rate_mbit is None:
             checks += _unshaped_checks(rows, cell)
     return checks
+
+
+def _seed_gaps(auto: dict[str, Any], other: dict[str, Any]) -> str:
+    """With several seeds: that the numbers are means, and adaptive's gap on each seed."""
+    mine, theirs = auto.get("per_seed"), other.get("per_seed")
+    if not mine or not theirs:
+        return ""
+    by_seed = {s["seed"]: s["valid_loss"] for s in theirs}
+    gaps = [f"{s['valid_loss'] - by_seed[s['seed']]:+.4f}" for s in mine if s["seed"] in by_seed]
+    return f" (means of {len(mine)} seeds; per seed {' / '.join(gaps)})"
 
 
 def _penalty_check(rows: list[dict[str, Any]], cell: Cell) -> Check:

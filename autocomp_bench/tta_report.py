@@ -42,6 +42,16 @@ def _cells(document: dict[str, Any]) -> list[Cell]:
 
 
 def _note(row: dict[str, Any]) -> str:
+    per_seed = row.get("per_seed")
+    seeds = (
+        "per seed " + " / ".join(f"{s['valid_loss']:.4f} ({s['steps']})" for s in per_seed)
+        if per_seed
+        else ""
+    )
+    return "; ".join(part for part in (_run_note(row), seeds) if part)
+
+
+def _run_note(row: dict[str, Any]) -> str:
     info = row.get("info") or {}
     if row["steps"] != row.get("rank1_steps"):  # the harness guarantees equal counts
         return f"RANK 1 RAN {row.get('rank1_steps')} STEPS"
@@ -121,8 +131,15 @@ def _definitions(document: dict[str, Any]) -> list[str]:
     s = document["settings"]
     grid = "; ".join(f"{name} = {plan_summary(plan)}" for name, plan in s["oracle_grid"].items())
     kwargs = "".join(f", {k}={v!r}" for k, v in s["adaptive_kwargs"].items())
+    seeds = s.get("seeds") or [s["seed"]]  # documents before --seeds hold one "seed"
+    seeded = (
+        f"seed {seeds[0]}"
+        if len(seeds) == 1
+        else f"each of seeds {', '.join(map(str, seeds))} (the table gives the mean final "
+        "metric over the seeds, the median steps and median step time)"
+    )
     return [
-        f"Every method trains a fresh model of each task from seed {s['seed']} for "
+        f"Every method trains a fresh model of each task from {seeded} for "
         f"{s['budget_s']:g} s of training (evaluation excluded, clock paused), 2 gloo ranks, "
         f"{s['threads']} torch thread(s) per rank; both ranks agree on the clock after every "
         f"step (all-reduce MAX), so they stop at the same step. Validation at {s['evals']} "

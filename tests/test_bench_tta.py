@@ -23,14 +23,16 @@ from autocomp_bench.harness import LoopbackNetwork, Rate, Runner
 from autocomp_bench.report import jsonable
 from autocomp_bench.tta_analysis import (
     Cell,
+    aggregate_seeds,
     choose_oracle,
     median_step,
     penalty_fraction,
+    succeeded,
     summarize_run,
     tta_checks,
     tta_rows,
 )
-from autocomp_bench.tta_report import render_markdown, text_report
+from autocomp_bench.tta_report import cell_rows, render_markdown, text_report
 from autocomp_bench.worker import eval_points
 
 # ---- tier 1 ----------------------------------------------------------------------------------
@@ -126,6 +128,37 @@ def test_rows_carry_the_penalty_removed_and_the_oracle_choice() -> None:
     # Without the oracle among the methods, its grid runs make no row.
     rows = tta_rows(_runs(1.99, 0.14, 0.0101), [GPT], ["adaptive"])
     assert [r["method"] for r in rows] == ["adaptive"]
+
+
+def test_seeds_make_one_row_of_means_and_keep_each_seeds_numbers() -> None:
+    """Two seeds per method: the row holds the mean loss, the median steps and step time,
+    and each seed's numbers; the oracle is chosen on the means, and the best-peer check
+    reads the means and names adaptive's gap on each seed. A failed seed fails the row."""
+    runs = []
+    for seed, shift in ((0, 0.0), (1, 0.1)):
+        for run in _runs(1.99 + shift, 0.14, 0.0101):
+            steps = 100 + 10 * seed
+            run = {**run, "seed": seed, "steps": steps, "rank1_steps": steps}
+            if run["method"] == "oracle" and run["grid"] == "fp16":
+                run["valid_loss"] = 2.2 - 0.3 * seed  # best on seed 1 only, worse on average
+            runs.append(run)
+    rows = tta_rows(runs, [GPT], list(tta.METHODS))
+    gpt = {r["method"]: r for r in rows}
+    assert gpt["adaptive"]["valid_loss"] == pytest.approx(1.99 + 0.05)
+    assert gpt["adaptive"]["steps"] == 105 and gpt["adaptive"]["rank1_steps"] == 105
+    assert [s["valid_loss"] for s in gpt["adaptive"]["per_seed"]] == pytest.approx([1.99, 2.09])
+    assert gpt["oracle"]["oracle_choice"] == "psgd4"  # 1.985 against 2.05 on average
+    (peer,) = [c for c in tta_checks(rows, [GPT]) if "best peer" in c.name]
+    # Ahead of all-reduce on seed 0, behind on seed 1, behind on the mean: a failure.
+    assert "means of 2 seeds; per seed -0.0100 / +0.0900" in peer.detail and not peer.passed
+    table = {line[0]: line for line in cell_rows(rows, GPT)}
+    assert table["adaptive"][3] == "2.0400"
+    assert table["adaptive"][-1].endswith("per seed 1.9900 (100) / 2.0900 (110)")
+    # The rank mismatch of one seed's run stays visible in the merged row.
+    assert aggregate_seeds([_run(1.0), {**_run(1.1), "rank1_steps": 99}])["rank1_steps"] == -1
+    broken = aggregate_seeds([{**_run(1.0), "seed": 0}, {"error": "timed out", "seed": 1}])
+    assert not succeeded(broken) and broken["error"] == "seed 1: timed out"
+    assert aggregate_seeds([_run(1.0)]) == _run(1.0)
 
 
 def _checks(loss: float, gpt_step: float, unshaped_step: float) -> dict[str, bool | None]:

@@ -526,7 +526,13 @@ class AdaptiveLoop:
         group = self.state.link_group
         device = collective_device(group)
         raw = sum(slot.shape.numel() * slot.dtype.itemsize for slot in self.state.slots.values())
-        agreed = self._prober.opening(raw, self.first_forward_seconds, device, group)
+        agreed = self._prober.opening(
+            raw,
+            self.first_forward_seconds,
+            device,
+            group,
+            opening_ratio=self.planner.config.opening_ratio,
+        )
         slowest_forward, missing = agreed.slowest_forward_seconds, agreed.forward_missing
         probe = (agreed.payload_bytes * self.state.link_share, agreed.seconds)
         current = {name: self.state.slots[name].compressor.spec for name in self.names}

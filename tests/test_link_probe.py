@@ -150,6 +150,35 @@ def test_the_opening_agrees_on_one_contention_reading(tmp_path: Path) -> None:
     assert zero["after"] and one["after"]
 
 
+def _opening_sizes(rank: int, world: int) -> list[int]:
+    from autocomp.opening import ProbeRunner
+
+    runner = ProbeRunner()
+    cpu = torch.device("cpu")
+    # A 10 s forward: even a 64 KB pass's rate puts 8 MB far under 5x that compute.
+    plainly_fast = runner.opening(8 << 20, 10.0, cpu, None, opening_ratio=5.0)
+    no_ratio = runner.opening(8 << 20, 10.0, cpu, None)
+    # One rank without a forward time: nothing to weigh the link against, no early stop.
+    blind = runner.opening(8 << 20, None if rank == 1 else 10.0, cpu, None, opening_ratio=5.0)
+    return [plainly_fast.payload_bytes, no_ratio.payload_bytes, blind.payload_bytes]
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+def test_the_opening_probe_stops_growing_on_a_plainly_fast_link(tmp_path: Path) -> None:
+    """On loopback a 64 KB pass already shows the gradients' all-reduce far under the
+    opening's threshold: the probe stops there, on every rank alike, instead of growing to
+    megabytes (0.36 s of the n-gram model's 0.75 s opening). Without the threshold, or
+    with a rank that has no forward time, it grows as before."""
+    from autocomp.opening import OPENING_PROBE_START_BYTES
+
+    zero, one = run_ranks(_opening_sizes, 2, tmp_path / "ranks")
+    assert zero == one
+    fast, grown, blind = zero
+    assert fast == OPENING_PROBE_START_BYTES
+    assert grown > OPENING_PROBE_START_BYTES and blind > OPENING_PROBE_START_BYTES
+
+
 @pytest.mark.multirank
 @pytest.mark.timeout(120)
 def test_probe_lifts_a_stuck_slow_estimate_on_every_rank_alike(tmp_path: Path) -> None:

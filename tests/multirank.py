@@ -146,20 +146,44 @@ def torchrun(
         str(script),
         *args,
     ]
-    proc = subprocess.Popen(
-        command,
-        cwd=cwd,
-        env=environ,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"{script.name} did not finish in {timeout_s:.0f}s:\n{output[-6000:]}")
+    aborted = ""
+    for _attempt in range(2):
+        proc = subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=environ,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            output, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+            pytest.fail(f"{script.name} did not finish in {timeout_s:.0f}s:\n{output[-6000:]}")
+        if proc.returncode == 0 or not _aborted_at_exit(output) or aborted:
+            break
+        # Once, and only for PyTorch's own exit-time abort (see _aborted_at_exit).
+        aborted = output
+    if aborted and proc.returncode == 0:
+        print(f"{script.name}: a rank aborted at interpreter exit; the relaunch passed")
     assert proc.returncode == 0, f"{script.name} failed (exit {proc.returncode}):\n{output[-8000:]}"
     return output
+
+
+EXIT_ABORT = "terminate called without an active exception"
+
+
+def _aborted_at_exit(output: str) -> bool:
+    """A rank died of SIGABRT with gloo's exit-time message and nothing else went wrong.
+
+    torch 2.13 with gloo aborts a rank at interpreter exit now and then, after the script
+    is done, without autocomp: the README's quick start with ``autocomp.wrap`` removed and
+    ``import autocomp`` dropped failed 4 of 30 launches here (2026-11-24), with autocomp 5 of
+    30. A test of what the script did must not fail on that, so ``torchrun`` relaunches such
+    a run once; any other failure, or the abort twice, still fails.
+    """
+    script_failed = "Traceback" in output.split(EXIT_ABORT)[0]
+    return EXIT_ABORT in output and "exitcode: -6" in output and not script_failed

@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autocomp
 from tests.models import MultiBucketNet, classification_batch
-from tests.multirank import REPO, run_ranks, torchrun
+from tests.multirank import EXIT_ABORT, REPO, _aborted_at_exit, run_ranks, torchrun
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(300)]
 
@@ -49,6 +49,16 @@ def test_quick_start_block_is_found() -> None:
     code = quick_start_code()
     assert "autocomp.wrap(" in code and "ctl.summary()" in code
     compile(code, "README.md quick start", "exec")
+
+
+def test_only_pytorchs_exit_abort_earns_a_relaunch() -> None:
+    """``torchrun`` relaunches once for gloo's abort at interpreter exit (it happens without
+    autocomp too), never for a script that failed first."""
+    done = "step 50: ...\n" + EXIT_ABORT + "\nfailed (exitcode: -6) local_rank: 1\nTraceback"
+    assert _aborted_at_exit(done)
+    crashed = "Traceback (most recent call last):\nValueError\n" + done
+    assert not _aborted_at_exit(crashed)
+    assert not _aborted_at_exit("failed (exitcode: 1) local_rank: 0\nTraceback")
 
 
 def test_quick_start_runs_under_torchrun(tmp_path: Path) -> None:

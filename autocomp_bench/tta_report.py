@@ -54,6 +54,8 @@ def _note(row: dict[str, Any]) -> str:
 def _run_note(row: dict[str, Any]) -> str:
     info = row.get("info") or {}
     if row["steps"] != row.get("rank1_steps"):  # the harness guarantees equal counts
+        if row.get("per_seed"):
+            return "RANK 1 RAN OTHER STEP COUNTS ON A SEED"
         return f"RANK 1 RAN {row.get('rank1_steps')} STEPS"
     if row.get("oracle_choice") is not None:
         return f"grid plan {row['oracle_choice']}"

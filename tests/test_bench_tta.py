@@ -155,7 +155,10 @@ def test_seeds_make_one_row_of_means_and_keep_each_seeds_numbers() -> None:
     assert table["adaptive"][3] == "2.0400"
     assert table["adaptive"][-1].endswith("per seed 1.9900 (100) / 2.0900 (110)")
     # The rank mismatch of one seed's run stays visible in the merged row.
-    assert aggregate_seeds([_run(1.0), {**_run(1.1), "rank1_steps": 99}])["rank1_steps"] == -1
+    mismatched = {**aggregate_seeds([_run(1.0), {**_run(1.1), "rank1_steps": 99}])}
+    assert mismatched["rank1_steps"] == -1
+    mismatched.update(task=GPT.task, rate=GPT.rate, method="adaptive")
+    assert cell_rows([mismatched], GPT)[0][-1].startswith("RANK 1 RAN OTHER STEP COUNTS")
     broken = aggregate_seeds([{**_run(1.0), "seed": 0}, {"error": "timed out", "seed": 1}])
     assert not succeeded(broken) and broken["error"] == "seed 1: timed out"
     assert aggregate_seeds([_run(1.0)]) == _run(1.0)

@@ -146,7 +146,7 @@ def torchrun(
         str(script),
         *args,
     ]
-    aborted = ""
+    relaunched = False
     for _attempt in range(2):
         proc = subprocess.Popen(
             command,
@@ -163,11 +163,11 @@ def torchrun(
             os.killpg(proc.pid, signal.SIGKILL)
             output, _ = proc.communicate()
             pytest.fail(f"{script.name} did not finish in {timeout_s:.0f}s:\n{output[-6000:]}")
-        if proc.returncode == 0 or not _aborted_at_exit(output) or aborted:
+        if proc.returncode == 0 or relaunched or not _aborted_at_exit(output):
             break
         # Once, and only for PyTorch's own exit-time abort (see _aborted_at_exit).
-        aborted = output
-    if aborted and proc.returncode == 0:
+        relaunched = True
+    if relaunched and proc.returncode == 0:
         print(f"{script.name}: a rank aborted at interpreter exit; the relaunch passed")
     assert proc.returncode == 0, f"{script.name} failed (exit {proc.returncode}):\n{output[-8000:]}"
     return output

@@ -265,6 +265,7 @@ def _adaptive_loop(
         first_look_steps=source.first_look_steps,
         opening=source.opening,
         sampled_steps=source.sampled_steps,
+        quiet_window_seconds=float(source.quiet_window_seconds),
     )
     AdaptiveLoop.validate(config)
     pins = [(r.pattern, r.compressor.spec) for r in resolved.rules.rules]

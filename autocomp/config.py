@@ -37,6 +37,7 @@ _FIELDS_IN_TOML = (
     "first_look_steps",
     "opening",
     "sampled_steps",
+    "quiet_window_seconds",
     "hierarchy",
 )
 
@@ -74,6 +75,9 @@ class AutocompConfig:
     an uncompressed one would be communication-bound (adaptive; needs the DDP model)."""
     sampled_steps: int = 2
     """Steps per window whose gradient norms and errors are measured (adaptive)."""
+    quiet_window_seconds: float = 2.0
+    """While every layer stays uncompressed and nothing is pending, boundaries come about
+    this many seconds apart instead of every window (adaptive; 0: every window)."""
     hierarchy: str | bool = "auto"
     """Reduce at full precision inside each node and compress only across nodes: ``"auto"``
     (when the job spans several nodes of more than one rank each), True or False."""
@@ -89,7 +93,8 @@ class AutocompConfig:
 
         The file may carry an ``[autocomp]`` table with any of ``plan`` (a table of glob =
         spec), ``target_overlap``, ``window``, ``warmup_steps``, ``seed``, ``run_dir``,
-        ``first_look_steps``, ``opening``, ``sampled_steps`` and ``hierarchy``; the rest of the
+        ``first_look_steps``, ``opening``, ``sampled_steps``, ``quiet_window_seconds`` and
+        ``hierarchy``; the rest of the
         file is the policy (schema in ``policies/default.toml``). Keyword arguments override
         both.
         """
@@ -136,6 +141,9 @@ class AutocompConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        quiet = self.quiet_window_seconds
+        if isinstance(quiet, bool) or not isinstance(quiet, (int, float)) or not quiet >= 0:
+            raise ValueError(f"quiet_window_seconds must be a number >= 0, got {quiet!r}")
         if not isinstance(self.opening, bool):
             raise TypeError(f"opening must be True or False, got {self.opening!r}")
         if self.seed is not None and (
@@ -205,5 +213,6 @@ class ResolvedConfig:
             s.first_look_steps,
             s.opening,
             s.sampled_steps,
+            float(s.quiet_window_seconds),
             s.hierarchy,
         )

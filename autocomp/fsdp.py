@@ -505,6 +505,7 @@ def _adaptive_loop(
         first_look_steps=resolved.source.first_look_steps,
         opening=resolved.source.opening,
         sampled_steps=resolved.source.sampled_steps,
+        quiet_window_seconds=float(resolved.source.quiet_window_seconds),
         blocking_hook=True,
     )
     loop = None

@@ -9,11 +9,13 @@ Covers: every rank holds the same plan at every window and switches at the same 
 opening at step 0 included), with bit-identical parameters; the fast (real loopback) link
 keeps everything uncompressed; each convergence guard fires on an injected fault (NaN
 gradient, loss spike, gradient-norm jump, runaway residual) and the plan reacts; checkpoints
-restore the adaptive plan and state; a layer's measured hook cost includes its decode.
+restore the adaptive plan and state; a layer's measured hook cost includes its decode; a
+settled uncompressed plan stretches the windows alike on every rank.
 """
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autocomp
+from autocomp.adaptive import MAX_QUIET_WINDOWS
 from autocomp.link_model import LinkEstimate
 from tests.models import MultiBucketNet, classification_batch
 from tests.multirank import run_ranks
@@ -192,6 +195,44 @@ def test_measured_fast_link_keeps_everything_uncompressed(tmp_path: Path) -> Non
             assert layer["spec"] == "none", layer
     reasons = {layer["reason"] for layer in decided[-1]["decision"]["layers"]}
     assert any(reason.startswith("fast link") for reason in reasons), reasons
+
+
+def _quiet(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 256), torch.nn.ReLU(), torch.nn.Linear(256, 5))
+    ddp = DDP(model)
+    config = autocomp.AutocompConfig(
+        target_overlap=0.9, policy=policy_path, window=WINDOW, quiet_window_seconds=1000.0
+    )
+    ctl = autocomp.wrap(ddp, config=config)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    for step in range(4 * WINDOW + 2 * MAX_QUIET_WINDOWS * WINDOW):
+        _train_step(ctl, ddp, opt, rank, step)
+    return {
+        "plan": ctl.plan,
+        "steps": [r.step for r in ctl.history],
+        "params": _flat(model),
+    }
+
+
+def test_a_settled_uncompressed_plan_stretches_the_windows(tmp_path: Path) -> None:
+    """On the fast (loopback) link every layer stays uncompressed; once the warm-up is over
+    and the plan holds, rank 0's broadcast stretches the windows (to ``MAX_QUIET_WINDOWS``
+    here, with ``quiet_window_seconds`` far above any window), and every rank skips the same
+    boundaries: the boundary-time collectives stay matched and the parameters identical."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY.replace("fast_link_gbit = 25.0", "fast_link_gbit = 0.5"))
+    results = run_ranks(_quiet, 2, tmp_path / "ranks", str(policy))
+    reference = results[0]
+    assert set(reference["plan"].values()) == {"none"}
+    assert results[1]["steps"] == reference["steps"]
+    assert torch.equal(results[1]["params"], reference["params"])
+    steps = reference["steps"]
+    gaps = [b - a for a, b in itertools.pairwise(steps)]
+    assert MAX_QUIET_WINDOWS * WINDOW in gaps, steps
+    # Without the stretch the run would hold a boundary every window after the warm-up.
+    after_warmup = [s for s in steps if s > 4]
+    assert len(after_warmup) <= 3, steps
 
 
 def _guard_counts(ctl: autocomp.Controller) -> dict[str, int]:

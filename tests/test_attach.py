@@ -83,7 +83,13 @@ def test_make_hook_trains_like_wrap(tmp_path: Path, eager_bind: bool) -> None:
 def _adaptive_make_hook(rank: int, world: int, run_dir: str) -> dict[str, Any]:
     torch.manual_seed(0)
     ddp = DDP(MultiBucketNet(), bucket_cap_mb=0.02)
-    config = autocomp.AutocompConfig(target_overlap=0.9, window=4, warmup_steps=4, run_dir=run_dir)
+    config = autocomp.AutocompConfig(
+        target_overlap=0.9,
+        window=4,
+        warmup_steps=4,
+        run_dir=run_dir,
+        quiet_window_seconds=0.0,  # the plain schedule, checked below
+    )
     state, hook = autocomp.make_hook(config)
     ddp.register_comm_hook(state, hook)
     _train(ddp, rank, steps=10)

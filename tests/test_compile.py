@@ -37,7 +37,15 @@ def _compiled(rank: int, world: int, how: str, mode: str, run_dir: str) -> dict[
     if mode == "static":
         ctl = autocomp.wrap(ddp, plan={"*.bias": "none", "*": "powersgd:rank=2"})
     else:
-        ctl = autocomp.wrap(ddp, target_overlap=0.9, window=3, warmup_steps=3, run_dir=run_dir)
+        # Every window (no quiet stretch), so that the boundaries below are the plain schedule.
+        config = autocomp.AutocompConfig(
+            target_overlap=0.9,
+            window=3,
+            warmup_steps=3,
+            run_dir=run_dir,
+            quiet_window_seconds=0.0,
+        )
+        ctl = autocomp.wrap(ddp, config=config)
     runner = torch.compile(ddp, backend="aot_eager") if how == "compile-outside" else ddp
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     losses = []

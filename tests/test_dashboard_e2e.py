@@ -68,6 +68,7 @@ def _train(rank: int, world_size: int, sync: str, port: int, kill_sidecar: bool)
         window=WINDOW,
         warmup_steps=WINDOW,
         first_look_steps=WINDOW,  # boundaries: the glance after step 0, then every WINDOW
+        quiet_window_seconds=0.0,  # even while the plan holds (the override's next window)
         run_dir=Path(sync) / "run",
         dashboard=port if rank == 0 else False,
     )

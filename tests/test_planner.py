@@ -127,7 +127,7 @@ def test_a_second_look_catches_a_first_step_inflated_by_one_off_costs() -> None:
     assert second.plan[NAMES.index("fc1.weight")] != "none"
 
     config = AdaptiveLoop.Config(window=50, warmup_steps=100, first_look_steps=2)
-    loop = SimpleNamespace(config=config, _warming=True)
+    loop = SimpleNamespace(config=config, _warming=True, _quiet_until=0)
     loop._early_looks = lambda: AdaptiveLoop._early_looks(loop)  # type: ignore[arg-type]
     loop.is_boundary = lambda step: AdaptiveLoop.is_boundary(loop, step)  # type: ignore[arg-type]
     boundaries = [s for s in range(1, 101) if loop.is_boundary(s)]
@@ -137,9 +137,114 @@ def test_a_second_look_catches_a_first_step_inflated_by_one_off_costs() -> None:
     # Once rank 0's broadcast says the warm-up is over, only the first two looks remain.
     loop._warming = False
     assert [s for s in range(1, 101) if loop.is_boundary(s)] == [1, 2, 4, 50, 100]
-    late = SimpleNamespace(config=AdaptiveLoop.Config(window=4, warmup_steps=4), _warming=True)
+    late = SimpleNamespace(
+        config=AdaptiveLoop.Config(window=4, warmup_steps=4), _warming=True, _quiet_until=0
+    )
     late._early_looks = lambda: AdaptiveLoop._early_looks(late)  # type: ignore[arg-type]
     assert [s for s in range(1, 9) if AdaptiveLoop.is_boundary(late, s)] == [1, 2, 4, 8]  # type: ignore[arg-type]
+
+
+def _quiet_loop(**fields: object) -> object:
+    """An ``AdaptiveLoop`` stand-in with just what its schedule and quiet rule read."""
+    from types import SimpleNamespace
+
+    from autocomp.adaptive import AdaptiveLoop
+
+    config = AdaptiveLoop.Config(window=50, warmup_steps=100, quiet_window_seconds=2.0)
+    loop = SimpleNamespace(
+        config=fields.pop("config", config),
+        _warming=False,
+        _quiet_until=0,
+        warmup_peers=(),
+        state=SimpleNamespace(hierarchy=None),
+        planner=SimpleNamespace(warmup_done=True, frozen=False),
+        names=NAMES,
+    )
+    for key, value in fields.items():
+        setattr(loop, key, value)
+    loop._early_looks = lambda: AdaptiveLoop._early_looks(loop)  # type: ignore[arg-type]
+    return loop
+
+
+def test_a_quiet_stretch_skips_regular_boundaries_only() -> None:
+    """Rank 0's broadcast at the boundary of step 100 said five quiet windows: the regular
+    boundaries up to step 350 are skipped on every rank, the early looks and the warm-up's
+    end are not, and the profiler's sampled steps follow the stretched schedule
+    (``next_boundary``). A stretch that ends off the window grid ends at the next multiple."""
+    from autocomp.adaptive import AdaptiveLoop
+
+    loop = _quiet_loop(_quiet_until=350)
+    boundaries = [s for s in range(1, 501) if AdaptiveLoop.is_boundary(loop, s)]  # type: ignore[arg-type]
+    assert boundaries == [1, 2, 4, 100, 350, 400, 450, 500]
+    assert AdaptiveLoop.next_boundary(loop, 100) == 350  # type: ignore[arg-type]
+    assert AdaptiveLoop.next_boundary(loop, 349) == 350  # type: ignore[arg-type]
+    assert AdaptiveLoop.next_boundary(loop, 350) == 400  # type: ignore[arg-type]
+    off_grid = _quiet_loop(_quiet_until=330)
+    assert AdaptiveLoop.next_boundary(off_grid, 100) == 350  # type: ignore[arg-type]
+    assert not AdaptiveLoop.is_boundary(off_grid, 330)  # type: ignore[arg-type]
+    assert AdaptiveLoop.is_boundary(off_grid, 350)  # type: ignore[arg-type]
+    # No stretch: every window.
+    plain = _quiet_loop()
+    assert [s for s in range(101, 301) if AdaptiveLoop.is_boundary(plain, s)] == [
+        150,
+        200,
+        250,
+        300,
+    ]  # type: ignore[arg-type]
+
+
+def test_only_a_settled_uncompressed_plan_stretches_the_windows() -> None:
+    """``AdaptiveLoop._quiet_windows``: about ``quiet_window_seconds`` of windows (7 ms steps,
+    50-step windows, 2 s: five), capped at ``MAX_QUIET_WINDOWS``, and one window whenever
+    anything is left to decide, watch or apply, or another loop shares the schedule."""
+    from types import SimpleNamespace
+
+    from autocomp.adaptive import MAX_QUIET_WINDOWS, AdaptiveLoop
+    from autocomp.window import PlanUpdate, WindowRecord
+
+    none = dict.fromkeys(NAMES, "none")
+    m = SimpleNamespace(timings={"step_seconds": 0.007})
+
+    def quiet(loop: object = None, current: dict[str, str] = none, **update: object) -> int:
+        fields: dict[str, object] = {
+            "plan": [none[n] for n in NAMES],
+            "resets": [],
+            "probe_bytes": 0,
+            "record": WindowRecord.opening(1.0),
+            **update,
+        }
+        return AdaptiveLoop._quiet_windows(  # type: ignore[arg-type]
+            loop or _quiet_loop(),
+            PlanUpdate(**fields),
+            current,
+            m,  # type: ignore[arg-type]
+        )
+
+    assert quiet() == 5
+    fast = SimpleNamespace(timings={"step_seconds": 1e-5})
+    assert (
+        AdaptiveLoop._quiet_windows(  # type: ignore[arg-type]
+            _quiet_loop(),
+            PlanUpdate([none[n] for n in NAMES], [], 0, WindowRecord.opening(1.0)),
+            none,
+            fast,  # type: ignore[arg-type]
+        )
+        == MAX_QUIET_WINDOWS
+    )
+    compressed = {**none, "fc1.weight": "powersgd:rank=4"}
+    assert quiet(plan=[compressed[n] for n in NAMES], current=compressed) == 1
+    assert quiet(current=compressed) == 1  # the plan changes at this boundary
+    assert quiet(probe_bytes=1 << 20) == 1
+    assert quiet(resets=["fc1.weight"]) == 1
+    assert quiet(record=WindowRecord.opening(1.0, guard_events=[{"guard": "loss"}])) == 1
+    assert quiet(_quiet_loop(planner=SimpleNamespace(warmup_done=False, frozen=False))) == 1
+    assert quiet(_quiet_loop(warmup_peers=(object(),))) == 1
+    assert quiet(_quiet_loop(state=SimpleNamespace(hierarchy=object()))) == 1
+    assert quiet(_quiet_loop(planner=SimpleNamespace(warmup_done=True, frozen=True))) == 1
+    off = AdaptiveLoop.Config(window=50, warmup_steps=100, quiet_window_seconds=0.0)
+    assert quiet(_quiet_loop(config=off)) == 1
+    with pytest.raises(ValueError, match="quiet_window_seconds"):
+        AdaptiveLoop.validate(AdaptiveLoop.Config(quiet_window_seconds=-1.0))
 
 
 def test_the_early_looks_do_not_read_as_a_critical_regime() -> None:

@@ -463,7 +463,7 @@ class AdaptiveLoop:
                     "reset": update.resets,
                     "probe_bytes": update.probe_bytes,
                     "warming": not self.planner.warmup_done,
-                    "quiet_windows": self._quiet_windows(update, current, measurement),
+                    "quiet_windows": self._safe_quiet_windows(update, current, measurement),
                 }
             ]
         message = self._broadcast(payload)
@@ -493,6 +493,16 @@ class AdaptiveLoop:
                 else ""
             )
             logger.info("autocomp %s%s", record.summary(), quiet_note)
+
+    def _safe_quiet_windows(
+        self, update: PlanUpdate, current: dict[str, str], measurement: WindowMeasurement
+    ) -> int:
+        """:meth:`_quiet_windows`, or 1 if it raises: the broadcast must still go out."""
+        try:
+            return self._quiet_windows(update, current, measurement)
+        except Exception:
+            logger.exception("autocomp: the quiet-stretch check failed; next window as usual")
+            return 1
 
     def _quiet_windows(
         self, update: PlanUpdate, current: dict[str, str], measurement: WindowMeasurement

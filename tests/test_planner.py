@@ -245,6 +245,11 @@ def test_only_a_settled_uncompressed_plan_stretches_the_windows() -> None:
     assert quiet(_quiet_loop(config=off)) == 1
     with pytest.raises(ValueError, match="quiet_window_seconds"):
         AdaptiveLoop.validate(AdaptiveLoop.Config(quiet_window_seconds=-1.0))
+    # A check that raises on rank 0 must not keep the plan's broadcast from going out.
+    broken = _quiet_loop(state=SimpleNamespace())  # no hierarchy attribute: AttributeError
+    broken._quiet_windows = lambda *args: AdaptiveLoop._quiet_windows(broken, *args)  # type: ignore[attr-defined]
+    update = PlanUpdate([none[n] for n in NAMES], [], 0, WindowRecord.opening(1.0))
+    assert AdaptiveLoop._safe_quiet_windows(broken, update, none, m) == 1  # type: ignore[arg-type]
 
 
 def test_the_early_looks_do_not_read_as_a_critical_regime() -> None:

@@ -138,6 +138,12 @@ class _Link:
     def compress_seconds(self, compressor: object, shape: torch.Size) -> float:
         return 1e-3
 
+    def contention_rate(self) -> float:
+        return 0.0
+
+    def half_sum_seconds_per_element(self, dtype: torch.dtype) -> float:
+        return 0.0
+
 
 def test_engine_leaves_the_optimizer_layers_uncompressed_while_held() -> None:
     rules = PolicyRules(warmup_steps=0, pins=(), candidates=("none", "fp16", "powersgd:rank=4"))

@@ -71,6 +71,12 @@ class FakeCostModel:
             return _POWERSGD_PER_RANK * int(compressor.config["rank"]) * shape.numel()
         return _PER_ELEMENT.get(compressor.name, 0.0) * shape.numel()
 
+    def contention_rate(self) -> float:
+        return 0.0
+
+    def half_sum_seconds_per_element(self, dtype: torch.dtype) -> float:
+        return 0.0
+
 
 def mlp_profile() -> list[LayerProfile]:
     """A 16M-parameter MLP: four big weights, biases, a LayerNorm and a small head."""

@@ -88,6 +88,12 @@ class _LinkCost:
     def compress_seconds(self, compressor: Compressor, shape: torch.Size) -> float:
         return 0.0 if compressor.name == "none" else 2e-9 * shape.numel()
 
+    def contention_rate(self) -> float:
+        return 0.0
+
+    def half_sum_seconds_per_element(self, dtype: torch.dtype) -> float:
+        return 0.0
+
 
 def _meta() -> dict[str, Any]:
     return {

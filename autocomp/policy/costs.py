@@ -63,11 +63,9 @@ class LatencyCache:
 
     def half_sum(self, dtype: torch.dtype, payload_bytes: int) -> float:
         """What summing ``payload_bytes`` of ``dtype`` costs beyond its bytes (the cost model's
-        measured half-precision sum, an optional member; 0 without it)."""
-        per_element = getattr(self.cost_model, "half_sum_seconds_per_element", None)
-        if not callable(per_element):
-            return 0.0
-        return float(per_element(dtype)) * (payload_bytes // dtype.itemsize)
+        measured half-precision sum)."""
+        per_element = self.cost_model.half_sum_seconds_per_element(dtype)
+        return float(per_element) * (payload_bytes // dtype.itemsize)
 
     def of(self, collective: Collective) -> float:
         if collective not in self._latency:

@@ -280,9 +280,8 @@ class PolicyEngine:
 
     def _contention(self) -> float:
         """The exposure model's contention (backward seconds lost per busy link second), from
-        the cost model's measured contention when it has one (an optional member)."""
-        rate = getattr(self.cost_model, "contention_rate", None)
-        return float(rate()) if callable(rate) else 0.0
+        the cost model's measured contention."""
+        return float(self.cost_model.contention_rate())
 
     def _search_config(self) -> SearchConfig:
         cfg = self.config

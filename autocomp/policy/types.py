@@ -72,6 +72,14 @@ class CostModelProtocol(Protocol):
         """Measured link bandwidth, or None before any measurement."""
         ...
 
+    def contention_rate(self) -> float:
+        """Backward seconds lost per second the link is busy beside it (0: none measured)."""
+        ...
+
+    def half_sum_seconds_per_element(self, dtype: torch.dtype) -> float:
+        """What an all-reduce of ``dtype`` costs per element beyond its bytes (0: nothing)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LayerProfile:

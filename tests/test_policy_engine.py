@@ -538,6 +538,18 @@ def test_input_validation() -> None:
         eng.decide(mlp_profile(), TIMING, AFTER_WARMUP, 0)
     with pytest.raises(ValueError, match="target_overlap"):
         PolicyEngine(PolicyRules(), FakeCostModel(200), target_overlap=1.5)
+
+    class NoContention:  # a cost model written before the contention term existed
+        bandwidth_bytes_per_s = 1e9
+
+        def comm_seconds(self, collective: Collective, payload_bytes: int, world: int) -> float:
+            return 0.0
+
+        def compress_seconds(self, compressor: Compressor, shape: torch.Size) -> float:
+            return 0.0
+
+    with pytest.raises(TypeError, match="missing contention_rate, half_sum_seconds_per_elem"):
+        PolicyEngine(PolicyRules(), NoContention(), target_overlap=0.9)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="hideable_seconds"):
         StepTiming(backward_seconds=1.0, hideable_seconds=-1.0, step_seconds=1.0)
     with pytest.raises(ValueError, match="grad_norm"):

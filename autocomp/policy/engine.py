@@ -110,6 +110,22 @@ class PolicyEngine:
     ) -> None:
         if not isinstance(target_overlap, (int, float)) or not 0.0 <= target_overlap <= 1.0:
             raise ValueError(f"target_overlap must be in [0, 1], got {target_overlap!r}")
+        if not isinstance(cost_model, CostModelProtocol):
+            missing = [
+                name
+                for name in (
+                    "comm_seconds",
+                    "compress_seconds",
+                    "bandwidth_bytes_per_s",
+                    "contention_rate",
+                    "half_sum_seconds_per_element",
+                )
+                if not hasattr(cost_model, name)
+            ]
+            raise TypeError(
+                f"{type(cost_model).__name__} is not a cost model for the policy engine: "
+                f"missing {', '.join(missing)} (see autocomp.policy.CostModelProtocol)"
+            )
         self.rules = rules
         self.cost_model = cost_model
         self.target_overlap = float(target_overlap)

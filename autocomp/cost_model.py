@@ -268,10 +268,13 @@ class CostModel:
         """The share of the backward's time lost while the link is busy beside it
         (``exposure.simulate``): the contention per byte times the link's bytes per second,
         at most ``MAX_CONTENTION_RATE``; 0 while either is unknown."""
-        bandwidth = self.bandwidth_bytes_per_s
-        if bandwidth is None or not bandwidth > 0:
+        return self.contention_rate_at(self.bandwidth_bytes_per_s)
+
+    def contention_rate_at(self, bandwidth_bytes_per_s: float | None) -> float:
+        """:meth:`contention_rate` on a link of that bandwidth (the advisor's what-if links)."""
+        if bandwidth_bytes_per_s is None or not bandwidth_bytes_per_s > 0:
             return 0.0
-        return min(MAX_CONTENTION_RATE, self._contention * bandwidth)
+        return min(MAX_CONTENTION_RATE, self._contention * bandwidth_bytes_per_s)
 
     def add_comm_sample(
         self, collective: Collective, payload_bytes: int, world_size: int, seconds: float

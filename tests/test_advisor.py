@@ -312,6 +312,50 @@ def test_adaptive_plan_comes_from_the_policy_engine(whatif: WhatIfModel) -> None
     assert all(spec == "none" for spec in fast.result("adaptive").plan.values())
 
 
+def test_the_what_if_prices_the_machines_contention_and_half_sums() -> None:
+    """Measured contention stretches the backward beside hidden transfers, and a measured
+    half-sum cost makes an fp16 all-reduce dearer than its bytes, in the advisor's plan
+    timeline as in the controller's engine (one exposure model). Older profiles without
+    them read as unmeasured; bad values are refused naming the field."""
+    plain = make_profile()
+    assert plain.link is not None
+    machine = dataclasses.replace(
+        plain,
+        link=dataclasses.replace(
+            plain.link,
+            contention_seconds_per_byte=2e-9,
+            half_sum_seconds_per_element=(("bfloat16", 0.0), ("float16", 5e-9)),
+        ),
+    )
+    link = scenario(1.0, world=2)
+    fp16 = {"big.weight": "fp16", "head.weight": "fp16"}
+    base, priced = WhatIfModel(plain), WhatIfModel(machine)
+    assert priced.cost_model(2).contention_seconds_per_byte == 2e-9
+    none_plain, _, _ = base.simulate({}, link)
+    none_priced, _, _ = priced.simulate({}, link)
+    assert none_priced.added_s > none_plain.added_s  # the 4 MB transfer beside the backward
+    fp16_plain, _, _ = base.simulate(fp16, link)
+    fp16_priced, _, _ = priced.simulate(fp16, link)
+    # On top of its share of contention, 1M halves summed at 5 ns each: about 5 ms.
+    assert fp16_priced.added_s - fp16_plain.added_s > 4e-3
+
+    data = machine.link.to_dict()  # type: ignore[union-attr]
+    assert LinkMeasurement.from_dict(data, "link") == machine.link
+    old = {k: v for k, v in data.items() if k not in _MACHINE_KEYS}
+    read = LinkMeasurement.from_dict(old, "link")
+    assert read.contention_seconds_per_byte == 0.0 and read.half_sum_seconds_per_element == ()
+    with pytest.raises(ProfileError, match="contention_seconds_per_byte"):
+        LinkMeasurement.from_dict({**data, "contention_seconds_per_byte": -1.0}, "link")
+    with pytest.raises(ProfileError, match="'float32' is not float16 or bfloat16"):
+        LinkMeasurement.from_dict({**data, "half_sum_seconds_per_element": {"float32": 0}}, "l")
+    with pytest.raises(ProfileError, match="finite"):
+        bad = {"float16": float("inf")}
+        LinkMeasurement.from_dict({**data, "half_sum_seconds_per_element": bad}, "link")
+
+
+_MACHINE_KEYS = ("contention_seconds_per_byte", "half_sum_seconds_per_element")
+
+
 def test_units_parse_and_reject() -> None:
     assert parse_bandwidth("10Gbit") == pytest.approx(1.25e9)
     assert parse_bandwidth("10 Gbit/s") == parse_bandwidth("10Gbps") == parse_bandwidth("10Gb/s")
@@ -901,6 +945,11 @@ def test_profile_and_recommend_the_digits_example_end_to_end(
     assert len(model.timing.rank_step_s) == 2
     assert profile.link is not None and profile.link.bandwidth_bytes_per_s > 0
     assert len(profile.link.samples) >= 10
+    # The machine's costs beside the link, as the controller's opening takes them (loopback
+    # and gloo on CPU: both half types timed; a cost under its noise floor reads 0).
+    assert profile.link.contention_seconds_per_byte >= 0
+    halves = dict(profile.link.half_sum_seconds_per_element)
+    assert set(halves) == {"float16", "bfloat16"} and min(halves.values()) >= 0
     assert profile.measurement(build_compressor("powersgd:rank=4").spec, (256, 1024))
 
     page, advice = tmp_path / "advice.html", tmp_path / "advice.json"

@@ -8,10 +8,17 @@ samples are then fitted with :class:`autocomp.link_model.BandwidthMeter`, the sa
 alpha-beta fit the adaptive controller uses (lower envelope per size class, Huber regression).
 Sizes stop growing when the next one would not fit in the time budget, a decision rank 0 takes
 and broadcasts so every rank issues the same collectives.
+
+At the largest size timed, the same two machine costs the adaptive controller's opening
+measures are taken too (:class:`autocomp.opening.ProbeRunner`): the compute a transfer takes
+from the cores beside it, and what gloo's CPU sum of halves costs beyond its bytes. The
+what-if cost model prices hidden transfers and fp16/bf16 all-reduces with them, as the
+controller's engine does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -21,7 +28,9 @@ import torch.distributed as dist
 
 from autocomp.advisor.profile import LinkMeasurement
 from autocomp.compressors import Collective
+from autocomp.cost_model import HALF_DTYPES
 from autocomp.link_model import BandwidthMeter, latency_hops, link_bytes
+from autocomp.opening import ProbeRunner
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +61,7 @@ def measure_link(
     samples: list[tuple[int, float]] = []
     flag = torch.zeros(1, dtype=torch.int32, device=device)
     last_size_seconds = 0.0
+    last_size = 0
     for index, size in enumerate(sizes):
         if rank == 0:
             elapsed = time.perf_counter() - started
@@ -71,9 +81,41 @@ def measure_link(
             times.append(time.perf_counter() - t0)
         samples.extend((tensor.numel() * 4, t) for t in times)
         last_size_seconds = min(times)
+        last_size = tensor.numel() * 4
         if progress is not None and rank == 0:
             progress(index + 1, len(sizes))
-    return _fit(samples, world)
+    contention, halves = _machine_costs(last_size, last_size_seconds, device, group)
+    fit = _fit(samples, world)
+    if fit is None:
+        return None
+    return dataclasses.replace(
+        fit,
+        contention_seconds_per_byte=contention,
+        half_sum_seconds_per_element=tuple(
+            (str(dtype).removeprefix("torch."), cost)
+            for dtype, cost in zip(HALF_DTYPES, halves, strict=True)
+        ),
+    )
+
+
+def _machine_costs(
+    payload_bytes: int,
+    seconds: float,
+    device: torch.device,
+    group: dist.ProcessGroup | None,
+) -> tuple[float, tuple[float, ...]]:
+    """Transfer contention and half-precision sum costs at the largest size timed, agreed
+    over the ranks. Every rank gets the same size from the agreed loop above; the time is
+    agreed here (the fastest rank's, as in the opening), because the half sums skip their
+    collectives on a slow link and every rank must skip alike."""
+    agreed = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=group)
+    fastest = float(agreed.item())
+    runner = ProbeRunner()
+    runner.time_all_reduce(payload_bytes, device, group)  # primes the probe buffer's path
+    contention = runner.contention(payload_bytes, fastest, device, group)
+    halves = runner.half_sums(payload_bytes, fastest, device, group)
+    return contention, halves
 
 
 def _fit(samples: list[tuple[int, float]], world: int) -> LinkMeasurement | None:

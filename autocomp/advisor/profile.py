@@ -31,7 +31,10 @@ Schema, version 1 (``?`` marks a value that may be null)::
       }],
       "link": {"latency_s": 4e-5, "bandwidth_bytes_per_s": 1.2e9, "rel_residual": 0.05,
                "method": "bandwidth-meter", "world_size": 2,
-               "samples": [[payload_bytes, seconds], ...]}?,   # null: one rank, or failed run
+               "samples": [[payload_bytes, seconds], ...],
+               "contention_seconds_per_byte": 2e-9,         # optional (older files: 0)
+               "half_sum_seconds_per_element": {"float16": 1e-9, "bfloat16": 0.0}  # optional
+              }?,                                           # null: one rank, or failed run
       "compressors": {"budget_s": 20.0, "threads": 1, "world_size": 2,
                       "results": [{"spec": "powersgd:rank=4,ef=true", "shape": [256, 1024],
                                    "collective": "all_reduce", "wire_bytes": 10240,
@@ -375,6 +378,12 @@ class LinkMeasurement:
     """Ranks in the measurement."""
     samples: tuple[tuple[int, float], ...] = ()
     """(payload bytes per rank, seconds) of every timed all-reduce."""
+    contention_seconds_per_byte: float = 0.0
+    """Compute seconds a transfer took from the profiling machine per byte a rank sent
+    (``opening.ProbeRunner.contention``; 0: none measured, or none to measure)."""
+    half_sum_seconds_per_element: tuple[tuple[str, float], ...] = ()
+    """(dtype name, seconds): what an all-reduce of that half type cost per element beyond
+    its bytes (``opening.ProbeRunner.half_sums``; absent: not measured)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -384,6 +393,8 @@ class LinkMeasurement:
             "method": self.method,
             "world_size": self.world_size,
             "samples": [list(s) for s in self.samples],
+            "contention_seconds_per_byte": self.contention_seconds_per_byte,
+            "half_sum_seconds_per_element": dict(self.half_sum_seconds_per_element),
         }
 
     @classmethod
@@ -396,6 +407,26 @@ class LinkMeasurement:
         bandwidth = _number(data, "bandwidth_bytes_per_s", where)
         if bandwidth <= 0:
             raise ProfileError(f"{where}.bandwidth_bytes_per_s must be > 0")
+        # The two machine costs came later in version 1: absent, they read as unmeasured.
+        contention = 0.0
+        if data.get("contention_seconds_per_byte") is not None:
+            contention = _number(data, "contention_seconds_per_byte", where)
+        halves = data.get("half_sum_seconds_per_element") or {}
+        if not isinstance(halves, Mapping):
+            raise ProfileError(f"{where}.half_sum_seconds_per_element must be an object")
+        half_sums = []
+        for name, value in sorted(halves.items()):
+            if name not in ("float16", "bfloat16"):
+                raise ProfileError(
+                    f"{where}.half_sum_seconds_per_element: {name!r} is not float16 or bfloat16"
+                )
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ProfileError(f"{where}.half_sum_seconds_per_element.{name} must be a number")
+            if not math.isfinite(value) or value < 0:
+                raise ProfileError(
+                    f"{where}.half_sum_seconds_per_element.{name} must be finite and >= 0"
+                )
+            half_sums.append((str(name), float(value)))
         return cls(
             latency_s=_number(data, "latency_s", where),
             bandwidth_bytes_per_s=bandwidth,
@@ -403,6 +434,8 @@ class LinkMeasurement:
             method=_text(data, "method", where),
             world_size=_integer(data, "world_size", where, low=2),
             samples=tuple(samples),
+            contention_seconds_per_byte=contention,
+            half_sum_seconds_per_element=tuple(half_sums),
         )
 
 

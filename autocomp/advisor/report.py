@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from autocomp.advisor.profile import ModelProfile, Profile
+from autocomp.advisor.profile import LinkMeasurement, ModelProfile, Profile
 from autocomp.advisor.units import format_bandwidth, format_bytes, format_seconds
 from autocomp.advisor.whatif import Evaluation, Verdict, WhatIfModel
 
@@ -148,7 +148,27 @@ def _link_summary(profile: Profile) -> dict[str, Any]:
         "latency_s": link.latency_s,
         "rel_residual": link.rel_residual,
         "world_size": link.world_size,
+        "contention_seconds_per_byte": link.contention_seconds_per_byte,
+        "half_sum_seconds_per_element": dict(link.half_sum_seconds_per_element),
     }
+
+
+def _machine_costs(link: LinkMeasurement) -> str:
+    """The profiling machine's costs beside the link, when measured and not zero."""
+    parts = []
+    if link.contention_seconds_per_byte > 0:
+        parts.append(
+            f"a transfer takes {link.contention_seconds_per_byte * 1e9:.2g} ns of compute "
+            "per byte sent"
+        )
+    halves = [
+        f"{name} +{cost * 1e9:.2g} ns"
+        for name, cost in link.half_sum_seconds_per_element
+        if cost > 0
+    ]
+    if halves:
+        parts.append("half sums per element: " + ", ".join(halves))
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _adaptive_plan(evaluation: Evaluation) -> dict[str, str]:
@@ -192,6 +212,7 @@ def render_terminal(advice: Advice, console: Console) -> None:
         if link is None
         else f"profiled on {format_bandwidth(link.bandwidth_bytes_per_s)}, "
         f"{format_seconds(link.latency_s)}/hop between {link.world_size} ranks"
+        + _machine_costs(link)
     )
     console.print(
         f"[bold]{profile.script.path}[/bold]: {model.module_class}, {len(model.layers)} "

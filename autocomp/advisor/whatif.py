@@ -55,7 +55,7 @@ from autocomp.advisor.verdict import DO_NOT_COMPRESS_COSTLY as DO_NOT_COMPRESS_C
 from autocomp.advisor.verdict import DO_NOT_COMPRESS_HIDDEN as DO_NOT_COMPRESS_HIDDEN
 from autocomp.advisor.verdict import Verdict, judge
 from autocomp.compressors import Collective, Compressor, NoCompression, build_compressor
-from autocomp.cost_model import CostModel
+from autocomp.cost_model import HALF_DTYPES, CostModel
 from autocomp.cost_prior import CostSample, payload_count
 from autocomp.exposure import Group, Timeline, simulate
 from autocomp.link_model import LinkEstimate, link_bytes
@@ -187,10 +187,12 @@ def simulate_pipeline(
     comm: Sequence[float],
     local: Sequence[float] | None = None,
     decode: Sequence[float] | None = None,
+    contention: float = 0.0,
 ) -> Timeline:
     """The exposure model (:func:`autocomp.exposure.simulate`) on buckets given by their ready
     times (seconds after the end of the forward, non-decreasing), collective times, the hook's
-    sending-side work (on the backward's thread) and the decode that follows each collective.
+    sending-side work (on the backward's thread) and the decode that follows each collective;
+    ``contention`` as there (the backward's share lost while the link is busy beside it).
     """
     count = len(ready)
     if len(comm) != count:
@@ -206,7 +208,8 @@ def simulate_pipeline(
         [
             Group(hideable_s=last - r, comm_s=c + d, work_s=w)
             for r, c, w, d in zip(ready, comm, local, decode, strict=True)
-        ]
+        ],
+        contention,
     )
 
 
@@ -365,6 +368,14 @@ class WhatIfModel:
             if self.profile.world_size != world_size and self.profile.world_size >= 1:
                 samples += self.cost_samples(self.profile.world_size)
             model.warm_start(samples)
+            link = self.profile.link
+            if link is not None:
+                # Costs of the profiling machine, per byte and per element: they hold on
+                # any link the what-if puts it on (the contention rate scales with it).
+                model.update_contention(link.contention_seconds_per_byte)
+                dtypes = {str(dtype).removeprefix("torch."): dtype for dtype in HALF_DTYPES}
+                for name, cost in link.half_sum_seconds_per_element:
+                    model.update_half_sum(dtypes[name], cost)
             self._cost_models[world_size] = model
         return model
 
@@ -464,8 +475,12 @@ class WhatIfModel:
                 bucket_local += seconds_local
                 bucket_decode += seconds_decode
             seconds = 0.0
-            for (collective, _), size in payloads.items():
+            for (collective, kind), size in payloads.items():
                 seconds += collective_seconds(collective, size, world, link)
+                if isinstance(kind, torch.dtype) and collective is Collective.ALL_REDUCE:
+                    # gloo sums halves on the CPU, slower than their bytes (measured).
+                    per_element = costs.half_sum_seconds_per_element(kind)
+                    seconds += per_element * (size // kind.itemsize)
                 wire_total += size
                 sent_total += link_bytes(collective, size, world)
             ready.append(bucket.ready_s)
@@ -478,6 +493,7 @@ class WhatIfModel:
             [comm[i] for i in order],
             [local[i] for i in order],
             [decode[i] for i in order],
+            contention=costs.contention_rate_at(link.bandwidth_bytes_per_s),
         )
         return pipeline, wire_total, sent_total
 

@@ -73,6 +73,8 @@ FORMAT_VERSION = 1
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 """The half-precision types whose all-reduce sums the cost model prices apart, in the order
 the opening measures them (``opening.ProbeRunner.half_sums``)."""
+HALF_DTYPES_BY_NAME = {str(dtype).removeprefix("torch."): dtype for dtype in HALF_DTYPES}
+"""The same by name (``"float16"``), as files store them (the advisor's profile)."""
 MAX_CONTENTION_RATE = 0.9
 """Cap of :meth:`CostModel.contention_rate`: the probe measures a share of the stretched
 compute, below 1 by construction; a link estimate that later reads faster than the probed

@@ -346,7 +346,7 @@ def test_the_what_if_prices_the_machines_contention_and_half_sums() -> None:
     assert read.contention_seconds_per_byte == 0.0 and read.half_sum_seconds_per_element == ()
     with pytest.raises(ProfileError, match="contention_seconds_per_byte"):
         LinkMeasurement.from_dict({**data, "contention_seconds_per_byte": -1.0}, "link")
-    with pytest.raises(ProfileError, match="'float32' is not float16 or bfloat16"):
+    with pytest.raises(ProfileError, match="'float32' is not one of float16, bfloat16"):
         LinkMeasurement.from_dict({**data, "half_sum_seconds_per_element": {"float32": 0}}, "l")
     with pytest.raises(ProfileError, match="finite"):
         bad = {"float16": float("inf")}

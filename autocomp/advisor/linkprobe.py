@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from autocomp.advisor.profile import LinkMeasurement
 from autocomp.compressors import Collective
-from autocomp.cost_model import HALF_DTYPES
+from autocomp.cost_model import HALF_DTYPES_BY_NAME
 from autocomp.link_model import BandwidthMeter, latency_hops, link_bytes
 from autocomp.opening import ProbeRunner
 
@@ -91,10 +91,7 @@ def measure_link(
     return dataclasses.replace(
         fit,
         contention_seconds_per_byte=contention,
-        half_sum_seconds_per_element=tuple(
-            (str(dtype).removeprefix("torch."), cost)
-            for dtype, cost in zip(HALF_DTYPES, halves, strict=True)
-        ),
+        half_sum_seconds_per_element=tuple(zip(HALF_DTYPES_BY_NAME, halves, strict=True)),
     )
 
 

@@ -65,6 +65,8 @@ from typing import Any
 
 import torch
 
+from autocomp.cost_model import HALF_DTYPES_BY_NAME
+
 __all__ = [
     "PROFILE_VERSION",
     "VERSION_KEY",
@@ -416,9 +418,10 @@ class LinkMeasurement:
             raise ProfileError(f"{where}.half_sum_seconds_per_element must be an object")
         half_sums = []
         for name, value in sorted(halves.items()):
-            if name not in ("float16", "bfloat16"):
+            if name not in HALF_DTYPES_BY_NAME:
                 raise ProfileError(
-                    f"{where}.half_sum_seconds_per_element: {name!r} is not float16 or bfloat16"
+                    f"{where}.half_sum_seconds_per_element: {name!r} is not one of "
+                    f"{', '.join(HALF_DTYPES_BY_NAME)}"
                 )
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ProfileError(f"{where}.half_sum_seconds_per_element.{name} must be a number")

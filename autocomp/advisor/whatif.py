@@ -55,7 +55,7 @@ from autocomp.advisor.verdict import DO_NOT_COMPRESS_COSTLY as DO_NOT_COMPRESS_C
 from autocomp.advisor.verdict import DO_NOT_COMPRESS_HIDDEN as DO_NOT_COMPRESS_HIDDEN
 from autocomp.advisor.verdict import Verdict, judge
 from autocomp.compressors import Collective, Compressor, NoCompression, build_compressor
-from autocomp.cost_model import HALF_DTYPES, CostModel
+from autocomp.cost_model import HALF_DTYPES_BY_NAME, CostModel
 from autocomp.cost_prior import CostSample, payload_count
 from autocomp.exposure import Group, Timeline, simulate
 from autocomp.link_model import LinkEstimate, link_bytes
@@ -373,9 +373,8 @@ class WhatIfModel:
                 # Costs of the profiling machine, per byte and per element: they hold on
                 # any link the what-if puts it on (the contention rate scales with it).
                 model.update_contention(link.contention_seconds_per_byte)
-                dtypes = {str(dtype).removeprefix("torch."): dtype for dtype in HALF_DTYPES}
                 for name, cost in link.half_sum_seconds_per_element:
-                    model.update_half_sum(dtypes[name], cost)
+                    model.update_half_sum(HALF_DTYPES_BY_NAME[name], cost)
             self._cost_models[world_size] = model
         return model
 

@@ -94,9 +94,8 @@ class AutocompConfig:
         The file may carry an ``[autocomp]`` table with any of ``plan`` (a table of glob =
         spec), ``target_overlap``, ``window``, ``warmup_steps``, ``seed``, ``run_dir``,
         ``first_look_steps``, ``opening``, ``sampled_steps``, ``quiet_window_seconds`` and
-        ``hierarchy``; the rest of the
-        file is the policy (schema in ``policies/default.toml``). Keyword arguments override
-        both.
+        ``hierarchy``; the rest of the file is the policy (schema in
+        ``policies/default.toml``). Keyword arguments override both.
         """
         fields: dict[str, Any] = {}
         text = str(source)

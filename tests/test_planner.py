@@ -245,6 +245,11 @@ def test_only_a_settled_uncompressed_plan_stretches_the_windows() -> None:
     assert quiet(_quiet_loop(config=off)) == 1
     with pytest.raises(ValueError, match="quiet_window_seconds"):
         AdaptiveLoop.validate(AdaptiveLoop.Config(quiet_window_seconds=-1.0))
+    from autocomp.config import AutocompConfig
+
+    for bad in (-1.0, float("nan"), True, "2"):
+        with pytest.raises(ValueError, match="quiet_window_seconds"):
+            AutocompConfig(quiet_window_seconds=bad).resolve()  # type: ignore[arg-type]
     # A check that raises on rank 0 must not keep the plan's broadcast from going out.
     broken = _quiet_loop(state=SimpleNamespace())  # no hierarchy attribute: AttributeError
     broken._quiet_windows = lambda *args: AdaptiveLoop._quiet_windows(broken, *args)  # type: ignore[attr-defined]

@@ -41,6 +41,7 @@ from autocomp import timing as timing_module
 from autocomp.advisor import capture as capture_module
 from autocomp.advisor import cli
 from autocomp.advisor.capture import ModelCapture
+from autocomp.advisor.costs import eligible
 from autocomp.advisor.profile import (
     PROFILE_VERSION,
     BucketInfo,
@@ -53,6 +54,7 @@ from autocomp.advisor.profile import (
     ScriptInfo,
     Timing,
 )
+from autocomp.advisor.runner import ProfileRunner, smallest_preset_min_numel
 from autocomp.advisor.session import CaptureSession, _StopScript
 from autocomp.advisor.units import parse_bandwidth, parse_latency
 from autocomp.advisor.whatif import (
@@ -69,7 +71,7 @@ from autocomp.hook import autocomp_hook
 from autocomp.hook_state import HookState
 from autocomp.link_model import LinkEstimate
 from autocomp.plan import load_plan
-from autocomp.policy.rules import PolicyRules
+from autocomp.policy.rules import PolicyRules, available_policies, load_policy
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -623,6 +625,18 @@ def test_profile_checks_out_and_script_before_running(
     assert cli.main(["profile", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "is a directory" in err
+
+
+def test_profile_measures_every_shape_a_shipped_preset_may_compress() -> None:
+    # recommend --policy may name any preset: a layer it weighs needs a measured error, so the
+    # capture keeps gradients down to the smallest preset floor (it was 16,384 while the
+    # default preset's was 4,096, leaving such layers on the priors).
+    floors = {name: load_policy(name).min_numel for name in available_policies()}
+    assert "default" in floors and "federated" in floors
+    default_floor = ProfileRunner.Config(script=Path("train.py")).min_numel
+    assert default_floor == min(floors.values()) == smallest_preset_min_numel()
+    assert default_floor <= floors["default"]
+    assert eligible((10, 256), default_floor)  # the digits CNN's head, 2,560 elements
 
 
 def test_recommend_names_the_chosen_model_of_several(

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ from autocomp.advisor.launch import (
 from autocomp.advisor.linkprobe import measure_link
 from autocomp.advisor.profile import LinkMeasurement, Profile, ScriptInfo
 from autocomp.advisor.session import CaptureSession, _StopScript
+from autocomp.policy.rules import PolicyRules, available_policies, load_policy
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +156,14 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def smallest_preset_min_numel() -> int:
+    """The least ``min_numel`` over the shipped presets (the default preset's if none)."""
+    names = available_policies()
+    if not names:
+        return PolicyRules().min_numel
+    return min(load_policy(name).min_numel for name in names)
+
+
 class ProfileRunner:
     """``autocomp-advisor profile``: one rank in place, or N spawned local ranks."""
 
@@ -178,8 +187,10 @@ class ProfileRunner:
         """Wall-clock budget for the all-reduce link probe."""
         timeout_s: float = 1800.0
         """Spawned ranks still running after this long are killed."""
-        min_numel: int = 16384
-        """Layers smaller than this (or 1-D) are never compressed, so not timed."""
+        min_numel: int = field(default_factory=lambda: smallest_preset_min_numel())
+        """Layers smaller than this (or 1-D) are not timed. By default the smallest
+        ``min_numel`` of the shipped presets: ``recommend --policy`` may name any of them,
+        and a layer it weighs without a measurement falls back on the priors."""
 
         def __post_init__(self) -> None:
             if self.steps < 1 or self.nproc < 1:

@@ -28,8 +28,8 @@ measurements, and a :class:`~autocomp.link_model.LinkEstimate` of the scenario, 
 :class:`~autocomp.policy.engine.PolicyEngine`.
 
 Uniform options compress every parameter with at least two dimensions and at least the
-policy's ``min_numel`` elements (16384 by default); biases, norm scales and tiny tensors stay
-uncompressed, as anyone deploying them would configure it.
+policy's ``min_numel`` elements; biases, norm scales and tiny tensors stay uncompressed, as
+anyone deploying them would configure it.
 
 The verdict (compress or not, and why) is worked out from an :class:`Evaluation` in
 :mod:`autocomp.advisor.verdict`; :meth:`WhatIfModel.verdict` is its entry point.

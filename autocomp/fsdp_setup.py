@@ -114,6 +114,17 @@ def _effective_reduce_dtype(fsdp_param: Any) -> torch.dtype:
     return policy.reduce_dtype or policy.param_dtype or orig
 
 
+def _param_groups(fsdp_state: Any) -> list[Any]:
+    """An FSDP module's parameter groups, across torch versions: newer FSDP2 keeps a list
+    (``_fsdp_param_groups``, several groups under per-parameter meshes), torch 2.11 and
+    earlier one optional group (``_fsdp_param_group``; seen on a GPU machine, 2026-11-24)."""
+    groups = getattr(fsdp_state, "_fsdp_param_groups", None)
+    if groups is not None:
+        return list(groups)
+    group = getattr(fsdp_state, "_fsdp_param_group", None)
+    return [] if group is None else [group]
+
+
 def fsdp_groups(
     model: torch.nn.Module, shard_ranks: list[int]
 ) -> tuple[list[tuple[str, Any, Any]], Exception | None]:
@@ -140,7 +151,7 @@ def fsdp_groups(
     for name, module in model.named_modules():
         if not isinstance(module, FSDPModule):
             continue
-        groups = module._get_fsdp_state()._fsdp_param_groups
+        groups = _param_groups(module._get_fsdp_state())
         if not groups:
             continue
         where = name or "<root>"

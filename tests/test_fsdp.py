@@ -61,6 +61,21 @@ def test_config_defaults() -> None:
         FSDPController.Config(0)  # type: ignore[misc]  # keyword-only
 
 
+def test_param_groups_read_both_fsdp2_layouts() -> None:
+    # torch 2.13 keeps a list of groups; torch 2.11 (the GPU machine's, 2026-11-24) one
+    # optional group, and wrap_fsdp failed there with an AttributeError before this.
+    from types import SimpleNamespace
+
+    from autocomp.fsdp_setup import _param_groups
+
+    group = object()
+    assert _param_groups(SimpleNamespace(_fsdp_param_groups=[group, group])) == [group, group]
+    assert _param_groups(SimpleNamespace(_fsdp_param_groups=[])) == []
+    assert _param_groups(SimpleNamespace(_fsdp_param_group=group)) == [group]
+    assert _param_groups(SimpleNamespace(_fsdp_param_group=None)) == []
+    assert _param_groups(SimpleNamespace()) == []
+
+
 # ---- tier 2: helpers (run inside the spawned ranks) ---------------------------------------
 
 

@@ -66,7 +66,11 @@ class Int8(_ChunkedQuantizer):
 
     def compress(self, x: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
         rows = chunked(x, int(self.config["chunk"]))
-        scales = rows.abs().amax(dim=1) / 127.0
+        # Times the reciprocal, not divided by 127: CUDA divides by a Python scalar through its
+        # reciprocal, the CPU divides, so ``/ 127.0`` gave scales an ulp apart on the two
+        # devices (H100, 2026-11-24) and every decoded value with them. One multiply rounds
+        # alike everywhere, so a CPU replay of a GPU run decodes the same bits.
+        scales = rows.abs().amax(dim=1) * (1.0 / 127.0)
         safe = torch.where(scales > 0, scales, torch.ones_like(scales))
         codes = torch.round(rows / safe.unsqueeze(1)).clamp_(-127, 127)
         codes = (codes + 128).to(torch.uint8).reshape(-1)[: x.numel()]

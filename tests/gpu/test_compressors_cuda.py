@@ -5,8 +5,9 @@ follow the gradient's device), but the suite runs them on CPU only. Here:
 
 - deterministic compressors (none, fp16, bf16, int8, sign, topk, powersgd with its seeded
   first factor) decode, step after step, to what the CPU decodes from the same input and seed:
-  bit for bit where the math is exact (casts, selection), within float rounding otherwise
-  (sign's chunk norms, PowerSGD's matmuls and QR; int8 within one quantization step);
+  bit for bit where the math is exact (casts, selection, int8's scale as a multiply by
+  1/127: a division by a Python scalar rounded an ulp apart on CPU and CUDA, H100 2026-11-24),
+  within float rounding otherwise (sign's chunk norms, PowerSGD's matmuls and QR);
 - random ones (qsgd, randomk) keep the contract on CUDA: payload on the device with the
   reported size and dtype, a state re-created from the same seed replays the same draws,
   randomk's ranks pick the same coordinates, and both stay unbiased in expectation;
@@ -34,7 +35,7 @@ pytestmark = [*GPU_MARKS, pytest.mark.timeout(300)]
 CUDA = torch.device("cuda")
 
 # spec -> how close the CUDA result must be to the CPU one
-EXACT, CLOSE, ONE_STEP = "exact", "close", "one quantization step"
+EXACT, CLOSE = "exact", "close"
 DETERMINISTIC = {
     "none": EXACT,
     "fp16": EXACT,
@@ -42,8 +43,8 @@ DETERMINISTIC = {
     "bf16": EXACT,
     "topk:ratio=0.1": EXACT,
     "topk:ratio=0.5": EXACT,
-    "int8": ONE_STEP,
-    "int8:chunk=3": ONE_STEP,
+    "int8": EXACT,
+    "int8:chunk=3": EXACT,
     "sign": CLOSE,
     "sign:chunk=5": CLOSE,
     "powersgd:rank=1": CLOSE,
@@ -94,13 +95,6 @@ def assert_matches_cpu(
     kind = DETERMINISTIC[spec]
     if kind == EXACT:
         assert torch.equal(got, want), (spec, shape, (got - want).abs().max().item())
-    elif kind == ONE_STEP:
-        # Codes are round(x / scale) with scale = max|chunk| / 127: the same IEEE division on
-        # both devices, so they should agree; allow a rounding tie to land on the other code.
-        step = want.abs().max().item() / 127.0
-        diff = (got - want).abs()
-        assert diff.max().item() <= step * 1.001 + 1e-12, (spec, shape, diff.max().item())
-        assert (diff > 0).float().mean().item() <= 0.01, (spec, shape)
     else:
         scale = max(torch.linalg.vector_norm(want).item(), 1e-30)
         rel = torch.linalg.vector_norm(got - want).item() / scale

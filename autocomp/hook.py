@@ -456,7 +456,7 @@ def _finish(state: HookState, work: BucketWork) -> torch.Tensor:
             payloads = [rows[r, start : start + size] for r in range(world)]
             _write_back(buffer, part, payloads, step, checks, timer)
             start += size
-    state._pending_checks.extend(checks)
+    state.add_checks(checks)
     if profiler is not None and started is not None:
         profiler.bucket_finished(started, work.profiled_step)
     return buffer

@@ -114,11 +114,13 @@ def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, (0.5 * x @ teacher).unsqueeze(1)
 
 
-def _train(model: torch.nn.Module, rank: int, steps: int, lr: float = 0.1) -> list[float]:
+def _train(
+    model: torch.nn.Module, rank: int, steps: int, lr: float = 0.1, device: str = "cpu"
+) -> list[float]:
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     losses = []
     for step in range(steps):
-        x, y = _batch(rank, step)
+        x, y = (t.to(device) for t in _batch(rank, step))
         loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()

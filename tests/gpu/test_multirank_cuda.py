@@ -34,29 +34,15 @@ from autocomp.compressors import build_compressor
 from tests.gpu.cuda import GPU_MARKS, requires_nccl
 from tests.models import MultiBucketNet, classification_batch
 from tests.multirank import run_ranks
+from tests.test_fsdp import MIXED_PLAN as FSDP_PLAN
+from tests.test_fsdp import _net, _shard, _train
+from tests.test_hierarchy import MIXED_PLAN
 
 pytestmark = [*GPU_MARKS, pytest.mark.multirank, pytest.mark.timeout(400)]
 
 STEPS = 20
 HIER_STEPS = 30
 """As ``tests/test_hierarchy.py``: this net's loss falls by 10% in 30 steps, not in 20."""
-HIER_PLAN = {
-    "conv.weight": "sign",
-    "fc1.weight": "powersgd:rank=4",
-    "fc1.bias": "fp16",
-    "norm.*": "none",
-    "fc2.weight": "topk:ratio=0.1",
-    "fc2.bias": "qsgd:levels=16",
-    "fc3.weight": "int8",
-    "fc3.bias": "randomk:ratio=0.5",
-    "head.*": "powersgd:rank=2",
-}
-FSDP_PLAN = {
-    "0.weight": "powersgd:rank=2",
-    "2.weight": "topk:ratio=0.1",  # gathered
-    "4.weight": "powersgd:rank=4",  # 1x32: whole on shard 0, empty on shard 1
-    "*bias": "fp16",
-}
 
 
 def _hierarchical(rank: int, world_size: int) -> dict[str, Any]:
@@ -68,7 +54,7 @@ def _hierarchical(rank: int, world_size: int) -> dict[str, Any]:
     torch.manual_seed(0)
     model = MultiBucketNet().cuda()
     ddp = DDP(model, device_ids=[0], bucket_cap_mb=0.02)
-    ctl = autocomp.wrap(ddp, plan=HIER_PLAN, hierarchy=True)
+    ctl = autocomp.wrap(ddp, plan=MIXED_PLAN, hierarchy=True)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     losses = []
     for step in range(HIER_STEPS):
@@ -150,46 +136,6 @@ def test_nonfinite_average_on_cuda_is_seen_by_every_rank(tmp_path: Path) -> None
     assert results[0]["sent"] == results[1]["sent"]
 
 
-def _net() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(8, 32),
-        torch.nn.Tanh(),
-        torch.nn.Linear(32, 32),
-        torch.nn.Tanh(),
-        torch.nn.Linear(32, 1),
-    )
-
-
-def _shard(model: torch.nn.Module, mesh: Any) -> torch.nn.Module:
-    from torch.distributed.fsdp import fully_shard
-
-    fully_shard(model[0], mesh=mesh)
-    fully_shard(model[2], mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model
-
-
-def _regression_batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1000 * rank + step)
-    x = torch.randn(16, 8, generator=g)
-    teacher = torch.linspace(-1.0, 1.0, 8)
-    return x.cuda(), (0.5 * x @ teacher).unsqueeze(1).cuda()
-
-
-def _train_fsdp(model: torch.nn.Module, rank: int) -> list[float]:
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    losses = []
-    for step in range(STEPS):
-        x, y = _regression_batch(rank, step)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
-
-
 def _fsdp_on_cuda(rank: int, world_size: int) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -201,7 +147,7 @@ def _fsdp_on_cuda(rank: int, world_size: int) -> dict[str, Any]:
         build_compressor(ctl.plan[n]).wire_bytes(s.shape, s.dtype)
         for n, s in ctl._state.slots.items()
     )
-    losses = _train_fsdp(model, rank)
+    losses = _train(model, rank, STEPS, lr=0.05, device="cuda")
     flat = torch.cat([p.detach().to_local().reshape(-1) for p in model.parameters()])
     replicate = mesh.get_group(0)
     gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size(replicate))]
@@ -245,7 +191,7 @@ def test_wrap_fsdp_adaptive_under_nccl(tmp_path: Path) -> None:
         mesh = init_device_mesh("cuda", (1, 1), mesh_dim_names=("replicate", "shard"))
         model = _shard(_net().cuda(), mesh["shard"])
         ctl = autocomp.wrap_fsdp(model, mesh, target_overlap=0.9, window=4)
-        losses = _train_fsdp(model, rank=0)
+        losses = _train(model, 0, STEPS, lr=0.05, device="cuda")
         stats = ctl.stats()
         history = list(ctl.history)
         ctl.close()

@@ -187,7 +187,7 @@ class ProfileRunner:
         """Wall-clock budget for the all-reduce link probe."""
         timeout_s: float = 1800.0
         """Spawned ranks still running after this long are killed."""
-        min_numel: int = field(default_factory=lambda: smallest_preset_min_numel())
+        min_numel: int = field(default_factory=smallest_preset_min_numel)
         """Layers smaller than this (or 1-D) are not timed. By default the smallest
         ``min_numel`` of the shipped presets: ``recommend --policy`` may name any of them,
         and a layer it weighs without a measurement falls back on the priors."""

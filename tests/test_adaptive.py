@@ -62,7 +62,7 @@ FAST_LINK = LinkEstimate(
     latency_s=50e-6, bandwidth_bytes_per_s=10e9 / 8, samples=16, rel_residual=0.0
 )
 """10 Gbit/s, above the tests' 0.5 Gbit/s fast-link threshold: for checks of what follows a
-fast link that must not hang on what loopback measures. This model's windows are too small
+fast link that must not depend on what loopback measures. This model's windows are too small
 to re-measure the link (``BandwidthMeter.blind``), so the first glance's reading stands; on a
 loaded CI machine it read 44 Mbit/s, the plan compressed, and the quiet stretch came late."""
 

@@ -63,8 +63,8 @@ FAST_LINK = LinkEstimate(
 )
 """10 Gbit/s, above the tests' 0.5 Gbit/s fast-link threshold: for checks of what follows a
 fast link that must not depend on what loopback measures. This model's windows are too small
-to re-measure the link (``BandwidthMeter.blind``), so the first glance's reading stands; on a
-loaded CI machine it read 44 Mbit/s, the plan compressed, and the quiet stretch came late."""
+to re-measure the link (``BandwidthMeter.blind``), so the first glance's reading stands. Under
+load (CI; here, four CPU hogs) it read 44 Mbit/s, the plan compressed, and the stretch came late."""
 
 
 def _setup(

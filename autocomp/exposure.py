@@ -24,14 +24,21 @@ Then, with groups indexed in ready order, ``W_{<=g}`` the work of groups up to g
 
 (:func:`added_seconds`). Two-round compressors (PowerSGD) add a dependency the closed form
 does not have: the hook launches group g's first round ahead of its other collectives, and
-group g+1's hook call waits for it before launching g's second round. When the link is behind,
-that wait stalls the backward. A transfer is not free for the backward beside it either: on
+group g+1's hook call waits for it, computes g's final round from it and launches that round
+with its own first one. When the link is behind, that wait stalls the backward. The last
+group's hook call waits for its own first round and computes its final round after the wait,
+and its decode comes after its last collective: that work sits on the step's tail, and a first
+round queued behind earlier traffic delays it (the MLP LM at 200 Mbit/s: an fp16 layer's
+500 kB ahead of the last bucket's PowerSGD rounds measured 4.7 ms more exposed than a model
+that placed all the work before the launches predicted). ``final_work_s`` and ``decode_s``
+of a group say which part of its work runs where (:meth:`Compressor.work_shares`).
+A transfer is not free for the backward beside it either: on
 CPU its sockets, copies and gloo's threads share the backward's cores (on 2 cores at 50 Mbit/s
 a hidden 300 kB all-gather stretched the GPT LM's backward by ~20 ms). The opening measures
 that contention (``opening.ProbeRunner.contention``), and the replay stretches the backward
 by it while the link is busy. :func:`simulate` replays all of it event by event and is what
-the policy and the advisor use; it equals the closed form when no group has a second round
-and the contention is 0.
+the policy and the advisor use; it equals the closed form when no group has a second round,
+the last group decodes nothing, and the contention is 0.
 The measured counterpart is :func:`measured_exposed` (the profiler's timestamps, the stalls
 included) and :func:`overlap`.
 """
@@ -73,6 +80,20 @@ class Group:
     second_round_s: float = 0.0
     """Of ``comm_s``: their second round, launched by the next group's hook call (the last
     group's at once, after waiting for its own first round)."""
+    final_work_s: float = 0.0
+    """Of ``work_s``: computing the second round's payload from the summed first round, done
+    after the wait for it (by the next group's hook call; the last group's own)."""
+    decode_s: float = 0.0
+    """Of ``work_s``: decoding once the group's collectives are done. The last group's comes
+    after its last collective (on the tail); an earlier group's overlaps the backward but
+    shares its cores, and is counted at its hook call."""
+
+    def __post_init__(self) -> None:
+        if self.final_work_s + self.decode_s > self.work_s * (1 + 1e-9) + 1e-12:
+            raise ValueError(
+                f"final_work_s + decode_s ({self.final_work_s} + {self.decode_s}) are parts of "
+                f"work_s ({self.work_s})"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,12 +148,14 @@ def simulate(groups: Sequence[Group], contention: float = 0.0) -> Timeline:
 
     Group g's hook call comes at ``first hideable - hideable_g`` on the compute clock, delayed
     by the work, the stalls and the contention before it. It waits for the previous group's
-    first round if there is one (a stall) and launches that group's second round, then its
-    own first round, then the rest of its collectives; each starts when the link is free. The
-    last group's hook call also waits for its own first round and launches its second round
-    (after the last bucket no backward is left to stall). Exposed time is what runs past the
-    end of the backward, plus the stalls (time the backward stood still for the link).
-    ``hideable_s`` must not increase along ``groups``.
+    first round if there is one (a stall), computes that group's final round, encodes its own
+    layers, and launches the previous final round with its own first round (one all-reduce),
+    then the rest of its collectives; each starts when the link is free. The last group's hook
+    call then waits for its own first round, computes and launches its final round; its decode
+    follows its last collective. Exposed time is what runs past the end of the backward, plus
+    the stalls (time the backward stood still for the link). ``hideable_s`` must not increase
+    along ``groups``; a last group with hideable time left (one group standing for a whole
+    backward) waits for its first round once that backward has ended.
 
     ``contention`` (in [0, 1)): the share of the backward's wall time lost while the link is
     busy beside it (the transfer's own CPU work on the same cores: sockets, copies, gloo's
@@ -140,7 +163,8 @@ def simulate(groups: Sequence[Group], contention: float = 0.0) -> Timeline:
     backward between two hook calls is stretched by ``contention`` x the link's busy time in
     that stretched interval, which delays every later hook call like compression work does;
     traffic after the backward's end costs nothing more. 0 (a transfer that costs the
-    backward nothing) gives the closed form of :func:`added_seconds`.
+    backward nothing) gives the closed form of :func:`added_seconds` when no group has a
+    second round and the last decodes nothing.
     """
     if any(b.hideable_s > a.hideable_s + 1e-12 for a, b in itertools.pairwise(groups)):
         raise ValueError("groups must be in ready order (hideable time not increasing)")
@@ -148,12 +172,12 @@ def simulate(groups: Sequence[Group], contention: float = 0.0) -> Timeline:
         raise ValueError(f"contention must be in [0, 1), got {contention!r}")
     if not groups:
         return Timeline(0.0, 0.0, 0.0, 0.0)
-    work = 0.0
     stalls = 0.0
     lost = 0.0  # contention so far
     link_free = -math.inf
     busy: list[tuple[float, float]] = []  # the link's service intervals, in order
-    waiting: tuple[float, float] | None = None  # (first round done, second round seconds)
+    # The previous group's pending final round: (first round done, its seconds, its work).
+    waiting: tuple[float, float, float] | None = None
 
     def occupy(start: float, seconds: float) -> float:
         """Serve ``seconds`` on the link from ``start`` (or when it frees); the end time."""
@@ -163,19 +187,6 @@ def simulate(groups: Sequence[Group], contention: float = 0.0) -> Timeline:
         if seconds > 0:
             busy.append((begin, link_free))
         return link_free
-
-    def release(now: float) -> float:
-        """Wait for the pending first round (a stall of the backward), launch its second."""
-        nonlocal waiting, stalls
-        if waiting is None:
-            return now
-        done, second = waiting
-        if done > now:
-            stalls += done - now
-            now = done
-        occupy(now, second)
-        waiting = None
-        return now
 
     def busy_within(start: float, end: float) -> float:
         return math.fsum(max(0.0, min(e, end) - max(s, start)) for s, e in busy)
@@ -198,29 +209,53 @@ def simulate(groups: Sequence[Group], contention: float = 0.0) -> Timeline:
             seconds += extra
         return now + seconds
 
-    now = 0.0  # the latest hook call's launches (compute clock)
+    last = groups[-1]
+    # A last group with hideable time left stands for a whole backward (no per-bucket
+    # timeline): its buckets' late work overlaps that backward, so it all counts at the hook
+    # call and the final round follows the first at once.
+    tail = last.hideable_s <= 0.0
+    now = 0.0  # the latest hook call (compute clock)
     previous_hideable = groups[0].hideable_s
     for group in groups:
         now = compute_from(now, previous_hideable - group.hideable_s)
         previous_hideable = group.hideable_s
-        work += group.work_s
-        now = release(now + group.work_s)
+        carried = 0.0
+        if waiting is not None:
+            done, carried, final_work = waiting
+            waiting = None
+            if done > now:
+                stalls += done - now
+                now = done
+            now += final_work
+        if group is not last:
+            late = group.final_work_s
+        else:
+            late = group.final_work_s + group.decode_s if tail else 0.0
+        now += max(0.0, group.work_s - late)
+        rest = max(0.0, group.comm_s - group.first_round_s - group.second_round_s)
+        if group is last and tail:
+            # The last bucket sends its plain parts in its first round's all-reduce.
+            first_done = occupy(now, carried + group.first_round_s + rest)
+            rest = 0.0
+        else:
+            first_done = occupy(now, carried + group.first_round_s)
         if group.first_round_s > 0 or group.second_round_s > 0:
-            waiting = (occupy(now, group.first_round_s), group.second_round_s)
-        occupy(now, max(0.0, group.comm_s - group.first_round_s - group.second_round_s))
-    backward_end = compute_from(now, groups[-1].hideable_s)
+            waiting = (first_done, group.second_round_s, group.final_work_s if tail else 0.0)
+        occupy(now, rest)
+    hook_done = now
+    backward_end = compute_from(now, last.hideable_s)
     if waiting is not None:
-        # The last hook call waits for its own first round, then launches the second. No
-        # backward is left to stall after the last bucket (its hideable time is 0 when the
-        # timeline is measured), so this wait only delays the link.
-        done, second = waiting
-        occupy(max(done, now), second)
-    tail = max(0.0, link_free - backward_end)
+        # The last hook call waits for its own first round (no backward is left to stall
+        # once its hideable time is 0), computes the final round and launches it.
+        done, second, final_work = waiting
+        occupy(max(done, hook_done) + final_work, second)
+    finish = max(backward_end, link_free + (last.decode_s if tail else 0.0))
+    work = math.fsum(g.work_s for g in groups)
     comm = math.fsum(g.comm_s for g in groups)
-    exposed = tail + stalls
+    added = max(work + lost + stalls, finish - groups[0].hideable_s)
     return Timeline(
-        added_s=work + lost + exposed,
-        exposed_s=exposed,
+        added_s=added,
+        exposed_s=max(0.0, added - work - lost),
         work_s=work,
         comm_s=comm,
         stall_s=stalls,

@@ -16,7 +16,8 @@ sign, topk, randomk, powersgd):
 - the error-feedback invariant (sum of sent estimates + final residual == sum of gradients)
   through the real hook code path (``autocomp.hook_layer.encode_locally``), and its failure
   without EF;
-- compressors are stateless configs: one instance serves several layers without interference.
+- compressors are stateless configs: one instance serves several layers without interference;
+- the work shares the exposure model places by round are well formed.
 """
 
 from __future__ import annotations
@@ -410,6 +411,18 @@ def test_wire_bytes_formulas() -> None:
     assert build_compressor("qsgd:levels=8,chunk=512").wire_bytes(shape, f32) == 1000 + 8
     assert build_compressor("topk:ratio=0.01").wire_bytes(shape, f32) == 10 * 8
     assert build_compressor("randomk:ratio=0.01").wire_bytes(shape, f32) == 10 * 4
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("spec", SPECS)
+def test_work_shares_place_the_work_by_round(spec: str, shape: tuple[int, ...]) -> None:
+    """What the exposure model needs to place the work: shares of it between the rounds (only
+    with two) and after the last collective, leaving the encode its part."""
+    compressor = build_compressor(spec)
+    size = torch.Size(shape)
+    final, decode = compressor.work_shares(size)
+    assert 0.0 <= final < 1.0 and 0.0 <= decode < 1.0 and final + decode < 1.0
+    assert (final > 0) == (compressor.rounds_for(size) > 1)
 
 
 @pytest.mark.parametrize("spec", SPECS)

@@ -3,7 +3,8 @@
 The one exposure model (``autocomp.exposure``): the event-by-event simulation equals the closed
 form when no group has a second round (random timelines), hand-made timelines give the
 documented numbers, PowerSGD's first round stalls the next bucket's hook call only when the
-link is behind, transfers beside the backward stretch it by the contention (and nothing once
+link is behind, the last bucket's final-round work and decode wait for a link that is behind
+(and cost nothing extra on an idle one), transfers beside the backward stretch it by the contention (and nothing once
 it has ended), and the measured counterparts (exposed time, overlap, compute-only step)
 follow the same definitions.
 """
@@ -104,6 +105,41 @@ def test_a_first_round_behind_a_backlog_stalls_the_next_hook_call() -> None:
     assert timeline.stall_s == pytest.approx(0.001)
     assert timeline.exposed_s >= timeline.stall_s
     assert timeline.added_s == pytest.approx(timeline.work_s + timeline.exposed_s)
+
+
+def test_the_last_buckets_late_work_waits_for_a_link_that_is_behind() -> None:
+    """Group 0 sends 20 ms (an fp16 layer) from the start; the backward ends 10 ms later and
+    the last group encodes for 3.5 ms, then its one all-reduce (first round and plain parts,
+    2 ms) queues behind group 0's until 22 ms. Only then can its final round be computed
+    (3 ms) and sent (1 ms), and its decode (1.5 ms) follow: done at 27.5 ms. A model with
+    all the work ahead of the launches hid that 4.5 ms behind the link (the MLP LM at
+    200 Mbit/s measured 4.7 ms more exposed than it predicted)."""
+    last = Group(
+        0.0,
+        comm_s=0.003,
+        work_s=0.008,
+        first_round_s=0.001,
+        second_round_s=0.001,
+        final_work_s=0.003,
+        decode_s=0.0015,
+    )
+    behind = simulate([Group(0.01, comm_s=0.02), last])
+    assert behind.added_s == pytest.approx(0.0275 - 0.01)
+    assert behind.work_s == pytest.approx(0.008)
+    assert behind.exposed_s == pytest.approx(0.0175 - 0.008)
+    assert behind.stall_s == 0.0
+    upfront = Group(0.0, comm_s=0.003, work_s=0.008, first_round_s=0.001, second_round_s=0.001)
+    assert simulate([Group(0.01, comm_s=0.02), upfront]).added_s == pytest.approx(0.013)
+    # On an idle link the same work is serial either way: work plus communication.
+    idle = simulate([Group(0.01), last])
+    assert idle.added_s == pytest.approx(0.008 + 0.003)
+    assert simulate([Group(0.01), upfront]).added_s == pytest.approx(idle.added_s)
+    # One group standing for a whole backward (hideable time left): its buckets' late work
+    # overlaps that backward, as before the split.
+    whole = Group(0.05, comm_s=0.003, work_s=0.008, final_work_s=0.003, decode_s=0.0015)
+    assert simulate([whole]).added_s == pytest.approx(0.008)
+    with pytest.raises(ValueError, match="parts of work_s"):
+        Group(0.0, work_s=0.001, final_work_s=0.001, decode_s=0.001)
 
 
 def test_measured_counterparts() -> None:

@@ -56,6 +56,7 @@ class Int8(_ChunkedQuantizer):
     """Round-to-nearest int8 with a max-abs scale per chunk: 4x smaller than float32."""
 
     name: ClassVar[str] = "int8"
+    decode_share: ClassVar[float] = 0.5
     params: ClassVar[tuple[Param, ...]] = (
         Param("chunk", int, 256, low=1, high=1 << 24, doc="elements sharing one scale"),
         _EF,
@@ -92,6 +93,7 @@ class QSGD(_ChunkedQuantizer):
     """
 
     name: ClassVar[str] = "qsgd"
+    decode_share: ClassVar[float] = 0.35
     params: ClassVar[tuple[Param, ...]] = (
         Param("levels", int, 16, low=1, high=127, doc="quantization levels per sign"),
         Param("chunk", int, 512, low=1, high=1 << 24, doc="elements sharing one norm"),
@@ -157,6 +159,7 @@ class Sign(_ChunkedQuantizer):
     """
 
     name: ClassVar[str] = "sign"
+    decode_share: ClassVar[float] = 0.5
     params: ClassVar[tuple[Param, ...]] = (
         Param("chunk", int, 256, low=1, high=1 << 24, doc="elements sharing one scale"),
         _EF,

@@ -31,6 +31,7 @@ class TopK(Compressor):
     """Keep the ``ratio`` fraction of largest-magnitude entries (Aji & Heafield 2017; Lin 2018)."""
 
     name: ClassVar[str] = "topk"
+    decode_share: ClassVar[float] = 0.07
     collective: ClassVar[Collective] = Collective.ALL_GATHER
     params: ClassVar[tuple[Param, ...]] = (
         _RATIO,
@@ -83,6 +84,7 @@ class RandomK(Compressor):
     """
 
     name: ClassVar[str] = "randomk"
+    decode_share: ClassVar[float] = 0.75
     collective: ClassVar[Collective] = Collective.ALL_REDUCE
     params: ClassVar[tuple[Param, ...]] = (
         _RATIO,

@@ -82,6 +82,10 @@ class OptionCost:
     wire: int
     first_round: float = 0.0
     second_round: float = 0.0
+    final_work: float = 0.0
+    """Of ``work``: the final round's payload, computed after the first round is summed."""
+    decode: float = 0.0
+    """Of ``work``: the decode after the last collective."""
 
     @property
     def seconds(self) -> float:
@@ -106,6 +110,8 @@ def option_cost(
     base = latency.of(collective)
     extra = base / max(1.0, share)
     work = max(0.0, float(latency.cost_model.compress_seconds(compressor, layer.shape)))
+    final_share, decode_share = compressor.work_shares(layer.shape)
+    final_work, decode = work * final_share, work * decode_share
     sizes = compressor.round_wire_bytes(layer.shape, layer.dtype)
     if len(sizes) > 1:
         # The first round is what the next bucket's hook call waits for (in the bucket's own
@@ -114,7 +120,7 @@ def option_cost(
         second = math.fsum(
             max(0.0, latency.comm(collective, size) - base) + extra for size in sizes[1:]
         )
-        return OptionCost(first + second, work, wire, first, second)
+        return OptionCost(first + second, work, wire, first, second, final_work, decode)
     comm = max(0.0, latency.comm(collective, sizes[0]) - base)
     payload_dtype = compressor.payload_dtype(layer.dtype)
     if collective is Collective.ALL_REDUCE:
@@ -122,4 +128,4 @@ def option_cost(
     shares_bucket = collective is Collective.ALL_REDUCE and payload_dtype == layer.dtype
     if not shares_bucket:
         comm += extra
-    return OptionCost(comm, work, wire)
+    return OptionCost(comm, work, wire, final_work=final_work, decode=decode)

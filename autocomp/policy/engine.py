@@ -230,7 +230,7 @@ class PolicyEngine:
 
         final = tuple(d for d in decisions if d is not None)
         load = self._load(decisions, groups, latency_by_group)
-        timeline = groups.timeline(load.comm, load.work, load.first, load.second)
+        timeline = groups.timeline(load)
         total = timeline.comm_s + timeline.work_s
         target = self.target_overlap
         hideable = timing.hideable_seconds
@@ -350,9 +350,7 @@ class PolicyEngine:
                 added = (
                     result.timeline.added_s
                     if result is not None
-                    else groups.timeline(
-                        with_held.comm, with_held.work, with_held.first, with_held.second
-                    ).added_s
+                    else groups.timeline(with_held).added_s
                 )
                 locked_error = math.fsum(
                     item.option(locked[item.layer.name]).error for item in held
@@ -379,6 +377,7 @@ class PolicyEngine:
                 predicted_seconds=option.seconds,
                 predicted_work_seconds=option.work,
                 predicted_rounds_seconds=(option.first_round, option.second_round),
+                predicted_late_work_seconds=(option.final_work, option.decode),
                 predicted_wire_bytes=option.wire_bytes,
                 predicted_error=option.error,
             )
@@ -462,7 +461,7 @@ class PolicyEngine:
         timing: StepTiming,
     ) -> float:
         load = self._load(decisions, groups, latency_by_group)
-        timeline = groups.timeline(load.comm, load.work, load.first, load.second)
+        timeline = groups.timeline(load)
         return timing.compute + timeline.added_s
 
     @staticmethod
@@ -484,6 +483,9 @@ class PolicyEngine:
             load.work[group] += decided.predicted_work_seconds
             load.first[group] += first
             load.second[group] += second
+            final_work, decode = decided.predicted_late_work_seconds
+            load.final_work[group] += final_work
+            load.decode[group] += decode
         return load
 
     @staticmethod
@@ -565,6 +567,7 @@ class PolicyEngine:
             predicted_seconds=cost.seconds,
             predicted_work_seconds=cost.work,
             predicted_rounds_seconds=(cost.first_round, cost.second_round),
+            predicted_late_work_seconds=(cost.final_work, cost.decode),
             predicted_wire_bytes=cost.wire,
             predicted_error=error,
         )
@@ -602,6 +605,8 @@ class PolicyEngine:
                     cost.work,
                     cost.first_round,
                     cost.second_round,
+                    cost.final_work,
+                    cost.decode,
                 )
             )
         current = in_use if any(o.key == in_use for o in options) else None
@@ -639,6 +644,7 @@ class PolicyEngine:
             predicted_seconds=option.seconds,
             predicted_work_seconds=option.work,
             predicted_rounds_seconds=(option.first_round, option.second_round),
+            predicted_late_work_seconds=(option.final_work, option.decode),
             predicted_wire_bytes=option.wire_bytes,
             predicted_error=option.error,
         )

@@ -67,6 +67,7 @@ def optimizer_decision(
         predicted_seconds=chosen.seconds,
         predicted_work_seconds=chosen.work,
         predicted_rounds_seconds=(chosen.first_round, chosen.second_round),
+        predicted_late_work_seconds=(chosen.final_work, chosen.decode),
         predicted_wire_bytes=chosen.wire_bytes,
         predicted_error=chosen.error,
         runner_up=None if runner is None else runner.key,

@@ -70,9 +70,14 @@ class LayerOption:
     """Of the communication: a two-round compressor's first round (the next bucket waits)."""
     second_round: float = 0.0
     """Of the communication: its second round (launched by the next bucket's hook call)."""
+    final_work: float = 0.0
+    """Of the work: the final round's payload, computed once the first round is summed."""
+    decode: float = 0.0
+    """Of the work: the decode after the last collective."""
 
     def __post_init__(self) -> None:
-        for name in ("seconds", "error", "work", "first_round", "second_round"):
+        names = ("seconds", "error", "work", "first_round", "second_round", "final_work", "decode")
+        for name in names:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(

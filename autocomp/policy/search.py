@@ -147,20 +147,27 @@ class BucketGroups:
             contention,
         )
 
-    def timeline(
-        self,
-        comm: Sequence[float],
-        work: Sequence[float],
-        first: Sequence[float] | None = None,
-        second: Sequence[float] | None = None,
-    ) -> Timeline:
-        """The exposure model's prediction for per-group communication, work and two-round
-        traffic (first and second rounds, part of ``comm``)."""
-        zeros = [0.0] * len(self.groups)
+    def timeline(self, load: GroupLoad) -> Timeline:
+        """The exposure model's prediction for a per-group load (reverse ready order)."""
         ready_order = [
-            Group(hideable_s=g.hideable, comm_s=c, work_s=w, first_round_s=f, second_round_s=r)
-            for g, c, w, f, r in zip(
-                self.groups, comm, work, first or zeros, second or zeros, strict=True
+            Group(
+                hideable_s=g.hideable,
+                comm_s=c,
+                work_s=w,
+                first_round_s=f,
+                second_round_s=r,
+                final_work_s=min(fw, w),
+                decode_s=min(d, max(0.0, w - min(fw, w))),
+            )
+            for g, c, w, f, r, fw, d in zip(
+                self.groups,
+                load.comm,
+                load.work,
+                load.first,
+                load.second,
+                load.final_work,
+                load.decode,
+                strict=True,
             )
         ][::-1]
         return simulate(ready_order, self.contention)
@@ -185,25 +192,38 @@ class SearchResult:
 
 @dataclass(slots=True)
 class GroupLoad:
-    """Per bucket group (reverse ready order): communication, work and two-round traffic."""
+    """Per bucket group (reverse ready order): communication, work, two-round traffic, and
+    the work that runs after a collective (final-round payloads and decodes, parts of
+    ``work``)."""
 
     comm: list[float]
     work: list[float]
     first: list[float]
     second: list[float]
+    final_work: list[float]
+    decode: list[float]
 
     @classmethod
     def empty(cls, groups: int) -> GroupLoad:
-        return cls([0.0] * groups, [0.0] * groups, [0.0] * groups, [0.0] * groups)
+        return cls(*([0.0] * groups for _ in range(6)))
 
     def copy(self) -> GroupLoad:
-        return GroupLoad(list(self.comm), list(self.work), list(self.first), list(self.second))
+        return GroupLoad(
+            list(self.comm),
+            list(self.work),
+            list(self.first),
+            list(self.second),
+            list(self.final_work),
+            list(self.decode),
+        )
 
     def add(self, group: int, option: LayerOption) -> None:
         self.comm[group] += option.seconds - option.work
         self.work[group] += option.work
         self.first[group] += option.first_round
         self.second[group] += option.second_round
+        self.final_work[group] += option.final_work
+        self.decode[group] += option.decode
 
 
 @dataclass(slots=True)
@@ -227,8 +247,7 @@ class _Problem:
         return load
 
     def timeline(self, chosen: Sequence[LayerOption]) -> Timeline:
-        load = self.totals(chosen)
-        return self.groups.timeline(load.comm, load.work, load.first, load.second)
+        return self.groups.timeline(self.totals(chosen))
 
 
 def _fastest(options: Sequence[LayerOption]) -> LayerOption:
@@ -320,6 +339,8 @@ def _discounted(item: Pending, margin: float) -> list[LayerOption]:
             o.work * keep,
             o.first_round * keep,
             o.second_round * keep,
+            o.final_work * keep,
+            o.decode * keep,
         )
         if o.key == item.current
         else o

@@ -187,6 +187,9 @@ class LayerDecision:
     """The compression work within ``predicted_seconds`` (on the backward's thread)."""
     predicted_rounds_seconds: tuple[float, float] = (0.0, 0.0)
     """Of the communication, a two-round compressor's first and second round."""
+    predicted_late_work_seconds: tuple[float, float] = (0.0, 0.0)
+    """Of the work, what runs after a collective: the final round's payload (after the first
+    round) and the decode (after the last)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -197,6 +200,7 @@ class LayerDecision:
             "predicted_seconds": self.predicted_seconds,
             "predicted_work_seconds": self.predicted_work_seconds,
             "predicted_rounds_seconds": list(self.predicted_rounds_seconds),
+            "predicted_late_work_seconds": list(self.predicted_late_work_seconds),
             "predicted_wire_bytes": self.predicted_wire_bytes,
             "predicted_error": self.predicted_error,
             "runner_up": self.runner_up,

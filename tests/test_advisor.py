@@ -216,13 +216,30 @@ def test_pipeline_on_a_hand_made_timeline() -> None:
     # A fast link hides all but the last bucket's collective.
     fast = simulate_pipeline([0.0, 1.0, 2.0], [0.1, 0.1, 0.1])
     assert fast.exposed_s == pytest.approx(0.1)
-    # Compression work delays the backward (same thread), then the collectives and decode.
+    # Compression work delays the backward (same thread), then the collectives. An earlier
+    # bucket's decode is counted at its hook call (on a CPU it shares the backward's cores),
+    # the last bucket's follows its collectives, as the engine places them.
     work = simulate_pipeline([0.0, 1.0], [0.5, 0.5], local=[0.2, 0.2], decode=[0.1, 0.1])
-    # bucket 0: available 0.2, link 0.2-0.8; bucket 1: ready 1.0 + 0.4 = 1.4, link 1.4-2.0;
-    # the backward ends at 1.4, the link at 2.0
-    assert work.exposed_s == pytest.approx(0.6)
-    assert work.work_s == pytest.approx(0.4)
-    assert work.added_s == pytest.approx(1.0)
+    # bucket 0: available 0.3, link 0.3-0.8; bucket 1: ready 1.0 + 0.3 + 0.2 = 1.5, link
+    # 1.5-2.0, its decode 2.0-2.1; the backward ends at 1.5
+    assert work.work_s == pytest.approx(0.6)
+    assert work.added_s == pytest.approx(1.1)
+    assert work.exposed_s == pytest.approx(0.5)
+    # PowerSGD in the last bucket behind 0.5 s of the first's traffic: its first round (0.1)
+    # waits for the link, then its final round is computed (0.1) and sent (0.1).
+    rounds = simulate_pipeline(
+        [0.0, 0.2],
+        [0.5, 0.2],
+        local=[0.0, 0.2],
+        rounds=[(0.0, 0.0), (0.1, 0.1)],
+        final_work=[0.0, 0.1],
+    )
+    # bucket 1: ready 0.2, encodes until 0.3, first round 0.5-0.6, final work 0.6-0.7, final
+    # round 0.7-0.8: added 0.8 - 0.2
+    assert rounds.added_s == pytest.approx(0.6)
+    assert rounds.exposed_s == pytest.approx(0.6 - 0.2)
+    with pytest.raises(ValueError, match="one entry per bucket"):
+        simulate_pipeline([0.0], [0.1], rounds=[])
     with pytest.raises(ValueError, match="non-decreasing"):
         simulate_pipeline([1.0, 0.0], [0.1, 0.1])
 

@@ -4,9 +4,9 @@ The one exposure model (``autocomp.exposure``): the event-by-event simulation eq
 form when no group has a second round (random timelines), hand-made timelines give the
 documented numbers, PowerSGD's first round stalls the next bucket's hook call only when the
 link is behind, the last bucket's final-round work and decode wait for a link that is behind
-(and cost nothing extra on an idle one), transfers beside the backward stretch it by the contention (and nothing once
-it has ended), and the measured counterparts (exposed time, overlap, compute-only step)
-follow the same definitions.
+(and cost nothing extra on an idle one), transfers beside the backward stretch it by the
+contention (and nothing once it has ended), and the measured counterparts (exposed time,
+overlap, compute-only step) follow the same definitions.
 """
 
 from __future__ import annotations

@@ -17,8 +17,10 @@ PowerSGD ranks 1/2/4, top-k 1% and 0.1%, and the adaptive per-layer plan) it pre
    :mod:`autocomp.exposure` that the policy engine and the profiler use too): bucket b becomes
    ready at its measured time, delayed by the compression work of the buckets before it (the
    hook runs on the backward's thread); its collectives start when it is ready *and* bucket
-   b-1's have finished, and its decode follows them. Exposed time is what runs past the end
-   of the backward.
+   b-1's have finished. PowerSGD's final round waits for its first (the next bucket's hook
+   call computes and launches it), and the last bucket's final-round work and decode follow
+   its collectives, as the engine predicts them. Exposed time is what runs past the end of
+   the backward.
 4. **Step time** = compute-only step (measured) + compression work + exposed communication;
    **scaling efficiency** = compute-only step / predicted step (1.0 = perfect weak scaling).
 
@@ -188,26 +190,42 @@ def simulate_pipeline(
     local: Sequence[float] | None = None,
     decode: Sequence[float] | None = None,
     contention: float = 0.0,
+    rounds: Sequence[tuple[float, float]] | None = None,
+    final_work: Sequence[float] | None = None,
 ) -> Timeline:
     """The exposure model (:func:`autocomp.exposure.simulate`) on buckets given by their ready
     times (seconds after the end of the forward, non-decreasing), collective times, the hook's
-    sending-side work (on the backward's thread) and the decode that follows each collective;
-    ``contention`` as there (the backward's share lost while the link is busy beside it).
+    sending-side work (on the backward's thread), the decode that follows each bucket's
+    collectives, the two-round traffic within ``comm`` (first, second round) and the part of
+    ``local`` computed between the rounds; ``contention`` as there (the backward's share lost
+    while the link is busy beside it). The engine places the same parts the same way.
     """
     count = len(ready)
     if len(comm) != count:
         raise ValueError("ready and comm must have the same length")
     local = list(local) if local is not None else [0.0] * count
     decode = list(decode) if decode is not None else [0.0] * count
-    if len(local) != count or len(decode) != count:
-        raise ValueError("local and decode must have one entry per bucket")
+    rounds = list(rounds) if rounds is not None else [(0.0, 0.0)] * count
+    final_work = list(final_work) if final_work is not None else [0.0] * count
+    if any(len(v) != count for v in (local, decode, rounds, final_work)):
+        raise ValueError("local, decode, rounds and final_work must have one entry per bucket")
     if any(b < a for a, b in itertools.pairwise(ready)):
         raise ValueError("ready times must be non-decreasing (buckets in the order they fire)")
     last = ready[-1] if count else 0.0
     return simulate(
         [
-            Group(hideable_s=last - r, comm_s=c + d, work_s=w)
-            for r, c, w, d in zip(ready, comm, local, decode, strict=True)
+            Group(
+                hideable_s=last - r,
+                comm_s=c,
+                work_s=w + d,
+                first_round_s=first,
+                second_round_s=second,
+                final_work_s=min(f, w),
+                decode_s=d,
+            )
+            for r, c, w, d, (first, second), f in zip(
+                ready, comm, local, decode, rounds, final_work, strict=True
+            )
         ],
         contention,
     )
@@ -422,14 +440,22 @@ class WhatIfModel:
 
     def _layer_cost(
         self, compressor: Compressor, layer: LayerInfo, world: int, costs: CostModel
-    ) -> tuple[float, float]:
-        """(sending-side seconds, decode seconds) of one layer with one compressor."""
+    ) -> tuple[float, float, float]:
+        """(sending-side seconds, the part of them computed between the rounds, decode
+        seconds) of one layer with one compressor; the split by
+        :meth:`~autocomp.compressors.Compressor.work_shares` where the profile did not
+        measure it."""
         if type(compressor) is NoCompression:
-            return 0.0, 0.0
+            return 0.0, 0.0, 0.0
+        shape = torch.Size(layer.shape)
+        final_share, decode_share = compressor.work_shares(shape)
         measured = self.profile.measurement(compressor.spec, layer.shape)
         if measured is not None:
-            return measured.local_s, measured.decode_s * payload_count(compressor, world)
-        return float(costs.compress_seconds(compressor, torch.Size(layer.shape))), 0.0
+            sending = measured.local_s
+            final = sending * final_share / max(1e-12, 1.0 - decode_share)
+            return sending, final, measured.decode_s * payload_count(compressor, world)
+        total = float(costs.compress_seconds(compressor, shape))
+        return total * (1.0 - decode_share), total * final_share, total * decode_share
 
     # ---- evaluation ------------------------------------------------------------------------
 
@@ -440,12 +466,13 @@ class WhatIfModel:
         world = scenario.world_size
         costs = costs or self.cost_model(world)
         link = scenario.link
-        ready, comm, local, decode = [], [], [], []
+        ready, comm, local, decode, round_seconds, final_work = [], [], [], [], [], []
         wire_total = 0
         sent_total = 0.0
         for bucket in self.model.buckets:
             payloads: dict[tuple[Collective, torch.dtype | str], int] = defaultdict(int)
-            bucket_local = bucket_decode = 0.0
+            bucket_local = bucket_decode = bucket_final = 0.0
+            first_bytes: dict[Collective, int] = defaultdict(int)
             for name in bucket.params:
                 layer = self.layers[name]
                 compressor = self.compressor(plan.get(name, "none"))
@@ -466,13 +493,15 @@ class WhatIfModel:
                     # joins small plain parts to it, all of them in the last bucket); the
                     # final round is a collective of its own.
                     payloads[(collective, kind)] += rounds[0]
+                    first_bytes[collective] += rounds[0]
                     for size in rounds[1:]:
                         payloads[(collective, "final")] += size  # type: ignore[index]
                 else:
                     payloads[(collective, kind)] += rounds[0]
-                seconds_local, seconds_decode = self._layer_cost(compressor, layer, world, costs)
-                bucket_local += seconds_local
-                bucket_decode += seconds_decode
+                sending, between, decoding = self._layer_cost(compressor, layer, world, costs)
+                bucket_local += sending
+                bucket_final += between
+                bucket_decode += decoding
             seconds = 0.0
             for (collective, kind), size in payloads.items():
                 seconds += collective_seconds(collective, size, world, link)
@@ -482,10 +511,23 @@ class WhatIfModel:
                     seconds += per_element * (size // kind.itemsize)
                 wire_total += size
                 sent_total += link_bytes(collective, size, world)
+            # The first rounds' bandwidth term (their latency is the bucket's all-reduce's);
+            # the final rounds are collectives of their own.
+            first = math.fsum(
+                collective_seconds(c, size, world, link) - collective_seconds(c, 0, world, link)
+                for c, size in first_bytes.items()
+            )
+            second = math.fsum(
+                collective_seconds(c, size, world, link)
+                for (c, kind), size in payloads.items()
+                if kind == "final"
+            )
             ready.append(bucket.ready_s)
             comm.append(seconds)
             local.append(bucket_local)
             decode.append(bucket_decode)
+            round_seconds.append((min(first, seconds), min(second, max(0.0, seconds - first))))
+            final_work.append(bucket_final)
         order = sorted(range(len(ready)), key=lambda i: ready[i])
         pipeline = simulate_pipeline(
             [ready[i] for i in order],
@@ -493,6 +535,8 @@ class WhatIfModel:
             [local[i] for i in order],
             [decode[i] for i in order],
             contention=costs.contention_rate_at(link.bandwidth_bytes_per_s),
+            rounds=[round_seconds[i] for i in order],
+            final_work=[final_work[i] for i in order],
         )
         return pipeline, wire_total, sent_total
 

@@ -186,6 +186,43 @@ def _build(cfg: dict[str, Any]) -> tuple[Any, Any, Attached, Any]:
     return task, model, attached, task.make_optimizer(attached.ddp.parameters())
 
 
+TRAIL_REASON_CHARS = 200
+"""Reasons in a decision trail are cut to this many characters."""
+
+
+def decision_trail(history: list[Any]) -> list[dict[str, Any]]:
+    """Rank 0's decisions in brief, for the JSON: when a cell lands on a different plan from
+    one run to the next, the trail says which look or window took which turn and why (the
+    step, the solver, predicted and measured steps, and per optimizer layer its option,
+    predicted seconds and reason)."""
+    trail = []
+    for record in history:
+        decision = record.decision
+        if not decision:
+            continue
+        layers = {
+            layer["name"]: [
+                layer["spec"],
+                round(float(layer["predicted_seconds"]), 6),
+                str(layer["reason"])[:TRAIL_REASON_CHARS],
+            ]
+            for layer in decision.get("layers", [])
+            if layer.get("rule") not in ("too_small", "1d", "pin")
+        }
+        trail.append(
+            {
+                "step": record.step,
+                "solver": decision.get("solver"),
+                "predicted_step_s": decision.get("predicted_step_seconds"),
+                "fastest_step_s": decision.get("fastest_step_seconds"),
+                "measured_step_s": record.step_seconds,
+                "bandwidth_bytes_per_s": decision.get("bandwidth_bytes_per_s"),
+                "layers": layers,
+            }
+        )
+    return trail
+
+
 def _paths() -> dict[str, str]:
     """Where this worker imported the two packages from (the runner checks the snapshot)."""
     import autocomp
@@ -421,6 +458,7 @@ def train_budget(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
         if method == "adaptive":
             info["decisions"] = len(ctl.history)
             info["first_decision_step"] = ctl.history[0].step if ctl.history else None
+            info["trail"] = decision_trail(ctl.history)
         ctl.close()
     elif method == "powersgd" and bytes_per_step is not None:
         # powerSGD_hook all-reduces the raw gradient for its first start_powerSGD_iter steps.

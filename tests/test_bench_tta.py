@@ -33,7 +33,7 @@ from autocomp_bench.tta_analysis import (
     tta_rows,
 )
 from autocomp_bench.tta_report import cell_rows, render_markdown, text_report
-from autocomp_bench.worker import eval_points
+from autocomp_bench.worker import decision_trail, eval_points
 
 # ---- tier 1 ----------------------------------------------------------------------------------
 
@@ -294,6 +294,51 @@ def test_timeout_covers_the_budget_and_slow_steps() -> None:
     assert slow - fast >= 2 * 26.4 * 1.5
 
 
+def test_decision_trail_keeps_each_decisions_turns_in_brief() -> None:
+    """The JSON keeps, per decision, the step, solver, predicted and measured steps and each
+    optimizer layer's option with its reason (cut short); rule-placed layers and records
+    without a decision (other ranks) are left out."""
+    from types import SimpleNamespace
+
+    long_reason = "least error within 3% of the fastest plan's step: " + "x" * 500
+    decision = {
+        "solver": "slack",
+        "predicted_step_seconds": 0.71,
+        "fastest_step_seconds": 0.70,
+        "bandwidth_bytes_per_s": 1.2e6,
+        "layers": [
+            {
+                "name": "table",
+                "spec": "topk",
+                "predicted_seconds": 0.674,
+                "rule": "slack",
+                "reason": long_reason,
+            },
+            {
+                "name": "bias",
+                "spec": "none",
+                "predicted_seconds": 0.001,
+                "rule": "too_small",
+                "reason": "too small",
+            },
+        ],
+    }
+    history = [
+        SimpleNamespace(step=1, step_seconds=1.43, decision=decision),
+        SimpleNamespace(step=2, step_seconds=1.15, decision=None),
+    ]
+    trail = decision_trail(history)
+    assert len(trail) == 1
+    entry = trail[0]
+    assert (entry["step"], entry["solver"], entry["measured_step_s"]) == (1, "slack", 1.43)
+    assert entry["predicted_step_s"] == 0.71 and entry["fastest_step_s"] == 0.70
+    assert list(entry["layers"]) == ["table"]
+    spec, seconds, reason = entry["layers"]["table"]
+    assert (spec, seconds) == ("topk", 0.674)
+    assert len(reason) == 200 and reason.startswith("least error")
+    json.dumps(trail)  # lands in the JSON as is
+
+
 def test_error_runs_are_summarized_without_numbers() -> None:
     summary = summarize_run({"error": "timed out after 9 s", "wall_seconds": 9.0, "log_tail": ""})
     assert summary["error"] == "timed out after 9 s" and "steps" not in summary
@@ -347,3 +392,7 @@ def test_tta_smoke_on_loopback(tmp_path: Path) -> None:
     names = [check["name"] for check in document["checks"]]
     assert "cnn @ unshaped (loopback): adaptive median step <= 1.03 x allreduce's" in names
     assert "| adaptive |" in (tmp_path / "tta.md").read_text(encoding="utf-8")
+    trail = rows["adaptive"]["info"]["trail"]
+    assert len(trail) == rows["adaptive"]["info"]["decisions"] >= 1
+    # The solver is "" where rules alone decided (the warm-up, a fast link).
+    assert all(isinstance(e["solver"], str) and isinstance(e["layers"], dict) for e in trail)

@@ -154,8 +154,9 @@ def simulate(groups: Sequence[Group], contention: float = 0.0) -> Timeline:
     call then waits for its own first round, computes and launches its final round; its decode
     follows its last collective. Exposed time is what runs past the end of the backward, plus
     the stalls (time the backward stood still for the link). ``hideable_s`` must not increase
-    along ``groups``; a last group with hideable time left (one group standing for a whole
-    backward) waits for its first round once that backward has ended.
+    along ``groups``. A last group with hideable time left (one group standing for a whole
+    backward, before the profiler has a bucket timeline) counts all its work at its hook call
+    and launches its final round as soon as its first is done, beside that backward.
 
     ``contention`` (in [0, 1)): the share of the backward's wall time lost while the link is
     busy beside it (the transfer's own CPU work on the same cores: sockets, copies, gloo's
@@ -216,7 +217,8 @@ def simulate(groups: Sequence[Group], contention: float = 0.0) -> Timeline:
     tail = last.hideable_s <= 0.0
     now = 0.0  # the latest hook call (compute clock)
     previous_hideable = groups[0].hideable_s
-    for group in groups:
+    for index, group in enumerate(groups):
+        is_last = index == len(groups) - 1
         now = compute_from(now, previous_hideable - group.hideable_s)
         previous_hideable = group.hideable_s
         carried = 0.0
@@ -227,20 +229,23 @@ def simulate(groups: Sequence[Group], contention: float = 0.0) -> Timeline:
                 stalls += done - now
                 now = done
             now += final_work
-        if group is not last:
+        if not is_last:
             late = group.final_work_s
         else:
             late = group.final_work_s + group.decode_s if tail else 0.0
         now += max(0.0, group.work_s - late)
         rest = max(0.0, group.comm_s - group.first_round_s - group.second_round_s)
-        if group is last and tail:
+        if is_last and tail:
             # The last bucket sends its plain parts in its first round's all-reduce.
             first_done = occupy(now, carried + group.first_round_s + rest)
             rest = 0.0
         else:
             first_done = occupy(now, carried + group.first_round_s)
         if group.first_round_s > 0 or group.second_round_s > 0:
-            waiting = (first_done, group.second_round_s, group.final_work_s if tail else 0.0)
+            # Its final-round work waits for the first round, unless a stand-in last group
+            # counted it at its hook call.
+            carried_work = group.final_work_s if not is_last or tail else 0.0
+            waiting = (first_done, group.second_round_s, carried_work)
         occupy(now, rest)
     hook_done = now
     backward_end = compute_from(now, last.hideable_s)

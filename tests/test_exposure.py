@@ -138,6 +138,18 @@ def test_the_last_buckets_late_work_waits_for_a_link_that_is_behind() -> None:
     # overlaps that backward, as before the split.
     whole = Group(0.05, comm_s=0.003, work_s=0.008, final_work_s=0.003, decode_s=0.0015)
     assert simulate([whole]).added_s == pytest.approx(0.008)
+    # An earlier group's final-round work delays its final round, whatever the last group
+    # stands for: encoded by 1 ms, first round 1-2 ms, the next hook call at 100 ms computes
+    # the final round (3 ms) and sends it (50 ms): done at 153 ms.
+    early = Group(
+        0.1,
+        comm_s=0.051,
+        work_s=0.004,
+        first_round_s=0.001,
+        second_round_s=0.05,
+        final_work_s=0.003,
+    )
+    assert simulate([early, Group(0.001)]).added_s == pytest.approx(0.053)
     with pytest.raises(ValueError, match="parts of work_s"):
         Group(0.0, work_s=0.001, final_work_s=0.001, decode_s=0.001)
 

@@ -257,7 +257,7 @@ def simulate(groups: Sequence[Group], contention: float = 0.0) -> Timeline:
     finish = max(backward_end, link_free + (last.decode_s if tail else 0.0))
     work = math.fsum(g.work_s for g in groups)
     comm = math.fsum(g.comm_s for g in groups)
-    added = max(work + lost + stalls, finish - groups[0].hideable_s)
+    added = finish - groups[0].hideable_s
     return Timeline(
         added_s=added,
         exposed_s=max(0.0, added - work - lost),

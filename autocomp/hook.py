@@ -44,6 +44,7 @@ write-back. One layer's encode and decode (and their replay without collectives)
 registration and rejects string annotations.)
 """
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +72,7 @@ __all__ = [
     "launch_bucket",
     "launch_final_round",
     "launch_prepared_round",
+    "on_stream",
     "prepare_final_round",
 ]
 
@@ -111,6 +113,13 @@ class BucketWork:
     final_flat: torch.Tensor | None = None
     result: torch.futures.Future | None = None
     """Completed by hand once the final round is decoded (two-round buckets only)."""
+    stream: Any = None
+    """The CUDA stream the bucket is encoded on (the creating thread's current one); its
+    decode runs there too. None on the CPU."""
+
+    def __post_init__(self) -> None:
+        if self.stream is None and self.buffer.is_cuda:
+            self.stream = torch.cuda.current_stream(self.buffer.device)
 
 
 def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -345,6 +354,12 @@ def _all_reduce(
     return fut
 
 
+def on_stream(stream: Any) -> contextlib.AbstractContextManager[Any]:
+    """Make ``stream`` current on a CUDA device (a worker thread, a future's callback); on the
+    CPU (``None``) do nothing."""
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
 def _fail(work: BucketWork, err: BaseException) -> None:
     if work.result is not None and not work.result.done():
         work.result.set_exception(err)
@@ -410,7 +425,15 @@ def complete_when_done(state: HookState, work: BucketWork) -> None:
 
     def finish(_: torch.futures.Future) -> None:
         try:
-            result.set_result(_finish(state, work))
+            # On the bucket's own stream, not the pool stream a CUDA future's callback runs on:
+            # the decode reads tensors the encode allocated on that stream (PowerSGD's basis,
+            # random-k's indices) and frees them when it commits. Freed from a foreign stream,
+            # the caching allocator hands their blocks to the encode stream's next allocation
+            # while the decode may still be queued to read them. (4 gloo ranks on one H200,
+            # 2026-11-26: owners on two nodes decoded different values in 3 of 22 hierarchy
+            # runs, and 7 runs died of a device-side assert on a corrupted index.)
+            with on_stream(work.stream):
+                result.set_result(_finish(state, work))
         except BaseException as err:  # never leave DDP waiting on a future nobody completes
             if not result.done():
                 result.set_exception(err)

@@ -33,7 +33,6 @@ the bandwidth it fits is the node's. The intra-node gathers are timed separately
 (No ``from __future__ import annotations``: DDP inspects the hook's annotations.)
 """
 
-import contextlib
 import logging
 import queue
 import threading
@@ -44,7 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from autocomp.hook import BucketWork, autocomp_hook, exchange_now
+from autocomp.hook import BucketWork, autocomp_hook, exchange_now, on_stream
 from autocomp.hook_layer import LayerSlot
 from autocomp.hook_state import BucketLayout, HookState
 from autocomp.timing import clock_for
@@ -251,11 +250,11 @@ def hierarchical_hook(
         profiled_step=profiler.current_step if profiler is not None else None,
     )
     sample = profiler is not None and profiler.sample_this_step
-    stream = torch.cuda.current_stream(buffer.device) if buffer.is_cuda else None
+    stream = work.stream
 
     def exchange() -> None:
         try:
-            with _on_stream(stream):
+            with on_stream(stream):
                 scatter.wait()
                 exchange_now(state, work, shard.slots, shard.offsets, sample)
         except BaseException as err:
@@ -265,7 +264,7 @@ def hierarchical_hook(
 
     def finish() -> None:
         try:
-            with _on_stream(stream):
+            with on_stream(stream):
                 assert work.result is not None
                 work.result.wait()
                 gather = _all_gather(shard.staging, shard.own, hierarchy.groups.intra_gather)
@@ -296,11 +295,6 @@ def _reduce_scatter(output: torch.Tensor, source: torch.Tensor, group: Any) -> A
 def _all_gather(output: torch.Tensor, source: torch.Tensor, group: Any) -> torch.futures.Future:
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     return gather(output, source, group=group, async_op=True).get_future()
-
-
-def _on_stream(stream: Any) -> contextlib.AbstractContextManager[Any]:
-    """Run a worker's kernels on the stream the hook was called on (CUDA), else nothing."""
-    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
 def _fail_bucket(result: torch.futures.Future, err: BaseException) -> None:

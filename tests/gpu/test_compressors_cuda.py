@@ -180,6 +180,48 @@ def test_random_compressor_is_unbiased_on_cuda(spec: str) -> None:
     assert is_unbiased(spec, CUDA)
 
 
+REPEATS = 200
+REPEAT_CASES = [
+    *[(spec, (64, 48)) for spec in sorted(DETERMINISTIC)],
+    *[(spec, (64, 48)) for spec in RANDOM_SPECS],
+    # the hierarchy test's ``fc3.bias``: 48 draws from 96 coordinates, with replacement, so
+    # indices drawn three and four times are common
+    ("randomk:ratio=0.5", (96,)),
+    ("randomk:ratio=0.5", (1 << 16,)),
+]
+
+
+def distinct_decodes(spec: str, shape: tuple[int, ...], repeats: int = REPEATS) -> int:
+    """How many different bit patterns ``repeats`` decodes of one received payload give on
+    CUDA (the hook's ``decompress_into``, state untouched between them). What arrives is
+    every rank's payload summed (all-reduce) or listed (all-gather, two ranks here)."""
+    c = build_compressor(spec)
+    size = torch.Size(shape)
+    states = [c.init_state(size, 1234, rank) for rank in range(2)]
+    payloads = [
+        run_rounds_locally(c, gradient(shape, seed=200 + rank).to(CUDA), state)
+        for rank, state in enumerate(states)
+    ]
+    received: Any = payloads if c.collective is Collective.ALL_GATHER else payloads[0] + payloads[1]
+    seen = set()
+    for _ in range(repeats):
+        out = torch.empty(size.numel(), device=CUDA)
+        c.decompress_into(received, out, size, states[0])
+        seen.add(out.cpu().numpy().tobytes())
+    return len(seen)
+
+
+@pytest.mark.parametrize(("spec", "shape"), REPEAT_CASES, ids=str)
+def test_decode_is_bitwise_repeatable_on_cuda(spec: str, shape: tuple[int, ...]) -> None:
+    """Every owner of a layer decodes the same received payload, and the ranks must end
+    bit-identical (the hierarchical hook's two nodes each decode it once): a decode whose
+    rounding depends on thread timing, such as atomic adds of duplicate indices, breaks that.
+    randomk decoded with ``index_add_`` until 2026-11-26: on one H200, 200 decodes of 32768
+    draws from 65536 coordinates gave 200 different results, and 2000 of 2048 draws from 4096
+    gave 43-164; ``index_put_(accumulate=True)`` gave one in every case."""
+    assert distinct_decodes(spec, shape) == 1
+
+
 EF_SPECS = ["fp16", "int8:chunk=16", "sign:chunk=16", "topk:ratio=0.1", "powersgd:rank=2"]
 
 

@@ -20,6 +20,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autocomp
+import autocomp.hook
 from autocomp.link_model import LinkEstimate
 from tests.gpu.cuda import GPU_MARKS
 from tests.models import MultiBucketNet, classification_batch
@@ -139,3 +140,45 @@ def test_adaptive_on_one_gpu_keeps_ranks_identical(tmp_path: Path) -> None:
     # events were still in flight is read at the next window, so some windows have timings.
     timed = [r for r in reference["history"] if r["step_seconds"] > 0]
     assert timed, reference["history"]
+
+
+def coding_streams(rank: int, world_size: int) -> dict[str, Any]:
+    """Train a few steps; return the CUDA streams the hook encoded and decoded on."""
+    torch.cuda.set_device(0)
+    torch.manual_seed(0)
+    model = MultiBucketNet().cuda()
+    ddp = DDP(model, device_ids=[0], bucket_cap_mb=0.02)
+    autocomp.wrap(ddp, plan=STATIC_PLAN)
+    seen: dict[str, set[int]] = {"encode": set(), "decode": set()}
+    encode, decode = autocomp.hook.encode_bucket, autocomp.hook.decode_into
+
+    def encoding(*args: Any) -> Any:
+        seen["encode"].add(torch.cuda.current_stream().stream_id)
+        return encode(*args)
+
+    def decoding(*args: Any) -> Any:
+        seen["decode"].add(torch.cuda.current_stream().stream_id)
+        return decode(*args)
+
+    autocomp.hook.encode_bucket = encoding  # type: ignore[assignment]
+    autocomp.hook.decode_into = decoding  # type: ignore[assignment]
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for step in range(4):
+        x, y = classification_batch(rank, step)
+        loss = torch.nn.functional.cross_entropy(ddp(x.cuda()), y.cuda())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    torch.cuda.synchronize()
+    return {name: sorted(streams) for name, streams in seen.items()}
+
+
+def test_decode_runs_on_the_stream_of_the_encode(tmp_path: Path) -> None:
+    """The decode frees tensors the encode allocated (PowerSGD's basis, random-k's indices),
+    so it must run on the encode's stream. Until 2026-11-26 it ran on the pool stream of a
+    CUDA future's callback; the caching allocator then handed those blocks to the encode
+    stream's next allocation under a still-queued decode, and ranks parted or died of a
+    device-side assert (4 gloo ranks on one H200, the hierarchical hook)."""
+    results = run_ranks(coding_streams, 2, tmp_path, timeout=240)
+    for result in results:
+        assert len(result["encode"]) == 1 and result["decode"] == result["encode"], result

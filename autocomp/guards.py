@@ -14,7 +14,9 @@ drop a layer's error-feedback residual, and to relax again once things stay quie
   from the reference built from the calm intervals before, in ``critical_patience`` intervals
   in a row -> that layer backs off one level until an interval is calm again (Accordion's two
   levels, re-chosen every interval: the level does not stack while the regime lasts, and needs
-  no quiet windows to lift). One noisy window neither fires nor moves it.
+  no quiet windows to lift). One noisy window neither fires nor moves it, and the level goes
+  on or off at most once per ``critical_hold_windows`` full windows (a switch costs a warm
+  start).
 * ``loss_scale``: every layer's gradient norm moved by the same power of two at once, which is
   what AMP's GradScaler does to gradients when it changes its scale -> the references are
   rescaled by that factor (no back-off): the guards' statistics do not move with the scale.
@@ -148,6 +150,9 @@ class ConvergenceGuards:
         """Highest back-off level of a layer (the controller's ladder should reach 'none')."""
         recovery_windows: int = 5
         """Quiet windows in a row before one back-off level is removed."""
+        critical_hold_windows: int = 5
+        """Full windows a layer's critical-regime level stays on, or off, before it may
+        change again: each change switches the layer's compressor and costs its warm start."""
         max_events: int = 1000
         """Events kept in memory (and checkpoints); older ones are dropped and counted."""
 
@@ -165,6 +170,7 @@ class ConvergenceGuards:
                 ("residual_factor", self.residual_factor > 0.0, "> 0"),
                 ("max_backoff", self.max_backoff >= 0, ">= 0"),
                 ("recovery_windows", self.recovery_windows >= 1, ">= 1"),
+                ("critical_hold_windows", self.critical_hold_windows >= 1, ">= 1"),
                 ("max_events", self.max_events >= 1, ">= 1"),
             ]
             for name, ok, valid in checks:
@@ -187,6 +193,10 @@ class ConvergenceGuards:
         self._layer_level: dict[str, int] = {}
         self._layer_quiet: dict[str, int] = {}
         self._critical: set[str] = set()
+        self._full_windows = 0
+        """Full windows closed so far (the early looks excluded): the critical level's clock."""
+        self._critical_changed: dict[str, int] = {}
+        """``_full_windows`` when each layer's critical level last went on or off."""
         # Windows left in which a fall of every norm may be a loss-scale back-off (set by a
         # non-finite step: GradScaler lowers its scale there and nowhere else).
         self._overflow_windows = 0
@@ -306,6 +316,8 @@ class ConvergenceGuards:
         self._note_step(step)
         cfg = self.config
         compressing = step >= self._warmup_end
+        if full_window:
+            self._full_windows += 1
         self._check_loss_scale(step, grad_norms)
         for name in sorted(set(grad_norms) | set(residual_norms)):
             self._register(name)
@@ -384,6 +396,8 @@ class ConvergenceGuards:
             "layer_level": dict(self._layer_level),
             "layer_quiet": dict(self._layer_quiet),
             "critical_layers": sorted(self._critical),
+            "full_windows": self._full_windows,
+            "critical_changed": dict(self._critical_changed),
             "overflow_windows": self._overflow_windows,
             "common_norm_ratio": self._norms.common_ratio,
             "prev_grad_norm": dict(self._norms.reference),
@@ -428,6 +442,10 @@ class ConvergenceGuards:
         self._layer_level = {str(k): int(v) for k, v in state["layer_level"].items()}
         self._layer_quiet = {str(k): int(v) for k, v in state["layer_quiet"].items()}
         self._critical = {str(name) for name in state.get("critical_layers", [])}
+        self._full_windows = int(state.get("full_windows", 0))
+        self._critical_changed = {
+            str(k): int(v) for k, v in state.get("critical_changed", {}).items()
+        }
         self._overflow_windows = int(state.get("overflow_windows", 0))
         self._norms.common_ratio = optional_float(state.get("common_norm_ratio"))
         self._norms.reference = {str(k): float(v) for k, v in state["prev_grad_norm"].items()}
@@ -488,21 +506,34 @@ class ConvergenceGuards:
         """
         verdict = self._norms.check_critical(name, grad, compressing)
         cap = self.config.max_backoff
+        # The level goes on or off at most once per ``critical_hold_windows`` full windows: each
+        # change switches the layer's compressor, and a switch costs its warm start. Without
+        # this, a converging CNN (digits at 10 Mbit/s, 50-step windows) alternated critical
+        # and calm intervals and moved its conv weight between top-1% and rank 4 six times in
+        # 12 windows (2026-11-26).
+        changed = self._critical_changed.get(name)
+        hold = self.config.critical_hold_windows
+        settled = changed is None or self._full_windows - changed >= hold
         if verdict.detail is not None:
             if name in self._critical:
                 level = self._effective_level(name, cap)
                 detail = f"{verdict.detail}; level stays {level}"
                 self._record(step, CRITICAL_REGIME, name, detail, ACTION_CRITICAL_HOLDS)
                 return True
+            if not settled:  # fires at the first window the hold allows, if it persists
+                self._layer_quiet[name] = 0
+                return False
             before = self._effective_level(name, cap)
             self._critical.add(name)
+            self._critical_changed[name] = self._full_windows
             after = self._effective_level(name, cap)
             action = ACTION_BACK_OFF if after > before else ACTION_AT_MAX
             detail = f"{verdict.detail}; level now {after}"
             self._record(step, CRITICAL_REGIME, name, detail, action)
             return True
-        if verdict.calm and name in self._critical:
+        if verdict.calm and name in self._critical and settled:
             self._critical.discard(name)
+            self._critical_changed[name] = self._full_windows
             level = self._effective_level(name, cap)
             detail = f"a calm interval ends the critical regime; level now {level}"
             self._record(step, RECOVERED, name, detail, ACTION_RECOVER)

@@ -9,7 +9,8 @@ reaction the controller will apply:
   it back to 0; a single noisy spike does not fire (patience + rising trend);
 - a gradient-norm jump in one layer (Accordion critical regime) that persists for
   ``critical_patience`` windows backs off that layer only, by one level while the regime
-  lasts, lifted by the first calm interval; a single noisy window does not fire, and
+  lasts, lifted by the first calm interval (or, with a hold, the first after the hold); a
+  single noisy window does not fire, and
   all layers moving by one power of two at once (GradScaler changing its loss scale) rescales
   the references instead of backing anything off;
 - a residual norm beyond ``residual_factor`` x the gradient norm resets and backs off;
@@ -41,7 +42,15 @@ NO_RESIDUAL: dict[str, float] = {}
 
 
 def make_guards(**overrides: int | float) -> ConvergenceGuards:
-    settings_ = {"warmup_steps": 10, "loss_patience": 5, "recovery_windows": 3, **overrides}
+    # No hold on the critical level unless a test sets one: these tests check Accordion's
+    # interval logic window by window.
+    settings_ = {
+        "warmup_steps": 10,
+        "loss_patience": 5,
+        "recovery_windows": 3,
+        "critical_hold_windows": 1,
+        **overrides,
+    }
     return ConvergenceGuards(ConvergenceGuards.Config(**settings_), layers=LAYERS)
 
 
@@ -329,6 +338,29 @@ def test_a_critical_regime_holds_one_level_until_an_interval_is_calm() -> None:
     # Once lifted, a new regime backs off again.
     guards.observe_window(step + 60, {**CALM, "fc2.weight": norm * 3.0}, NO_RESIDUAL)
     assert guards.backoff()["fc2.weight"] == 1
+
+
+def test_a_critical_level_changes_at_most_once_per_hold() -> None:
+    """A converging model's norms can alternate between moving and calm intervals (the
+    digits CNN at 10 Mbit/s did, every 100 steps): without a hold, each interval switched its
+    conv weight's compressor. With ``critical_hold_windows`` = 5, the level goes on at the
+    first regime, stays on through calm windows until 5 have passed, goes off at the first
+    calm one after, and a regime right after that waits out the hold in turn."""
+    guards = make_guards(critical_patience=1, critical_hold_windows=5)
+    step = warm_up(guards)
+    levels = []
+    norm = CALM["fc2.weight"]
+    for window in range(1, 17):
+        moving = window % 2 == 1  # a critical window, then a calm one, and so on
+        norm = norm * 0.3 if moving else norm
+        guards.observe_window(step + 10 * window, {**CALM, "fc2.weight": norm}, NO_RESIDUAL)
+        levels.append(guards.backoff()["fc2.weight"])
+    changes = [w for w in range(1, len(levels)) if levels[w] != levels[w - 1]]
+    assert levels[0] == 1  # the first regime backs off at once
+    assert all(b - a >= 5 for a, b in zip([0, *changes], changes, strict=False)), levels
+    assert changes, levels  # it still moves: the hold delays changes, it does not freeze them
+    # The other layers were calm throughout.
+    assert guards.backoff()["fc1.weight"] == 0
 
 
 def test_an_open_interval_neither_lifts_nor_holds_a_regime() -> None:

@@ -443,8 +443,9 @@ def test_a_layer_that_switched_dwells_unless_the_link_moves() -> None:
 def test_a_guards_switch_dwells_no_longer_than_the_guard() -> None:
     """A critical regime moves a layer to a lighter option; that switch starts a dwell clock
     like any other, but the clock holds the guard's choice only while the guard does: the
-    first calm interval lifts the regime and, in the same decision, frees the layer (the
-    digits CNN at 10 Mbit/s kept ``conv2`` on rank 4 for 300 steps after its regime ended)."""
+    first calm interval after the guard's hold lifts the regime and, in the same decision,
+    frees the layer (the digits CNN at 10 Mbit/s kept ``conv2`` on rank 4 for 300 steps
+    after its regime ended)."""
     rules = PolicyRules(
         candidates=("none", "fp16", "powersgd:rank=4", "powersgd:rank=16"),
         guards=GuardRules(accordion_interval_steps=10),  # one window per interval, patience 2
@@ -489,7 +490,16 @@ def test_a_guards_switch_dwells_no_longer_than_the_guard() -> None:
     decide(3.0)  # the second interval over the threshold: a critical regime, one level
     assert p.guards.backoff()["fc1.weight"] == 1
     assert current["fc1.weight"] == "powersgd:rank=16,ef=true"
-    rules_now = decide(3.0)  # calm against the new level: the regime and its lock end
+    # Calm against the new level, but the guard holds a level for critical_hold_windows (5)
+    # full windows: the regime and its lock end at the first calm window after that.
+    rules_now = decide(3.0)
+    held = 1
+    while p.guards.backoff()["fc1.weight"] == 1:
+        assert current["fc1.weight"] == "powersgd:rank=16,ef=true"
+        rules_now = decide(3.0)
+        held += 1
+        assert held <= 5, "the regime must end at the first calm window after the hold"
+    assert held == 5
     assert p.guards.backoff()["fc1.weight"] == 0
     assert rules_now["fc1.weight"] != "dwell"
     assert current["fc1.weight"] == chosen

@@ -430,8 +430,8 @@ def complete_when_done(state: HookState, work: BucketWork) -> None:
             # random-k's indices) and frees them when it commits. Freed from a foreign stream,
             # the caching allocator hands their blocks to the encode stream's next allocation
             # while the decode may still be queued to read them. (4 gloo ranks on one H200,
-            # 2026-11-26: owners on two nodes decoded different values in 3 of 22 hierarchy
-            # runs, and 7 runs died of a device-side assert on a corrupted index.)
+            # 2026-11-26: the two nodes' owners of a layer decoded different values in 5 of 30
+            # hierarchy runs, and 4 runs died of a device-side assert on a corrupted index.)
             with on_stream(work.stream):
                 result.set_result(_finish(state, work))
         except BaseException as err:  # never leave DDP waiting on a future nobody completes

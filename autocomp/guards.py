@@ -325,9 +325,13 @@ class ConvergenceGuards:
             residual = float(residual_norms[name]) if name in residual_norms else None
             if not math.isfinite(grad) and name in grad_norms:
                 logger.debug("autocomp guards step %d: %s grad norm %s skipped", step, name, grad)
-            backed_off = full_window and self._check_critical(step, name, grad, compressing)
+            backed_off, moving = (
+                self._check_critical(step, name, grad, compressing)
+                if full_window
+                else (False, False)
+            )
             troubled = self._check_residual(step, name, grad, residual, compressing, backed_off)
-            if backed_off or troubled:
+            if moving or troubled:
                 self._layer_quiet[name] = 0
             elif math.isfinite(grad):
                 self._count_quiet_layer(step, name)
@@ -495,8 +499,12 @@ class ConvergenceGuards:
         action = ACTION_RESET_BACK_OFF if after > before else ACTION_RESET_AT_MAX
         self._record(step, RESIDUAL_GROWTH, name, f"{detail}; level now {after}", action)
 
-    def _check_critical(self, step: int, name: str, grad: float, compressing: bool) -> bool:
-        """Accordion test of an interval against the reference; True if it fired.
+    def _check_critical(
+        self, step: int, name: str, grad: float, compressing: bool
+    ) -> tuple[bool, bool]:
+        """Accordion test of an interval against the reference: (the layer is backed off for
+        it, its norms moved). They differ when the hold defers a regime: nothing backs off,
+        but the window is not a quiet one.
 
         Accordion picks one of two compression levels per interval: the lighter one while the
         norms move, the usual one once an interval is calm. Stacking a level per firing, each
@@ -519,10 +527,9 @@ class ConvergenceGuards:
                 level = self._effective_level(name, cap)
                 detail = f"{verdict.detail}; level stays {level}"
                 self._record(step, CRITICAL_REGIME, name, detail, ACTION_CRITICAL_HOLDS)
-                return True
+                return True, True
             if not settled:  # fires at the first window the hold allows, if it persists
-                self._layer_quiet[name] = 0
-                return False
+                return False, True
             before = self._effective_level(name, cap)
             self._critical.add(name)
             self._critical_changed[name] = self._full_windows
@@ -530,14 +537,14 @@ class ConvergenceGuards:
             action = ACTION_BACK_OFF if after > before else ACTION_AT_MAX
             detail = f"{verdict.detail}; level now {after}"
             self._record(step, CRITICAL_REGIME, name, detail, action)
-            return True
+            return True, True
         if verdict.calm and name in self._critical and settled:
             self._critical.discard(name)
             self._critical_changed[name] = self._full_windows
             level = self._effective_level(name, cap)
             detail = f"a calm interval ends the critical regime; level now {level}"
             self._record(step, RECOVERED, name, detail, ACTION_RECOVER)
-        return False
+        return False, False
 
     def _check_loss_scale(self, step: int, grad_norms: Mapping[str, float]) -> None:
         """Rescale the references when all layers moved by one power of two (GradScaler)."""

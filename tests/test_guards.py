@@ -363,6 +363,27 @@ def test_a_critical_level_changes_at_most_once_per_hold() -> None:
     assert guards.backoff()["fc1.weight"] == 0
 
 
+def test_a_regime_waiting_out_the_hold_is_not_a_quiet_window() -> None:
+    """A regime that the hold keeps from firing still means the norms moved: that window must
+    not count toward lifting the layer's residual back-off."""
+    guards = make_guards(
+        critical_patience=1, critical_hold_windows=5, recovery_windows=2, residual_factor=10.0
+    )
+    step = warm_up(guards)
+    norm = CALM["fc2.weight"] * 3.0
+    guards.observe_window(step + 10, {**CALM, "fc2.weight": norm}, NO_RESIDUAL)  # fires
+    for window in range(2, 7):  # calm at the new level; the hold lifts it at window 6
+        residual = {"fc2.weight": 11.0 * norm} if window == 6 else NO_RESIDUAL
+        guards.observe_window(step + 10 * window, {**CALM, "fc2.weight": norm}, residual)
+    state = guards.state_dict()
+    assert "fc2.weight" not in state["critical_layers"]
+    assert state["layer_level"]["fc2.weight"] == 1  # the residual back-off of window 6
+    guards.observe_window(step + 70, {**CALM, "fc2.weight": norm * 3.0}, NO_RESIDUAL)
+    state = guards.state_dict()
+    assert "fc2.weight" not in state["critical_layers"], "the hold defers the regime"
+    assert state["layer_quiet"]["fc2.weight"] == 0
+
+
 def test_an_open_interval_neither_lifts_nor_holds_a_regime() -> None:
     """With intervals of several windows, only the window that closes one is judged."""
     guards = make_guards(critical_patience=1, critical_block=3)

@@ -117,6 +117,11 @@ class FSDPController:
         self._in_step = False
         self._closed = False
         self._layout_index = {id(layout): i for i, layout in enumerate(layouts)}
+        self._order: list[int] = []
+        """This backward's FSDP modules, by layout index, in the order their hooks ran."""
+        self._first_order: list[int] | None = None
+        """The first synchronized backward's order, which later ones are compared with."""
+        self._order_warned = False
         self.adaptive: AdaptiveLoop | None = None
         """The window loop when the policy decides (``target_overlap`` or ``policy`` given)."""
         self.mesh_shape: tuple[int, ...] = ()
@@ -255,11 +260,47 @@ class FSDPController:
         if self._in_step:
             self._in_step = False
             self._state.step += 1
+            self._check_order()
+
+    def _check_order(self) -> None:
+        """Warn once when a backward calls the FSDP modules in another order than the first.
+
+        The replica exchanges pair up by position, so replicas must call the modules in the
+        same order. FSDP reduces a module that took no part in the backward from its
+        end-of-backward callback, after all others: a module skipped on some replicas only
+        (conditional execution) moves there on those replicas alone, and the exchanges then
+        pair different modules (gloo aborts on unequal sizes; equal sizes mix silently).
+        Only the replicas together can tell, which costs a collective per module, so this
+        rank-local check only warns; ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` checks every
+        collective across ranks.
+        """
+        order, self._order = self._order, []
+        if not order:
+            return
+        if self._first_order is None:
+            self._first_order = order
+            return
+        if order == self._first_order or self._order_warned:
+            return
+        self._order_warned = True
+        names = [self._layouts[i].module_name for i in order]
+        first = [self._layouts[i].module_name for i in self._first_order]
+        logger.warning(
+            "autocomp.wrap_fsdp: backward %d reduced the FSDP modules in the order %s, the "
+            "first in %s. That is safe only if every replica changed alike: a module that "
+            "runs on some replicas and not on others pairs the replica exchanges wrongly "
+            "(run every FSDP module on every rank, or check with "
+            "TORCH_DISTRIBUTED_DEBUG=DETAIL). Warned once.",
+            self._state.step - 1,
+            names,
+            first,
+        )
 
     def _forward_pre_hook(self, *_: Any) -> None:
         """A backward that raised never ran its end-of-step callback; count it here."""
         if self._in_step:
             logger.warning("autocomp: the previous backward did not finish; counting it ended")
+            self._order = []  # a partial order says nothing about the replicas
             self._end_step()
 
     def _reduce(self, layout: GroupLayout, flat: torch.Tensor) -> None:
@@ -270,13 +311,14 @@ class FSDPController:
                 raise RuntimeError(
                     f"autocomp.wrap_fsdp: FSDP module {layout.module_name!r} reduced "
                     f"{flat.numel()} {flat.dtype} elements, expected {layout.total} "
-                    f"{layout.dtype}. Every trainable parameter must receive a gradient in "
-                    "every backward (call model.set_reduce_scatter_unused_params(True) for "
-                    "parameters some steps do not use), and the mixed-precision policy must "
-                    "not change after wrap_fsdp."
+                    f"{layout.dtype}. The mixed-precision policy must not change after "
+                    "wrap_fsdp, and FSDP must reduce unused parameters as zeros "
+                    "(set_reduce_scatter_unused_params(True), which wrap_fsdp sets where "
+                    "this torch has it)."
                 )
             profiler = self._state.profiler
             index = self._layout_index[id(layout)]
+            self._order.append(index)
             entered = profiler.hook_entered(index) if profiler is not None else None
             self._exchange(layout, flat)
             if profiler is not None and entered is not None:
@@ -471,6 +513,7 @@ def wrap_fsdp(
     for layout in layouts:
         module = by_name[layout.module_name]
         module.set_all_reduce_hook(_bound(controller, layout))
+        include_unused_parameters(module)
     if resolved is not None and not disabled:
         controller.adaptive = _adaptive_loop(model, state, resolved, groups)
     model.register_forward_pre_hook(controller._forward_pre_hook)
@@ -523,6 +566,24 @@ def _adaptive_loop(
     raise_on_mesh(problem, groups, "autocomp.wrap_fsdp adaptive setup")
     assert loop is not None
     return loop
+
+
+def include_unused_parameters(module: Any) -> bool:
+    """Make FSDP reduce-scatter a zero gradient for a parameter the backward did not reach.
+
+    Replicas must apply the same update. Without this, FSDP leaves an unused parameter out
+    of the flat buffer, so a replica that did not use it would hand the hook fewer elements
+    than one that did (a rank-local error, while the other replicas wait in the exchange),
+    and its gradient would stay None there while the others step it. With it, every replica
+    averages the parameter's gradient as zero on the replicas that did not use it, as DDP's
+    ``find_unused_parameters`` does. The cost is a reduce-scatter of zeros inside the shard
+    group. Returns False on a torch without the setting (torch 2.13 has it).
+    """
+    setter = getattr(module, "set_reduce_scatter_unused_params", None)
+    if setter is None:
+        return False
+    setter(True, recurse=False)
+    return True
 
 
 def _bound(controller: FSDPController, layout: GroupLayout) -> Any:

@@ -8,7 +8,9 @@ bit-identical, the loss falls over 30 steps, and the bytes sent across the repli
 are exactly what the compressors report; bad input fails with a clear error on every rank; in
 adaptive mode the window loop decides (pins applied), measures the link and plans nothing as
 hideable (FSDP's hook blocks), and the warm-up ends in every replicate group at the boundary
-where one group's look ends it; the controller's state dict round-trips bit-exactly through
+where one group's look ends it; a parameter one replica does not use is averaged as zero
+(bit for bit FSDP2's native HSDP with its unused-parameter setting), and a module every
+replica stops running is warned about once; the controller's state dict round-trips bit-exactly through
 torch.save and DCP, and another rank's entry or another mesh is refused on every rank.
 """
 
@@ -307,6 +309,95 @@ def test_compressed_replicas_agree_loss_falls_bytes_exact(tmp_path: Path) -> Non
     assert layers["0.weight"]["wire_bytes_per_step"] == 192
     assert layers["2.weight"]["wire_bytes_per_step"] == 408
     assert layers["0.bias"]["wire_bytes_per_step"] == 16 * 2
+
+
+class _Gated(torch.nn.Module):
+    """A block whose second branch runs only when ``use_branch`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = torch.nn.Linear(8, 8)
+        self.branch = torch.nn.Linear(8, 8)
+        self.use_branch = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.tanh(self.trunk(x))
+        return y + self.branch(x) if self.use_branch else y
+
+
+def _gated_net(mesh: Any, branch_module: bool = False) -> torch.nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), _Gated(), torch.nn.Linear(8, 1))
+    if branch_module:
+        fully_shard(model[1].branch, mesh=mesh)
+    fully_shard(model[0], mesh=mesh)
+    fully_shard(model[1], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _unused(rank: int, world: int) -> dict[str, Any]:
+    """Replica 0 (ranks 0, 1) uses a parameter that replica 1 (ranks 2, 3) does not."""
+    import logging
+
+    mesh = _mesh()
+    uses = rank // 2 == 0
+    native = _gated_net(mesh)  # FSDP2's own HSDP, told to reduce unused parameters as zeros
+    native.set_reduce_scatter_unused_params(True)
+    native[1].use_branch = uses
+    native_losses = _train(native, rank, 4)
+    ours = _gated_net(mesh["shard"])
+    ours[1].use_branch = uses
+    autocomp.wrap_fsdp(ours, mesh, plan={"*": "none"})
+    our_losses = _train(ours, rank, 4)
+    same = all(
+        torch.equal(a, b)
+        for a, b in zip(_local_shards(native).values(), _local_shards(ours).values(), strict=True)
+    )
+    compressed = _gated_net(mesh["shard"])
+    compressed[1].use_branch = uses
+    autocomp.wrap_fsdp(compressed, mesh, plan={"*weight": "powersgd:rank=2", "*": "fp16"})
+    _train(compressed, rank, 4)
+    # Every rank stops running a whole FSDP module from step 2 on: FSDP then reduces it from
+    # its end-of-backward callback, last, on every replica alike. Safe, and warned about once.
+    skipping = _gated_net(mesh["shard"], branch_module=True)
+    skipping_ctl = autocomp.wrap_fsdp(skipping, mesh, plan={"*weight": "powersgd:rank=2"})
+    messages: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("autocomp.fsdp").addHandler(handler)
+    opt = torch.optim.SGD(skipping.parameters(), lr=0.1)
+    for step in range(5):
+        skipping[1].use_branch = step < 2
+        x, y = _batch(rank, step)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(skipping(x), y).backward()
+        opt.step()
+    return {
+        "same": same,
+        "losses": (native_losses, our_losses),
+        "identical": _replicas_identical(compressed, mesh.get_group(0)),
+        "skipping_identical": _replicas_identical(skipping, mesh.get_group(0)),
+        "skipping_step": skipping_ctl.step,
+        "order_warnings": [m for m in messages if "in the order" in m],
+    }
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+def test_a_parameter_unused_on_one_replica_is_averaged_as_zero(tmp_path: Path) -> None:
+    """Until 2026-11-26 the replica that skipped the parameter raised in the hook (a shorter
+    flat buffer) while the other waited in the exchange; wrap_fsdp now has FSDP reduce
+    unused parameters as zeros, which is what FSDP's native HSDP does with that setting."""
+    results = run_ranks(_unused, WORLD, tmp_path, timeout=110)
+    for rank, r in enumerate(results):
+        assert r["same"], rank
+        assert r["losses"][0] == r["losses"][1], r["losses"]
+        assert r["identical"] and r["skipping_identical"], rank
+        assert r["skipping_step"] == 5
+        assert len(r["order_warnings"]) == 1 and "'1.branch'" in r["order_warnings"][0], r
 
 
 def _adaptive(rank: int, world: int) -> dict[str, Any]:

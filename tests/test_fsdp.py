@@ -10,8 +10,9 @@ adaptive mode the window loop decides (pins applied), measures the link and plan
 hideable (FSDP's hook blocks), and the warm-up ends in every replicate group at the boundary
 where one group's look ends it; a parameter one replica does not use is averaged as zero
 (bit for bit FSDP2's native HSDP with its unused-parameter setting), and a module every
-replica stops running is warned about once; the controller's state dict round-trips bit-exactly through
-torch.save and DCP, and another rank's entry or another mesh is refused on every rank.
+replica stops running is warned about once; the controller's state dict round-trips
+bit-exactly through torch.save and DCP, and another rank's entry or another mesh is refused
+on every rank.
 """
 
 from __future__ import annotations

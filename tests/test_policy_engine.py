@@ -865,6 +865,38 @@ def test_a_near_useless_option_stays_when_the_better_one_costs_more_than_the_sla
     assert "not considered" not in decision.layer("attn").reason
 
 
+def _small_head() -> list[LayerProfile]:
+    """The digits CNN's 10x256 classifier head, whose top-1% sends 25 values, beside a weight
+    of 8192 elements; both measured 0.95 on top-1%."""
+    errors = {"topk:ratio=0.01": 0.95}
+    return [
+        LayerProfile(name="head", shape=(10, 256), grad_norm=0.5, rel_error=errors),
+        LayerProfile(name="fc", shape=(64, 128), grad_norm=1.0, rel_error=errors),
+    ]
+
+
+def test_a_small_layer_never_takes_a_near_useless_option() -> None:
+    """At 5 Mbit/s int8 costs the head ~12 ms more than top-1%, beyond the 3% slack of a
+    30 ms step, so the slack rule alone keeps top-1% there (as it did on the digits CNN at 10
+    Mbit/s, 2026-11-26). Under ``useless_min_numel`` the head takes the near-useless option
+    in no case; the layer above it keeps it."""
+    candidates = ("none", "int8", "topk:ratio=0.01")
+    timing = StepTiming(backward_seconds=0.018, hideable_seconds=1e-4, step_seconds=0.03)
+    loose = PolicyRules(candidates=candidates, time_slack=0.03, useless_min_numel=0)
+    before = engine(5, loose).decide(_small_head(), timing, AFTER_WARMUP, WORLD)
+    assert before.layer("head").spec == "topk:ratio=0.01,ef=true"
+    rules = PolicyRules(candidates=candidates, time_slack=0.03)
+    assert rules.useless_min_numel == 4096
+    decision = engine(5, rules).decide(_small_head(), timing, AFTER_WARMUP, WORLD)
+    head = decision.layer("head")
+    assert head.spec == "int8:chunk=256,ef=true", head.reason
+    assert (
+        "not considered: topk:ratio=0.01,ef=true (rel. error 0.95; never on a layer under 4096 "
+        "elements)" in head.reason
+    )
+    assert decision.layer("fc").spec == "topk:ratio=0.01,ef=true"
+
+
 def test_dwell_keeps_a_recently_changed_layer() -> None:
     rules = PolicyRules(candidates=("none", "fp16", "powersgd:rank=4", "powersgd:rank=16"))
     timing = StepTiming(backward_seconds=0.3, hideable_seconds=1e-4, step_seconds=0.5)

@@ -307,6 +307,7 @@ class PolicyEngine:
             switch_margin=cfg.switch_margin,
             useless_error=cfg.useless_error,
             much_better=cfg.much_better,
+            useless_min_numel=self.rules.useless_min_numel,
             resolution=cfg.resolution,
         )
 

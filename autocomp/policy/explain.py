@@ -55,8 +55,8 @@ def optimizer_decision(
         )
     if item.dropped:
         dropped = ", ".join(
-            f"{key} (rel. error {item.rel_errors[key]:.2f}; {better} costs under the slack)"
-            for key, better in sorted(item.dropped.items())
+            f"{key} (rel. error {item.rel_errors[key]:.2f}; {why})"
+            for key, why in sorted(item.dropped.items())
         )
         reason += f"; not considered: {dropped}"
     return LayerDecision(

@@ -10,7 +10,8 @@ the controller at the copy. Schema, version 1 (``policies/default.toml`` carries
     [policy]                        # every key optional: omitted keys take the defaults below
     description = "..."             # one line for logs and reports
     warmup_steps = 100              # int >= 0: first steps run uncompressed
-    min_numel = 4096                # int >= 0: smaller tensors are never compressed
+    min_numel = 256                 # int >= 0: smaller tensors are never compressed
+    useless_min_numel = 4096        # int >= 0: smaller tensors never take a near-useless option
     compress_1d = false             # bool: whether biases and norm scales may be compressed
     fast_link_gbit = 25.0           # float > 0 (or inf): at or above this bandwidth, all 'none'
     min_gain = 0.05                 # 0..1: a compressed window must measure this much faster
@@ -142,6 +143,7 @@ _POLICY_KEYS: dict[str, _Key] = {
     "description": _Key(str),
     "warmup_steps": _Key(int, low=0),
     "min_numel": _Key(int, low=0),
+    "useless_min_numel": _Key(int, low=0),
     "compress_1d": _Key(bool),
     "fast_link_gbit": _Key(float, low=0.0, low_open=True, allow_inf=True),
     "min_gain": _Key(float, low=0.0, high=1.0),
@@ -291,8 +293,12 @@ class PolicyRules:
     """One line for logs and reports."""
     warmup_steps: int = 100
     """Steps at the start that run uncompressed."""
-    min_numel: int = 4096
-    """Tensors with fewer elements are never compressed."""
+    min_numel: int = 256
+    """Tensors with fewer elements are never compressed (above it the engine weighs each
+    tensor's time on the measured link against its error)."""
+    useless_min_numel: int = 4096
+    """Tensors with fewer elements never take an option that sends almost nothing of their
+    gradient (relative error >= the engine's ``useless_error``), whatever it saves."""
     compress_1d: bool = False
     """Whether 1-D tensors (biases, norm scales) may be compressed."""
     fast_link_gbit: float = 25.0
@@ -354,6 +360,7 @@ class PolicyRules:
             "description": self.description,
             "warmup_steps": self.warmup_steps,
             "min_numel": self.min_numel,
+            "useless_min_numel": self.useless_min_numel,
             "compress_1d": self.compress_1d,
             "fast_link_gbit": fast if math.isfinite(fast) else "inf",
             "min_gain": self.min_gain,

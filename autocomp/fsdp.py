@@ -312,9 +312,9 @@ class FSDPController:
                     f"autocomp.wrap_fsdp: FSDP module {layout.module_name!r} reduced "
                     f"{flat.numel()} {flat.dtype} elements, expected {layout.total} "
                     f"{layout.dtype}. The mixed-precision policy must not change after "
-                    "wrap_fsdp, and FSDP must reduce unused parameters as zeros "
-                    "(set_reduce_scatter_unused_params(True), which wrap_fsdp sets where "
-                    "this torch has it)."
+                    "wrap_fsdp, and every trainable parameter must get a gradient in every "
+                    "backward: wrap_fsdp has FSDP reduce unused ones as zeros where this "
+                    "torch can (set_reduce_scatter_unused_params; torch 2.13 has it)."
                 )
             profiler = self._state.profiler
             index = self._layout_index[id(layout)]
@@ -510,10 +510,17 @@ def wrap_fsdp(
     controller.mesh_shape = tuple(mesh.shape)
     controller._groups = groups
     by_name = {where: module for where, module, _ in found}
+    unused_included = True
     for layout in layouts:
         module = by_name[layout.module_name]
         module.set_all_reduce_hook(_bound(controller, layout))
-        include_unused_parameters(module)
+        unused_included = include_unused_parameters(module) and unused_included
+    if not unused_included and list(mesh.get_coordinate() or ()) == [0, 0]:
+        logger.info(
+            "autocomp.wrap_fsdp: this torch's FSDP2 cannot reduce unused parameters as zeros "
+            "(no set_reduce_scatter_unused_params): every trainable parameter must get a "
+            "gradient in every backward, on every replica"
+        )
     if resolved is not None and not disabled:
         controller.adaptive = _adaptive_loop(model, state, resolved, groups)
     model.register_forward_pre_hook(controller._forward_pre_hook)
@@ -577,7 +584,7 @@ def include_unused_parameters(module: Any) -> bool:
     and its gradient would stay None there while the others step it. With it, every replica
     averages the parameter's gradient as zero on the replicas that did not use it, as DDP's
     ``find_unused_parameters`` does. The cost is a reduce-scatter of zeros inside the shard
-    group. Returns False on a torch without the setting (torch 2.13 has it).
+    group. Returns False on a torch without the setting (2.13 has it, 2.11 does not).
     """
     setter = getattr(module, "set_reduce_scatter_unused_params", None)
     if setter is None:

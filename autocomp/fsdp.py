@@ -515,17 +515,17 @@ def wrap_fsdp(
         module = by_name[layout.module_name]
         module.set_all_reduce_hook(_bound(controller, layout))
         unused_included = include_unused_parameters(module) and unused_included
-    if not unused_included and list(mesh.get_coordinate() or ()) == [0, 0]:
-        logger.info(
-            "autocomp.wrap_fsdp: this torch's FSDP2 cannot reduce unused parameters as zeros "
-            "(no set_reduce_scatter_unused_params): every trainable parameter must get a "
-            "gradient in every backward, on every replica"
-        )
     if resolved is not None and not disabled:
         controller.adaptive = _adaptive_loop(model, state, resolved, groups)
     model.register_forward_pre_hook(controller._forward_pre_hook)
     setattr(model, WRAPPED_ATTR, controller)
     if list(mesh.get_coordinate() or ()) == [0, 0]:
+        if not unused_included:
+            logger.info(
+                "autocomp.wrap_fsdp: this torch's FSDP2 cannot reduce unused parameters as "
+                "zeros (no set_reduce_scatter_unused_params): every trainable parameter must "
+                "get a gradient in every backward, on every replica"
+            )
         compressed = sum(1 for c in assignment.values() if c.name != "none")
         logger.info(
             "autocomp: wrap_fsdp over a %s mesh: %d parameters in %d FSDP modules, %d compressed",

@@ -6,7 +6,8 @@ Per bucket, on every rank of a job with N nodes of L ranks each:
    contiguous runs of about equal bytes (whole layers: a compressor such as PowerSGD needs the
    layer's matrix); local rank j owns run j. The runs are laid out in a zero-padded staging
    buffer of L equal chunks, so one ``reduce_scatter_tensor`` leaves each local rank its own
-   run summed over the node.
+   run summed over the node. On gloo it is an all-to-all of those chunks and a sum in
+   local-rank order instead (:func:`_reduce_scatter` says why).
 2. **The per-layer compressed exchange across nodes** among the N ranks that own the same run
    (the ``cross`` group of :mod:`autocomp.topology`): the same encoding, collectives and
    decode as the flat hook (:func:`~autocomp.hook.exchange_now`), so every compressor works,
@@ -90,6 +91,9 @@ class _ShardLayout:
     """Their offsets inside this rank's chunk."""
     staging: torch.Tensor
     own: torch.Tensor
+    received: torch.Tensor | None
+    """The chunks the node's other ranks send this one, where the reduce-scatter is an
+    all-to-all and a sum (:func:`sums_by_exchange`)."""
 
 
 class _OrderedWorker:
@@ -161,6 +165,11 @@ class HierarchicalReduce:
             offsets=[o - base for o in layout.offsets[mine[0] : mine[1]]],
             staging=torch.zeros(parts * chunk, dtype=buffer.dtype, device=buffer.device),
             own=torch.zeros(chunk, dtype=buffer.dtype, device=buffer.device),
+            received=(
+                torch.zeros(parts * chunk, dtype=buffer.dtype, device=buffer.device)
+                if sums_by_exchange(self.groups.intra, buffer)
+                else None
+            ),
         )
         # DDP rebuilds its buckets after the first iteration, which can move a layer to another
         # local rank. What a former owner kept for it (error feedback, warm starts) is dropped:
@@ -238,7 +247,7 @@ def hierarchical_hook(
         shard.staging[j * chunk : j * chunk + stop - start].copy_(buffer[start:stop])
     # gloo's reduce-scatter work has no future: the exchange thread waits on the work itself.
     # (The node link is timed on the gathers, whose completion callbacks stamp the transfer.)
-    scatter = _reduce_scatter(shard.own, shard.staging, hierarchy.groups.intra)
+    scatter = _reduce_scatter(shard.own, shard.staging, hierarchy.groups.intra, shard.received)
     devices = [buffer.device] if buffer.is_cuda else None
     result: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=devices)
     work = BucketWork(
@@ -287,9 +296,48 @@ def hierarchical_hook(
     return result
 
 
-def _reduce_scatter(output: torch.Tensor, source: torch.Tensor, group: Any) -> Any:
+def _reduce_scatter(
+    output: torch.Tensor, source: torch.Tensor, group: Any, received: torch.Tensor | None = None
+) -> Any:
+    """Launch the node's reduce-scatter of ``source`` (L equal chunks) into ``output``.
+
+    With ``received`` (a buffer shaped like ``source``), it is an all-to-all followed by a sum
+    in local-rank order, done in :meth:`_SummedExchange.wait`. On gloo that is 2.2-2.5x faster
+    than gloo's own reduce-scatter, which moved 24 MB between two loopback ranks in 24-27 ms
+    against 11-12 ms (and a plain all-reduce of all 24 MB in 15-17 ms). NCCL's reduce-scatter
+    is the bandwidth-optimal one, and is used as it is.
+    """
+    if received is not None:
+        work = dist.all_to_all_single(received, source, group=group, async_op=True)
+        return _SummedExchange(work, received, output)
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     return scatter(output, source, group=group, async_op=True)
+
+
+class _SummedExchange:
+    """An all-to-all's work that, once waited for, sums the received chunks into the output.
+
+    The sum runs on the waiting thread (the exchange thread), in local-rank order, so each
+    owner's node sum does not depend on timing.
+    """
+
+    def __init__(self, work: Any, received: torch.Tensor, output: torch.Tensor) -> None:
+        self._work = work
+        self._received = received
+        self._output = output
+
+    def wait(self) -> bool:
+        self._work.wait()
+        chunks = self._received.view(-1, self._output.numel())
+        self._output.copy_(chunks[0])
+        for chunk in chunks[1:]:
+            self._output.add_(chunk)
+        return True
+
+
+def sums_by_exchange(group: Any, tensor: torch.Tensor) -> bool:
+    """Whether the node's reduce-scatter is done as an all-to-all and a sum (gloo, CPU)."""
+    return not tensor.is_cuda and dist.get_backend(group) == "gloo"
 
 
 def _all_gather(output: torch.Tensor, source: torch.Tensor, group: Any) -> torch.futures.Future:

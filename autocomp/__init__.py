@@ -29,6 +29,7 @@ _EXPORTS = {
     "AutocompConfig": "autocomp.config",
     "AutocompState": "autocomp.attach",
     "Controller": "autocomp.controller",
+    "ElasticLoadPlanner": "autocomp.elastic_load",
     "make_hook": "autocomp.attach",
     "wrap": "autocomp.attach",
     "wrap_fsdp": "autocomp.fsdp",
@@ -43,6 +44,7 @@ __all__ = [
     "AutocompConfig",
     "AutocompState",
     "Controller",
+    "ElasticLoadPlanner",
     "Plan",
     "available_compressors",
     "build_compressor",
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
     from autocomp.compressors import available_compressors, build_compressor, register_compressor
     from autocomp.config import AutocompConfig
     from autocomp.controller import Controller
+    from autocomp.elastic_load import ElasticLoadPlanner
     from autocomp.fsdp import wrap_fsdp
     from autocomp.plan import Plan, load_plan
 

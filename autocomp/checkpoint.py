@@ -27,8 +27,8 @@ model, measured errors and guards are the ones that decide) over, and starts res
 warm starts afresh: residuals are per rank and
 scaled by 1/world size, and there is no rank to give another rank's memory to (a one-time
 loss of at most one step's compression error per layer). With DCP, load such a checkpoint
-with ``DefaultLoadPlanner(allow_partial_load=True)``: ranks that did not exist before have
-no entry.
+with :class:`autocomp.ElasticLoadPlanner`: ranks that did not exist before have no entry,
+and it leaves out just those (``allow_partial_load`` would stop checking the model's keys).
 
 ``FSDPController.state_dict()`` (:func:`autocomp.wrap_fsdp`) has the same version and
 shared keys plus ``mesh_shape``; everything else sits in the global rank's entry, ``plan``
@@ -40,8 +40,12 @@ and ``loop`` included, because each replicate group decides the plan of its own 
     rank{g}/residual/<param>            error-feedback residual of this rank's local shard
     rank{g}/has_residual, rank{g}/compressor_state
 
-A residual is a slice of one shard of one replica, so an FSDP checkpoint resumes only on the
-same mesh shape and world size; any other is refused with a ValueError naming both.
+A residual is a slice of one shard of one replica, so an FSDP checkpoint resumes its
+residuals, warm starts and decision state only on the same mesh shape and world size. On
+another mesh only the step carries over, with a warning; the rest starts afresh
+(:func:`_resume_on_another_mesh`). With DCP, load it with
+:class:`autocomp.ElasticLoadPlanner`, which leaves out the rank entries that are missing or
+shaped for the old mesh.
 """
 
 from __future__ import annotations
@@ -293,8 +297,8 @@ def export_fsdp_state(controller: FSDPController) -> dict[str, Any]:
 
 
 def import_fsdp_state(controller: FSDPController, saved: Mapping[str, Any]) -> None:
-    """Restore :func:`export_fsdp_state` output; ValueError when it belongs to another job
-    or another mesh."""
+    """Restore :func:`export_fsdp_state` output; ValueError when it belongs to another job or
+    another rank. A checkpoint of another mesh resumes its step alone."""
     import torch.distributed as dist
 
     state = controller._state
@@ -309,12 +313,8 @@ def import_fsdp_state(controller: FSDPController, saved: Mapping[str, Any]) -> N
         raise ValueError(f"state dict is from a {saved.get('mode')} controller, this one is {mode}")
     mesh = tuple(json.loads(saved["mesh_shape"]))
     if mesh != tuple(controller.mesh_shape) or int(saved["world_size"]) != world:
-        raise ValueError(
-            f"this state dict was saved on a {'x'.join(map(str, mesh))} mesh of "
-            f"{saved['world_size']} ranks, this job has a "
-            f"{'x'.join(map(str, controller.mesh_shape))} mesh of {world}: error-feedback "
-            "residuals are slices of one shard, so they cannot move to another mesh"
-        )
+        _resume_on_another_mesh(controller, saved, mesh)
+        return
     entry = saved.get(f"rank{rank}")
     if entry is None:
         raise _no_entry(saved, rank)
@@ -329,3 +329,44 @@ def import_fsdp_state(controller: FSDPController, saved: Mapping[str, Any]) -> N
     params = dict(controller._model.named_parameters())
     _restore_slots(state, entry, lambda name: params[name].device, state.rank)
     state.step = int(saved["step"])
+
+
+def _resume_on_another_mesh(
+    controller: FSDPController, saved: Mapping[str, Any], mesh: tuple[int, ...]
+) -> None:
+    """Resume an FSDP checkpoint of another mesh shape or world size: the step only.
+
+    A residual is a slice of one shard of one replica, and the new shards cut the parameters
+    elsewhere and pair other replicas, so error feedback and warm starts start afresh (a
+    one-time loss of at most one step's compression error per parameter, as after a switch
+    of compressor). The plan, the window counters and the decision state are per replicate
+    group and per shard shape, so they start afresh too: in adaptive mode the first window
+    after the resume decides, since the step is past the warm-up. Every rank takes this path
+    alike (it depends only on the shared keys), and no rank's own entry is read, so ranks
+    that did not exist before need none. The saved plan, where this rank's entry holds one,
+    must still name this model's parameters.
+    """
+    import torch.distributed as dist
+
+    state = controller._state
+    rank, world = dist.get_rank(), dist.get_world_size()
+    entry = saved.get(f"rank{rank}")
+    if isinstance(entry, Mapping) and "plan" in entry:
+        # Names only: a static plan resolves per shard (an empty or 1-row shard sends plain),
+        # so the saved specs may differ from this mesh's.
+        _saved_plan(state, entry["plan"])
+    params = dict(controller._model.named_parameters())
+    _restore_slots(state, None, lambda name: params[name].device, state.rank)
+    state.step = int(saved["step"])
+    if rank == 0:
+        logger.warning(
+            "autocomp: resuming an FSDP checkpoint of a %s mesh (%s ranks) on a %s mesh (%d "
+            "ranks) at step %d: the step carries over; the plan's decision state, "
+            "error-feedback residuals and warm starts start afresh (they belong to one shard "
+            "of one replica)",
+            "x".join(map(str, mesh)),
+            saved["world_size"],
+            "x".join(map(str, controller.mesh_shape)),
+            world,
+            state.step,
+        )

@@ -7,8 +7,10 @@ silently loaded one of rank 1's error-feedback residuals. Here:
   round-trips each rank's own residuals and compressor state bit-exactly; training then
   continues exactly as without the interruption;
 - adaptive mode round-trips too (plan, planner state on every rank);
-- a checkpoint from 2 ranks resumes on 3 (``allow_partial_load``): plan and step carry over,
-  residuals start afresh, training goes on; never an error mid-training.
+- a checkpoint from 2 ranks resumes on 3 (``autocomp.ElasticLoadPlanner``): plan and step
+  carry over, residuals start afresh, training goes on; never an error mid-training. That
+  planner leaves out only autocomp's absent rank entries: a missing model key still fails
+  (tier 1, one process).
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autocomp
@@ -120,15 +121,34 @@ def _save_at(rank: int, world: int, path: str) -> dict[str, str]:
 
 def _resume_at(rank: int, world: int, path: str) -> dict[str, Any]:
     _, ddp, opt, ctl = _fresh(0, plan=PLAN)
-    dcp.load({"ac": ctl}, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=True))
+    planner = autocomp.ElasticLoadPlanner("ac")
+    dcp.load({"ac": ctl}, checkpoint_id=path, planner=planner)
     step = ctl.step
     residuals = [s.residual for s in ctl._state.slots.values()]
     _steps(ddp, opt, rank, 5, 8)
-    return {"step": step, "fresh": all(r is None for r in residuals), "after": ctl.step}
+    return {
+        "step": step,
+        "fresh": all(r is None for r in residuals),
+        "after": ctl.step,
+        "skipped": sorted({key.split(".")[1] for key in planner.skipped}),
+    }
 
 
 def test_a_two_rank_checkpoint_resumes_on_three_ranks(tmp_path: Path) -> None:
     ckpt = str(tmp_path / "ckpt")
     run_ranks(_save_at, 2, tmp_path / "save", ckpt)
-    for out in run_ranks(_resume_at, 3, tmp_path / "resume", ckpt):
+    for rank, out in enumerate(run_ranks(_resume_at, 3, tmp_path / "resume", ckpt)):
         assert out["step"] == 5 and out["fresh"] and out["after"] == 8
+        # Only the new rank's entry is absent from the checkpoint; nothing else is left out.
+        assert out["skipped"] == (["rank2"] if rank == 2 else []), (rank, out["skipped"])
+
+
+def test_the_elastic_planner_still_checks_other_keys(tmp_path: Path) -> None:
+    """A model key missing from the checkpoint still fails, as with DCP's default planner."""
+    path = str(tmp_path / "ckpt")
+    dcp.save({"model": {"w": torch.zeros(2)}}, checkpoint_id=path, no_dist=True)
+    template = {"model": {"w": torch.ones(2), "extra": torch.ones(1)}}
+    with pytest.raises(BaseException, match="Missing key"):  # DCP's CheckpointException
+        dcp.load(template, checkpoint_id=path, planner=autocomp.ElasticLoadPlanner(), no_dist=True)
+    with pytest.raises(ValueError, match="top-level name"):
+        autocomp.ElasticLoadPlanner("a.b")

@@ -3,7 +3,8 @@
 Tier 1 (pure unit): how buckets are cut into per-local-rank runs, the topology arithmetic and
 the ``hierarchy`` setting's resolution.
 Tier 2 (4 local gloo ranks as 2 "nodes" of 2, set through torchrun's ``GROUP_RANK`` and
-``LOCAL_WORLD_SIZE``): the two-level reduce equals the flat average with no compression;
+``LOCAL_WORLD_SIZE``; 6 ranks as 2 nodes of 3 once): the two-level reduce equals the flat
+average with no compression;
 every compressor keeps the 4 ranks bit-identical and the loss falling on a multi-bucket model;
 each node sends every layer across once (the bytes); adaptive mode plans for the cross-node
 link and reports the node link; a non-finite average seen by other ranks' layers reaches rank
@@ -97,9 +98,9 @@ def _as_node(rank: int, local_world: int = 2) -> None:
     os.environ["LOCAL_RANK"] = str(rank % local_world)
 
 
-def _exact_average(rank: int, world_size: int) -> dict[str, Any]:
+def _exact_average(rank: int, world_size: int, local_world: int = 2) -> dict[str, Any]:
     """One backward with plan none, hierarchical: the gradient is the exact average."""
-    _as_node(rank)
+    _as_node(rank, local_world)
     torch.manual_seed(0)
     model = MultiBucketNet()
     ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
@@ -126,8 +127,12 @@ def _exact_average(rank: int, world_size: int) -> dict[str, Any]:
 
 @pytest.mark.multirank
 @pytest.mark.timeout(240)
-def test_uncompressed_hierarchy_is_the_exact_average(tmp_path: Path) -> None:
-    results = run_ranks(_exact_average, 4, tmp_path)
+@pytest.mark.parametrize(("world", "local_world"), [(4, 2), (6, 3)])
+def test_uncompressed_hierarchy_is_the_exact_average(
+    world: int, local_world: int, tmp_path: Path
+) -> None:
+    """2 nodes of 2, and of 3 (the node's all-to-all with more than two chunks)."""
+    results = run_ranks(_exact_average, world, tmp_path, local_world)
     for result in results:
         # Sums in a different order than the reference: equal to float32 rounding.
         assert result["error"] <= 1e-6 * max(1.0, result["scale"]), result

@@ -1,18 +1,19 @@
 """``autocomp-bench hier``'s arithmetic and report: per-method rows, the checks, text, markdown.
 
-Pure functions of the four ranks' results and the link counters (no processes), so they are
-tested on synthetic numbers and re-run on a saved document (``--from-json``).
+Pure functions of every rank's results and the link counters (no processes), so they are
+tested on synthetic numbers and re-run on a saved document (``--from-json``). The topology
+(nodes x ranks per node, default 2 x 2) comes from the document's ``settings``.
 
 * **median step**: the median training seconds per step after the first
   :data:`~autocomp_bench.tta_analysis.SKIP_STEPS` steps, on rank 0's agreed clock (every rank
   stops at the same step);
 * **valid loss**: rank 0's validation loss at the end of the budget (DDP ranks hold the same
   model; under HSDP rank 0 evaluates replica 0, all-gathering the shards of its node);
-* **link bytes**: what the veth between the two namespaces carried while the method's four
-  processes lived (start-up and the gloo rendezvous included, a few hundred KB), per
-  direction, from the kernel's counters of each namespace's veth end;
-* **bit-identical**: every rank's final parameters hash alike (DDP methods: all four ranks;
-  HSDP: the two replicas of each shard).
+* **link bytes**: what each node's veth end sent and received while the method's processes
+  lived (start-up and the gloo rendezvous included, a few hundred KB), from the kernel's
+  counters in each namespace; with two nodes, per direction of their one veth pair;
+* **bit-identical**: every rank's final parameters hash alike (DDP methods: all ranks;
+  HSDP: the replicas of each shard, one per node).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "COLUMNS",
+    "columns",
+    "count_word",
     "detail_lines",
     "hier_checks",
     "link_delta",
@@ -57,27 +60,65 @@ COLUMNS = (
     "bit-identical",
     "other CPU",
 )
+"""The table's columns with two nodes: one veth pair, a column per direction."""
+
+WIDE_COLUMNS = (
+    "method",
+    "steps",
+    "median s/step",
+    "valid loss",
+    "link MB sent by node",
+    "link MB total",
+    "link MB/step",
+    "bit-identical",
+    "other CPU",
+)
+"""The table's columns with more nodes: each node's sent MB in one cell (``0/1/2``), so the
+table keeps its width whatever the number of nodes."""
+
+_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+
+
+def count_word(n: int) -> str:
+    """``two`` for 2 (up to ten), else the digits: the report's prose reads as it did for 2x2."""
+    return _WORDS[n] if 0 <= n < len(_WORDS) else str(n)
+
+
+def columns(nodes: int) -> tuple[str, ...]:
+    """The table's columns for ``nodes`` nodes (:data:`COLUMNS` for two)."""
+    return COLUMNS if nodes == 2 else WIDE_COLUMNS
 
 
 def link_delta(before: list[dict[str, int]], after: list[dict[str, int]]) -> dict[str, Any]:
-    """Bytes the shaped link carried between two readings of both veth ends' counters.
+    """Bytes the shaped link carried between two readings of every node's veth end counters.
 
-    ``before[i]``/``after[i]``: ``{"tx_bytes", "rx_bytes"}`` of node ``i``'s veth end. Node 0's
-    sent bytes went to node 1 and the other way round; each end's received bytes are kept as a
-    cross-check (the two should agree to within packets in flight).
+    ``before[i]``/``after[i]``: ``{"tx_bytes", "rx_bytes"}`` of node ``i``'s veth end.
+    ``sent_by_node``/``received_by_node`` hold each node's deltas and ``total`` what all nodes
+    sent (through a hub each byte also crosses the hub's port, counted once here). With two
+    nodes the per-direction keys of the 2-node documents are added: node 0's sent bytes went
+    to node 1 and the other way round; received bytes are a cross-check (they should agree to
+    within packets in flight).
     """
-    if len(before) != 2 or len(after) != 2:
-        raise ValueError("need the counters of both veth ends")
-    tx = [after[i]["tx_bytes"] - before[i]["tx_bytes"] for i in range(2)]
-    rx = [after[i]["rx_bytes"] - before[i]["rx_bytes"] for i in range(2)]
+    if len(before) != len(after) or len(before) < 2:
+        raise ValueError(
+            "need the counters of every node's veth end, at least 2 nodes and as many after "
+            f"as before (both readings); got {len(before)} and {len(after)}"
+        )
+    nodes = range(len(before))
+    tx = [after[i]["tx_bytes"] - before[i]["tx_bytes"] for i in nodes]
+    rx = [after[i]["rx_bytes"] - before[i]["rx_bytes"] for i in nodes]
     if min(tx + rx) < 0:
         raise ValueError(f"link counters went backwards: tx {tx}, rx {rx}")
+    if len(before) != 2:
+        return {"total": sum(tx), "sent_by_node": tx, "received_by_node": rx}
     return {
         "node0_to_node1": tx[0],
         "node1_to_node0": tx[1],
-        "total": tx[0] + tx[1],
+        "total": sum(tx),
         "received_by_node1": rx[1],
         "received_by_node0": rx[0],
+        "sent_by_node": tx,
+        "received_by_node": rx,
     }
 
 
@@ -106,7 +147,7 @@ def replicas_identical(results: Sequence[dict[str, Any]]) -> tuple[bool, str]:
 def summarize_method(
     method: str, description: str, outcome: dict[str, Any], world_size: int
 ) -> dict[str, Any]:
-    """One report row from a method's outcome (four rank results, link bytes, wall time)."""
+    """One report row from a method's outcome (every rank's result, link bytes, wall time)."""
     row: dict[str, Any] = {"method": method, "description": description}
     if "skipped" in outcome:
         return {**row, "skipped": outcome["skipped"]}
@@ -160,16 +201,16 @@ def _lower_loss(rows: dict[str, dict[str, Any]], a: str, b: str) -> Check:
     return Check(name, la < lb, f"{la:.4f} vs {lb:.4f} ({la - lb:+.4f})")
 
 
-def hier_checks(rows: list[dict[str, Any]]) -> list[Check]:
+def hier_checks(rows: list[dict[str, Any]], world_size: int = 4) -> list[Check]:
     """The issue's targets: hierarchical autocomp below flat autocomp and plain all-reduce
-    with all four ranks bit-identical; compressed HSDP below plain HSDP."""
+    with all ``world_size`` ranks bit-identical; compressed HSDP below plain HSDP."""
     by_method = {row["method"]: row for row in rows}
     checks = [
         _lower_loss(by_method, "hier", "flat"),
         _lower_loss(by_method, "hier", "allreduce"),
     ]
     hier = by_method.get("hier")
-    name = "hier: the 4 ranks' final parameters bit-identical"
+    name = f"hier: the {world_size} ranks' final parameters bit-identical"
     if _ok(hier):
         assert hier is not None
         checks.append(Check(name, bool(hier["identical"]), hier["identical_detail"]))
@@ -181,19 +222,27 @@ def hier_checks(rows: list[dict[str, Any]]) -> list[Check]:
     return checks
 
 
-def _row_cells(row: dict[str, Any]) -> list[str]:
+def _link_cells(link: dict[str, Any], nodes: int) -> list[str]:
+    """The two link cells: per direction (two nodes), else each node's sent MB and the total."""
+    if nodes == 2:
+        return [f"{link['node0_to_node1'] / MB:.1f}", f"{link['node1_to_node0'] / MB:.1f}"]
+    sent = link.get("sent_by_node")
+    per_node = "/".join(f"{b / MB:.1f}" for b in sent) if sent else "-"
+    return [per_node, f"{link['total'] / MB:.1f}"]
+
+
+def _row_cells(row: dict[str, Any], nodes: int = 2) -> list[str]:
+    width = len(columns(nodes))
     if "skipped" in row:
-        return [row["method"], "SKIPPED", *["-"] * (len(COLUMNS) - 3), row["skipped"]]
+        return [row["method"], "SKIPPED", *["-"] * (width - 3), row["skipped"]]
     if "error" in row:
-        return [row["method"], "FAILED", *["-"] * (len(COLUMNS) - 3), str(row["error"])]
-    link = row["link"]
+        return [row["method"], "FAILED", *["-"] * (width - 3), str(row["error"])]
     return [
         row["method"],
         str(row["steps"]),
         f"{row['median_step_s']:.4f}",
         f"{row['valid_loss']:.4f}",
-        f"{link['node0_to_node1'] / MB:.1f}",
-        f"{link['node1_to_node0'] / MB:.1f}",
+        *_link_cells(row["link"], nodes),
         f"{row['link_bytes_per_step'] / MB:.3f}",
         ("yes, " if row["identical"] else "NO, ") + row["identical_detail"],
         other_share(row),
@@ -233,6 +282,44 @@ def _checks(document: dict[str, Any]) -> list[Check]:
     return [check_from_dict(c) if isinstance(c, dict) else c for c in document["checks"]]
 
 
+def _topology(document: dict[str, Any]) -> tuple[int, int]:
+    """(nodes, ranks per node) of a document; 2 x 2 for documents from before the options."""
+    s = document["settings"]
+    return int(s.get("nodes", 2)), int(s.get("ranks_per_node", 2))
+
+
+def _table(document: dict[str, Any]) -> tuple[tuple[str, ...], list[list[str]]]:
+    nodes, _ = _topology(document)
+    return columns(nodes), [_row_cells(r, nodes) for r in document["rows"]]
+
+
+def _setup_prose(document: dict[str, Any]) -> str:
+    """The markdown's setup sentences after the settings; word for word the 2x2 text there."""
+    nodes, per_node = _topology(document)
+    machine = document.get("machine", {})
+    ranks = "rank" if per_node == 1 else "ranks"
+    text = (
+        f'{count_word(nodes).capitalize()} network namespaces ("nodes") of '
+        f"{count_word(per_node)} gloo {ranks} each, started with torchrun's environment (RANK, "
+        f"WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE={per_node}, GROUP_RANK, MASTER_ADDR/PORT); "
+    )
+    if per_node > 1:
+        text += (
+            f"the {count_word(per_node)} ranks of a node talk over the namespace's loopback, "
+            "the nodes over "
+        )
+    else:
+        text += "the nodes talk over "
+    if nodes == 2:
+        text += "one veth pair with `tc tbf` on both ends. "
+    else:
+        text += "veth pairs to a bridge in a hub namespace, `tc tbf` on both ends of each. "
+    return text + (
+        f"Machine: {machine.get('cpu', '?')}, {machine.get('logical_cpus', '?')} logical CPUs "
+        f"for all {count_word(nodes * per_node)} ranks, torch {machine.get('torch', '?')}."
+    )
+
+
 def _settings_line(document: dict[str, Any]) -> str:
     s = document["settings"]
     return (
@@ -245,7 +332,7 @@ def _settings_line(document: dict[str, Any]) -> str:
 def text_report(document: dict[str, Any]) -> list[str]:
     rows = document["rows"]
     lines = [f"== autocomp-bench hier: {_settings_line(document)}", ""]
-    lines += plain_table(COLUMNS, [_row_cells(r) for r in rows])
+    lines += plain_table(*_table(document))
     lines.append("")
     for row in rows:
         details = detail_lines(row)
@@ -261,20 +348,23 @@ def text_report(document: dict[str, Any]) -> list[str]:
 
 def render_markdown(document: dict[str, Any]) -> str:
     """A section for docs/benchmarks.md: the command, the machine, the table, the checks."""
-    machine = document.get("machine", {})
     rows = document["rows"]
+    nodes, _ = _topology(document)
+    if nodes == 2:
+        link_prose = "link MB are the bytes the veth carried in each direction"
+    else:
+        link_prose = (
+            "link MB sent by node are the bytes each node's veth sent to the hub (nodes "
+            "0/1/... in order) and link MB total their sum,"
+        )
     out = [
-        "## Two nodes: hierarchical autocomp and HSDP (`autocomp-bench hier`)",
+        f"## {count_word(nodes).capitalize()} nodes: hierarchical autocomp and HSDP "
+        "(`autocomp-bench hier`)",
         "",
         f"Run: `{document['command']}` (code digest `{document.get('code_digest', '?')}`, "
         f"{document.get('runtime_s', 0) / 60:.1f} min).",
         "",
-        f'Setup: {_settings_line(document)}. Two network namespaces ("nodes") of two gloo '
-        "ranks each, started with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, "
-        "LOCAL_WORLD_SIZE=2, GROUP_RANK, MASTER_ADDR/PORT); the two ranks of a node talk over "
-        "the namespace's loopback, the nodes over one veth pair with `tc tbf` on both ends. "
-        f"Machine: {machine.get('cpu', '?')}, {machine.get('logical_cpus', '?')} logical CPUs "
-        f"for all four ranks, torch {machine.get('torch', '?')}.",
+        f"Setup: {_settings_line(document)}. {_setup_prose(document)}",
         "",
         "Methods:",
         "",
@@ -282,13 +372,12 @@ def render_markdown(document: dict[str, Any]) -> str:
     out += [f"- `{row['method']}`: {row['description']}" for row in rows]
     out += [
         "",
-        "Validation loss at the end of the budget (lower is better); link MB are the bytes the "
-        "veth carried in each direction while the method's processes ran (kernel counters); "
-        "bit-identical compares every rank's final parameters (HSDP: the two replicas of each "
-        "shard):",
+        f"Validation loss at the end of the budget (lower is better); {link_prose} while the "
+        "method's processes ran (kernel counters); bit-identical compares every rank's final "
+        f"parameters (HSDP: the {count_word(nodes)} replicas of each shard):",
         "",
     ]
-    out += markdown_table(COLUMNS, [_row_cells(r) for r in rows])
+    out += markdown_table(*_table(document))
     out += [
         "",
         "Per method, the validation curve (loss @ training seconds) and the final plan:",

@@ -1,9 +1,10 @@
 """One rank of ``autocomp-bench hier``: the shared budget loop, two HSDP methods, a digest.
 
-:mod:`autocomp_bench.hier` starts four of these (``python -m autocomp_bench.hier_worker
-CONFIG``), two per network namespace, with torchrun's environment. Each runs
-:func:`autocomp_bench.worker.worker_main` unchanged, with two additions registered here
-before it starts (the shared worker knows only DDP methods and 2 ranks):
+:mod:`autocomp_bench.hier` starts nodes x ranks-per-node of these (``python -m
+autocomp_bench.hier_worker CONFIG``; four by default), ranks-per-node in each network
+namespace, with torchrun's environment. Each runs :func:`autocomp_bench.worker.worker_main`
+unchanged, with two additions registered here before it starts (the shared worker knows only
+DDP methods and 2 ranks):
 
 * the methods ``hsdp`` (FSDP2 ``fully_shard`` on the 2-D (replicate, shard) mesh, FSDP's own
   HSDP) and ``hsdp-autocomp`` (``fully_shard`` on the shard sub-mesh, then
@@ -14,8 +15,9 @@ before it starts (the shared worker knows only DDP methods and 2 ranks):
   so the benchmark can tell whether replicas ended bit-identical.
 
 The mesh is ``(nodes, ranks per node)`` with rank ``r`` at ``(r // per_node, r % per_node)``:
-shard groups are the ranks of one node (loopback), replicate groups pair the ranks with the
-same local index across nodes (the shaped link).
+shard groups are the ranks of one node (loopback), replicate groups join the ranks with the
+same local index across nodes (the shaped link). Any shape works, one rank per node included
+(shard groups of one: HSDP is then plain replication over the link).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Tier 1 (no root, no processes): option parsing, torchrun's environment per rank, the worker
 configs, the link counters' arithmetic, the bit-identity verdict, the rows, checks and reports
-(live and after a JSON round trip), the parameter digest.
+(live and after a JSON round trip), the parameter digest; the default 2 x 2 topology and
+others (3 nodes x 2 ranks, 2 x 3, 2 x 1).
 
 Tier 3 (root and iproute2; skipped elsewhere, saying why; about 40 s): the benchmark end to
 end on a 1 s budget with one method: four ranks in two namespaces train, stop at the same
@@ -73,12 +74,46 @@ def test_options() -> None:
         ["--budget-s", "nan"],
         ["--threads", "0"],
         ["--evals", "-1"],
+        ["--nodes", "1"],
+        ["--nodes", "0"],
+        ["--ranks-per-node", "0"],
+        ["--ranks-per-node", "1", "--methods", "hier"],  # it could only be skipped
     ],
 )
 def test_bad_options_are_usage_errors(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         hier.parse_config(argv)
     assert exit_info.value.code == 2
+
+
+def test_topology_options() -> None:
+    _, default = hier.parse_config([])
+    assert (default.nodes, default.ranks_per_node) == (2, 2)
+    _, config = hier.parse_config(["--nodes", "3", "--ranks-per-node", "2"])
+    assert (config.nodes, config.ranks_per_node) == (3, 2)
+    assert _bench(nodes=3, ranks_per_node=2).world_size == 6
+    # One rank per node: every method but hier runs (hier is skipped, not a usage error).
+    _, single = hier.parse_config(["--ranks-per-node", "1", "--methods", "allreduce,hier"])
+    assert (single.ranks_per_node, single.methods) == (1, ["allreduce", "hier"])
+
+
+def test_one_rank_per_node_skips_hier_with_a_reason() -> None:
+    if "hier" in hier.method_problems():
+        pytest.skip(f"hier: {hier.method_problems()['hier']}")
+    problems = hier.method_problems(ranks_per_node=1)
+    assert "ranks per node" in problems["hier"] and "--ranks-per-node 1" in problems["hier"]
+    # HSDP runs on the (nodes, 1) mesh; flat still says hierarchy=False explicitly.
+    assert not {"allreduce", "flat", "hsdp", "hsdp-autocomp"} & set(problems)
+    flat = _bench(ranks_per_node=1).worker_config("flat")
+    assert flat["adaptive_kwargs"]["hierarchy"] is False
+
+
+def test_method_descriptions_name_the_topology() -> None:
+    assert hier.method_descriptions() == hier.METHODS
+    assert "all 4 ranks" in hier.METHODS["allreduce"] and "2x2" in hier.METHODS["hsdp"]
+    wide = hier.method_descriptions(3, 2)
+    assert set(wide) == set(hier.METHODS)
+    assert "all 6 ranks" in wide["allreduce"] and "the 3x2 (replicate, shard)" in wide["hsdp"]
 
 
 def test_registered_in_the_cli() -> None:
@@ -107,6 +142,41 @@ def test_rank_env_is_torchruns_two_nodes_of_two() -> None:
         hier.rank_env(0, addresses, interfaces, 0)
     with pytest.raises(ValueError, match="addresses"):
         hier.rank_env(0, addresses[:1], interfaces, 29501)
+    with pytest.raises(ValueError, match="at least 2 nodes"):
+        hier.rank_env(0, addresses[:1], interfaces[:1], 29501)
+    with pytest.raises(ValueError, match="ranks_per_node"):
+        hier.rank_env(0, addresses, interfaces, 29501, ranks_per_node=0)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "per_node", "expected"),
+    [
+        # (RANK, LOCAL_RANK, GROUP_RANK) per rank: node-major, as torchrun numbers them.
+        (3, 2, [(0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1), (4, 0, 2), (5, 1, 2)]),
+        (2, 3, [(0, 0, 0), (1, 1, 0), (2, 2, 0), (3, 0, 1), (4, 1, 1), (5, 2, 1)]),
+        (3, 1, [(0, 0, 0), (1, 0, 1), (2, 0, 2)]),
+    ],
+)
+def test_rank_env_other_topologies(
+    nodes: int, per_node: int, expected: list[tuple[int, int, int]]
+) -> None:
+    addresses = [f"10.77.0.{n + 1}" for n in range(nodes)]
+    interfaces = [f"ac-h{n}" for n in range(nodes)]
+    world = nodes * per_node
+    envs = [hier.rank_env(r, addresses, interfaces, 29502, per_node) for r in range(world)]
+    got = [(int(e["RANK"]), int(e["LOCAL_RANK"]), int(e["GROUP_RANK"])) for e in envs]
+    assert got == expected
+    for (rank, _, node), env in zip(expected, envs, strict=True):
+        assert env["WORLD_SIZE"] == env["ROLE_WORLD_SIZE"] == str(world)
+        assert env["LOCAL_WORLD_SIZE"] == str(per_node)
+        assert env["GROUP_WORLD_SIZE"] == str(nodes)
+        assert env["ROLE_RANK"] == str(rank)
+        assert env["GLOO_SOCKET_IFNAME"] == f"ac-h{node}"  # its own namespace's veth
+        assert env["MASTER_ADDR"] == "10.77.0.1" and env["MASTER_PORT"] == "29502"
+    with pytest.raises(ValueError, match="rank"):
+        hier.rank_env(world, addresses, interfaces, 29502, per_node)
+    with pytest.raises(ValueError, match="as many addresses as interfaces"):
+        hier.rank_env(0, addresses, interfaces[:-1], 29502, per_node)
 
 
 def _bench(**overrides: Any) -> hier.HierBenchmark:
@@ -136,6 +206,19 @@ def test_timeout_covers_budget_and_slow_steps() -> None:
     assert slow - fast == pytest.approx(1.5 * 2 * 1.5 * 4e6 * 8 / 10e6 / 0.9)
 
 
+def test_timeout_scales_with_the_world() -> None:
+    def timeout(nodes: int, per_node: int, rate_mbit: float | None) -> float:
+        bench = _bench(budget_s=10.0, rate_mbit=rate_mbit, nodes=nodes, ranks_per_node=per_node)
+        return bench.timeout_s(4_000_000)
+
+    # Start-up: never below STARTUP_S, then per rank (they share the CPUs).
+    assert timeout(2, 1, None) == timeout(2, 2, None)
+    assert timeout(3, 2, None) - timeout(2, 2, None) == pytest.approx(2 * hier.STARTUP_PER_RANK_S)
+    # The ring over 6 ranks crosses each uplink with 2 * 5/6 of the gradient.
+    slow = timeout(3, 2, 10.0) - timeout(3, 2, None)
+    assert slow == pytest.approx(1.5 * 2 * (10 / 6) * 4e6 * 8 / 10e6 / 0.9)
+
+
 def test_method_problems_names_only_known_methods() -> None:
     assert set(hier.method_problems()) <= set(hier.METHODS)
 
@@ -159,18 +242,40 @@ def test_link_delta() -> None:
         "total": 1300,
         "received_by_node1": 1000,
         "received_by_node0": 300,
+        "sent_by_node": [1000, 300],
+        "received_by_node": [300, 1000],
     }
     with pytest.raises(ValueError, match="backwards"):
         link_delta(after, before)
     with pytest.raises(ValueError, match="both"):
         link_delta(before[:1], after[:1])
+    with pytest.raises(ValueError, match="as many after"):
+        link_delta(before, after[:1])
 
 
-def _rank(rank: int, digest: str, scope: str = "full", steps: int = 10) -> dict[str, Any]:
+def test_link_delta_three_nodes() -> None:
+    before = [{"tx_bytes": 10 * i, "rx_bytes": 20 * i} for i in range(3)]
+    after = [
+        {"tx_bytes": 1000, "rx_bytes": 700},
+        {"tx_bytes": 510, "rx_bytes": 820},
+        {"tx_bytes": 320, "rx_bytes": 340},
+    ]
+    assert link_delta(before, after) == {
+        "total": 1000 + 500 + 300,
+        "sent_by_node": [1000, 500, 300],
+        "received_by_node": [700, 800, 300],
+    }
+    # No per-pair keys: through the hub a node's bytes go to both others.
+    assert "node0_to_node1" not in link_delta(before, after)
+
+
+def _rank(
+    rank: int, digest: str, scope: str = "full", steps: int = 10, per_node: int = 2
+) -> dict[str, Any]:
     return {
         "rank": rank,
-        "local_rank": rank % 2,
-        "node": rank // 2,
+        "local_rank": rank % per_node,
+        "node": rank // per_node,
         "task": "gpt",
         "numel": 1000,
         "steps": steps,
@@ -286,6 +391,86 @@ def test_reports_live_and_after_a_json_round_trip() -> None:
         assert "- `hier`: validation loss: 2.500 @2.5s" in markdown
         assert "| hsdp | SKIPPED |" in markdown
         assert "- FAIL (not evaluated): hsdp-autocomp" in markdown
+
+
+def _wide_document(nodes: int, per_node: int) -> dict[str, Any]:
+    """A synthetic document of ``nodes`` x ``per_node`` ranks, link bytes from link_delta."""
+    world = nodes * per_node
+    before = [{"tx_bytes": 0, "rx_bytes": 0}] * nodes
+    after = [{"tx_bytes": (n + 1) * 1_000_000, "rx_bytes": 2_000_000} for n in range(nodes)]
+    link = link_delta(before, after)
+    descriptions = hier.method_descriptions(nodes, per_node)
+
+    def outcome(loss: float, scope: str = "full") -> dict[str, Any]:
+        digests = [f"s{r % per_node}" if scope == "shard" else "a" for r in range(world)]
+        results = [_rank(r, digests[r], scope, per_node=per_node) for r in range(world)]
+        for r in results:
+            r["curve"][-1]["valid_loss"] = loss
+        return {"results": results, "link": link, "wall_seconds": 30.0, "load_after": [1, 1, 1]}
+
+    outcomes: dict[str, dict[str, Any]] = {
+        "allreduce": outcome(3.0),
+        "flat": outcome(2.7),
+        "hier": outcome(2.5) if per_node > 1 else {"skipped": "needs 2 ranks per node"},
+        "hsdp": outcome(3.1, "shard"),
+        "hsdp-autocomp": {"error": "rank 4 exited with 1", "link": link},
+    }
+    rows = [summarize_method(m, descriptions[m], o, world) for m, o in outcomes.items()]
+    config = hier.HierBenchmark.Config(budget_s=40.0, nodes=nodes, ranks_per_node=per_node)
+    return {
+        "command": f"autocomp-bench hier --nodes {nodes} --ranks-per-node {per_node}",
+        "machine": {"cpu": "Test CPU", "logical_cpus": 2, "torch": "2.x"},
+        "settings": {**asdict(config), "target_overlap": hier.TARGET_OVERLAP},
+        "rows": rows,
+        "checks": hier_checks(rows, world),
+    }
+
+
+def test_report_of_three_nodes() -> None:
+    live = _wide_document(3, 2)
+    saved = json.loads(json.dumps(jsonable(copy.deepcopy(live))))
+    for document in (live, saved):
+        text = "\n".join(text_report(document))
+        assert "3 nodes x 2 ranks" in text
+        assert "link MB sent by node" in text and "link MB total" in text
+        assert " 1.0/2.0/3.0 " in text  # each node's sent MB
+        assert "PASS: hier: the 6 ranks' final parameters bit-identical: all 6 ranks" in text
+        markdown = render_markdown(document)
+        assert markdown.startswith("## Three nodes: hierarchical autocomp and HSDP")
+        assert 'Three network namespaces ("nodes") of two gloo ranks each' in markdown
+        assert "LOCAL_WORLD_SIZE=2" in markdown and "for all six ranks" in markdown
+        assert "a bridge in a hub namespace" in markdown
+        assert "HSDP: the three replicas of each shard" in markdown
+        assert "| hier | 10 | 0.2000 | 2.5000 | 1.0/2.0/3.0 | 6.0 | 0.600 | yes, all 6 ranks |" in (
+            markdown
+        )
+        assert "| hsdp | 10 |" in markdown and "replicas of all 2 shards" in markdown
+        assert "| hsdp-autocomp | FAILED |" in markdown
+        assert "the 3x2 (replicate, shard) mesh" in markdown
+
+
+def test_report_of_one_rank_per_node(tmp_path: Path) -> None:
+    """2 x 1: hier skipped with its reason, the rest rendered; --from-json re-renders it."""
+    document = _wide_document(2, 1)
+    text = "\n".join(text_report(document))
+    assert "2 nodes x 1 ranks" in text and "link MB 0->1" in text
+    assert "needs 2 ranks per node" in text
+    assert "FAIL (not evaluated): hier: the 2 ranks' final parameters bit-identical" in text
+    markdown = render_markdown(document)
+    assert 'Two network namespaces ("nodes") of one gloo rank each' in markdown
+    assert "the nodes talk over one veth pair" in markdown
+    saved = tmp_path / "hier.json"
+    saved.write_text(json.dumps(jsonable(document)), encoding="utf-8")
+    assert hier.main(["--from-json", str(saved), "--markdown", str(tmp_path / "hier.md")]) == 1
+
+
+def test_old_documents_render_as_before() -> None:
+    """A saved 2 x 2 document (the link without the per-node lists) renders its table."""
+    rows = _rows()
+    for row in rows:
+        row["link"] = dict(LINK)  # the keys of documents from before --nodes
+    text = "\n".join(text_report(_document(rows)))
+    assert "link MB 0->1  link MB 1->0" in text and "sent by node" not in text
 
 
 def test_plan_line_and_details() -> None:

@@ -193,8 +193,8 @@ TRAIL_REASON_CHARS = 200
 def decision_trail(history: list[Any]) -> list[dict[str, Any]]:
     """Rank 0's decisions in brief, for the JSON: when a cell lands on a different plan from
     one run to the next, the trail says which look or window took which turn and why (the
-    step, the solver, predicted and measured steps, and per optimizer layer its option,
-    predicted seconds and reason)."""
+    step, the solver, predicted, compute-only and measured steps, and per optimizer layer its
+    option, predicted seconds and reason)."""
     trail = []
     for record in history:
         decision = record.decision
@@ -214,6 +214,7 @@ def decision_trail(history: list[Any]) -> list[dict[str, Any]]:
                 "step": record.step,
                 "solver": decision.get("solver"),
                 "predicted_step_s": decision.get("predicted_step_seconds"),
+                "compute_step_s": decision.get("compute_seconds"),
                 "fastest_step_s": decision.get("fastest_step_seconds"),
                 "measured_step_s": record.step_seconds,
                 "bandwidth_bytes_per_s": decision.get("bandwidth_bytes_per_s"),
@@ -455,7 +456,7 @@ def train_budget(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
     if ctl is not None:
         bytes_per_step = ctl.stats()["bytes_sent"] / step
         info["plan"] = ctl.plan
-        if method == "adaptive":
+        if getattr(ctl, "adaptive", None) is not None:  # adaptive DDP or wrap_fsdp
             info["decisions"] = len(ctl.history)
             info["first_decision_step"] = ctl.history[0].step if ctl.history else None
             info["trail"] = decision_trail(ctl.history)

@@ -295,15 +295,16 @@ def test_timeout_covers_the_budget_and_slow_steps() -> None:
 
 
 def test_decision_trail_keeps_each_decisions_turns_in_brief() -> None:
-    """The JSON keeps, per decision, the step, solver, predicted and measured steps and each
-    optimizer layer's option with its reason (cut short); rule-placed layers and records
-    without a decision (other ranks) are left out."""
+    """The JSON keeps, per decision, the step, solver, predicted, compute-only and measured
+    steps and each optimizer layer's option with its reason (cut short); rule-placed layers
+    and records without a decision (other ranks) are left out."""
     from types import SimpleNamespace
 
     long_reason = "least error within 3% of the fastest plan's step: " + "x" * 500
     decision = {
         "solver": "slack",
         "predicted_step_seconds": 0.71,
+        "compute_seconds": 0.52,
         "fastest_step_seconds": 0.70,
         "bandwidth_bytes_per_s": 1.2e6,
         "layers": [
@@ -332,6 +333,7 @@ def test_decision_trail_keeps_each_decisions_turns_in_brief() -> None:
     entry = trail[0]
     assert (entry["step"], entry["solver"], entry["measured_step_s"]) == (1, "slack", 1.43)
     assert entry["predicted_step_s"] == 0.71 and entry["fastest_step_s"] == 0.70
+    assert entry["compute_step_s"] == 0.52
     assert list(entry["layers"]) == ["table"]
     spec, seconds, reason = entry["layers"]["table"]
     assert (spec, seconds) == ("topk", 0.674)

@@ -340,8 +340,9 @@ def _resume_on_another_mesh(
     elsewhere and pair other replicas, so error feedback and warm starts start afresh (a
     one-time loss of at most one step's compression error per parameter, as after a switch
     of compressor). The plan, the window counters and the decision state are per replicate
-    group and per shard shape, so they start afresh too: in adaptive mode the first window
-    after the resume decides, since the step is past the warm-up. Every rank takes this path
+    group and per shard shape, so they are not carried over either (a freshly wrapped
+    controller's stay): in adaptive mode the first window after the resume decides, since the
+    step is past the warm-up. Every rank takes this path
     alike (it depends only on the shared keys), and no rank's own entry is read, so ranks
     that did not exist before need none. The saved plan, where this rank's entry holds one,
     must still name this model's parameters.
@@ -361,9 +362,9 @@ def _resume_on_another_mesh(
     if rank == 0:
         logger.warning(
             "autocomp: resuming an FSDP checkpoint of a %s mesh (%s ranks) on a %s mesh (%d "
-            "ranks) at step %d: the step carries over; the plan's decision state, "
-            "error-feedback residuals and warm starts start afresh (they belong to one shard "
-            "of one replica)",
+            "ranks) at step %d: only the step carries over; the plan, its decision state, "
+            "error-feedback residuals and warm starts do not (they belong to one shard of one "
+            "replica)",
             "x".join(map(str, mesh)),
             saved["world_size"],
             "x".join(map(str, controller.mesh_shape)),

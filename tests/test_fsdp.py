@@ -565,6 +565,20 @@ def _same_residuals(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return a.keys() == b.keys() and all(same(x, b[n]) for n, x in a.items())
 
 
+def _resumed(
+    mesh: Any, shards: dict[str, torch.Tensor], load: Any
+) -> tuple[torch.nn.Module, FSDPController]:
+    """A fresh model on ``mesh``'s shard dimension holding ``shards`` (its local shards),
+    wrapped with :data:`MIXED_PLAN`, then ``load(controller)``."""
+    other = _shard(_net(), mesh["shard"])
+    with torch.no_grad():
+        for name, param in other.named_parameters():
+            param.to_local().copy_(shards[name])
+    other_ctl = autocomp.wrap_fsdp(other, mesh, plan=MIXED_PLAN)
+    load(other_ctl)
+    return other, other_ctl
+
+
 def _checkpoint(rank: int, world: int, path: str) -> dict[str, Any]:
     """Save after 3 compressed steps (torch.save and DCP), resume on fresh models, and run on
     side by side; then the refusals."""
@@ -584,13 +598,7 @@ def _checkpoint(rank: int, world: int, path: str) -> dict[str, Any]:
     shards = _local_shards(model)
 
     def resumed(load: Any) -> tuple[torch.nn.Module, FSDPController]:
-        other = _shard(_net(), mesh["shard"])
-        with torch.no_grad():
-            for name, param in other.named_parameters():
-                param.to_local().copy_(shards[name])
-        other_ctl = autocomp.wrap_fsdp(other, mesh, plan=MIXED_PLAN)
-        load(other_ctl)
-        return other, other_ctl
+        return _resumed(mesh, shards, load)
 
     saved.seek(0)
     state = torch.load(saved, weights_only=False)
@@ -683,13 +691,7 @@ def _remesh(rank: int, world: int, path: str) -> dict[str, Any]:
     logging.getLogger("autocomp.checkpoint").addHandler(handler)
 
     def resumed(load: Any) -> tuple[torch.nn.Module, FSDPController]:
-        other = _shard(_net(), wide["shard"])
-        with torch.no_grad():
-            for name, param in other.named_parameters():
-                param.to_local().copy_(full[name])
-        other_ctl = autocomp.wrap_fsdp(other, wide, plan=MIXED_PLAN)
-        load(other_ctl)
-        return other, other_ctl
+        return _resumed(wide, full, load)  # shard size 1: the local shard is the parameter
 
     saved.seek(0)
     state = torch.load(saved, weights_only=False)

@@ -19,7 +19,9 @@ Steadiness, by design:
   each switch resets warm starts and costs a few steps of accuracy;
 - the engine's own hysteresis keeps an acceptable plan unless the new one is clearly better.
 
-Warm-up: the first ``warmup_steps`` steps are uncompressed, unless the first look at the link
+Warm-up: the first ``warmup_steps`` steps are uncompressed but for the options accurate
+enough to send the gradient almost whole (the rules' ``warmup_max_error``: fp16, int8), unless
+the first look at the link
 (a boundary a few steps in) shows an uncompressed step taking at least ``slow_link_ratio``
 times the compute-only step: then every uncompressed step costs that many compressed ones,
 and the warm-up ends there with the first decision. A glance after the very first step comes
@@ -309,9 +311,10 @@ class WindowPlanner:
             )
             plan = [decision.layer(name).spec for name in self.names]
             self.last_decision = decision
-        self.note_switches(
-            plan, current, profiles, bandwidth, provisional=m.step < self.config.window
-        )
+        # A switch made at an early look, or inside the warm-up (limited to its most
+        # accurate options), is decided again at the next full window without a lock.
+        provisional = m.step < self.config.window or not self.warmup_done
+        self.note_switches(plan, current, profiles, bandwidth, provisional=provisional)
         timings = m.timings
         record = WindowRecord(
             step=m.step,

@@ -30,11 +30,12 @@ SHAPES = {
 }
 NAMES = list(SHAPES)
 MBIT = 1e6 / 8
+CANDIDATES = ("none", "fp16", "powersgd:rank=4", "powersgd:rank=16")
 
 
-def planner(**overrides: object) -> WindowPlanner:
+def planner(rules: PolicyRules | None = None, **overrides: object) -> WindowPlanner:
     settings = {"window": 10, "warmup_steps": 100, **overrides}
-    rules = PolicyRules(candidates=("none", "fp16", "powersgd:rank=4", "powersgd:rank=16"))
+    rules = rules or PolicyRules(candidates=CANDIDATES)
     return WindowPlanner(
         rules,
         NAMES,
@@ -284,7 +285,33 @@ def test_the_first_look_keeps_the_warm_up_on_a_fast_link() -> None:
     update = fast.decide(measurement(4, mbit=20_000, steps=3), dict.fromkeys(NAMES, "none"))
     assert not fast.warmup_done
     assert set(update.plan) == {"none"}
-    assert all(d["rule"] == "warmup" for d in update.record.decision["layers"])  # type: ignore[index]
+    # The warm-up's accurate options (fp16, int8) were weighed and do not pay on this link.
+    for layer in update.record.decision["layers"]:  # type: ignore[index]
+        if layer["rule"] not in ("1d", "too_small"):
+            assert "warm-up: options within" in layer["reason"], layer
+
+
+def test_the_warm_up_runs_its_accurate_options_and_does_not_lock_them() -> None:
+    """An uncompressed step 1.5x the compute (under ``slow_link_ratio``): the warm-up goes on,
+    with fp16 where it pays, and that choice is decided again at the next full window
+    (``DwellClock``: a warm-up switch is provisional)."""
+    p = planner(warmup_steps=30)
+    current = dict.fromkeys(NAMES, "none")
+    update = p.decide(measurement(10, mbit=670), current)
+    assert not p.warmup_done
+    layers = {d["name"]: d for d in update.record.decision["layers"]}  # type: ignore[index]
+    for name in ("fc1.weight", "fc2.weight"):
+        assert layers[name]["spec"].startswith("fp16"), layers[name]
+        assert "warm-up: options within" in layers[name]["reason"]
+        assert p.dwell.changed_at[name].provisional
+    current = dict(zip(NAMES, update.plan, strict=True))
+    update = p.decide(measurement(20, mbit=670, specs=current), current)
+    rules = {d["name"]: d["rule"] for d in update.record.decision["layers"]}  # type: ignore[index]
+    assert rules["fc1.weight"] != "dwell" and rules["fc2.weight"] != "dwell"
+    # Uncompressed on the same link when the warm-up admits no option.
+    strict = planner(PolicyRules(candidates=CANDIDATES, warmup_max_error=0.0), warmup_steps=30)
+    held = strict.decide(measurement(10, mbit=670), dict.fromkeys(NAMES, "none"))
+    assert set(held.plan) == {"none"}
 
 
 def test_a_peer_planner_ending_the_warm_up_ends_it_here() -> None:

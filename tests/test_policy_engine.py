@@ -1,8 +1,9 @@
 """Tier 1: pure unit, no processes.
 
 Covers ``autocomp.policy.engine`` with a fake alpha-beta cost model and the profile of a
-16M-parameter MLP: warmup, the operator override, no measurement yet, a single rank and a fast
-link all give 'none' with their reasons; on a slow link (200 Mbit/s) the big layers are
+16M-parameter MLP: the warmup (only options accurate enough for it, fp16 and int8, else
+'none'), the operator override, no measurement yet, a single rank and a fast link all give
+'none' with their reasons; on a slow link (200 Mbit/s) the big layers are
 compressed and the predicted overlap meets the target unless the decision says infeasible;
 pins (given in code and in the policy) win, in order; guard back-off moves a layer to a lighter
 candidate; tiny and 1-D tensors are never compressed; the plan changes when bandwidth drops from
@@ -125,8 +126,9 @@ def assert_reasons(decision: object) -> None:
 # ---- rules ---------------------------------------------------------------------------------
 
 
-def test_warmup_sends_everything_uncompressed() -> None:
-    decision = decide(50, step=3)
+def test_warmup_without_accurate_options_sends_everything_uncompressed() -> None:
+    rules = dataclasses.replace(load_policy("default"), warmup_max_error=0.0)
+    decision = decide(50, step=3, rules=rules)
     assert set(decision.plan.values()) == {"none"}
     assert all(layer.rule == "warmup" for layer in decision.layers)
     assert decision.layers[0].reason == "warmup: step 3 < warmup_steps 100"
@@ -136,9 +138,45 @@ def test_warmup_sends_everything_uncompressed() -> None:
     assert_reasons(decision)
 
 
-def test_warmup_beats_pins() -> None:
-    decision = decide(50, step=0, pins=[("fc0.weight", "int8")])
-    assert decision.layer("fc0.weight").spec == "none"
+def test_warmup_takes_only_the_options_that_send_the_gradient_almost_whole() -> None:
+    """fp16 and int8 (prior relative errors 2.5e-4 and 0.013) may run in the warm-up;
+    PowerSGD and top-k (0.9 and more under error feedback) wait for its end."""
+    warm = decide(50, step=3)
+    after = decide(50)
+    assert {after.layer(n).spec.split(":")[0] for n in BIG} & {"powersgd", "topk"}
+    for name in BIG:
+        layer = warm.layer(name)
+        assert layer.spec.split(":")[0] in ("fp16", "int8"), layer
+        assert "warm-up: options within relative error 0.02 only" in layer.reason
+        assert layer.rule != "warmup"
+    # The other rules still speak for the layers they claim.
+    assert warm.layer("fc0.bias").rule == "1d"
+    assert (
+        warm.predicted_step_seconds
+        < decide(
+            50, step=3, rules=dataclasses.replace(load_policy("default"), warmup_max_error=0.0)
+        ).predicted_step_seconds
+    )
+    assert_reasons(warm)
+    # A measured error above the limit takes the option out of the warm-up.
+    noisy = [
+        dataclasses.replace(layer, rel_error={"int8": 0.05, "fp16:ef=false": 0.03})
+        if layer.name == "fc1.weight"
+        else layer
+        for layer in mlp_profile()
+    ]
+    measured = engine(50).decide(noisy, TIMING, 3, WORLD)
+    assert measured.layer("fc1.weight").spec == "none"
+    assert measured.layer("fc1.weight").rule == "warmup"
+
+
+def test_warmup_beats_lossy_pins_only() -> None:
+    lossy = decide(50, step=0, pins=[("fc0.weight", "powersgd:rank=1")])
+    assert lossy.layer("fc0.weight").spec == "none"
+    assert lossy.layer("fc0.weight").rule == "warmup"
+    accurate = decide(50, step=0, pins=[("fc0.weight", "int8")])
+    assert accurate.layer("fc0.weight").spec == "int8:chunk=256,ef=true"
+    assert accurate.layer("fc0.weight").rule == "pin"
 
 
 def test_force_none_is_an_operator_override() -> None:

@@ -18,7 +18,9 @@ noisy from window to window. So a layer that switched is locked on its new compr
   look at step 2 (a 0.114 s step, 0.044 s later) moved ``out.weight`` from PowerSGD to fp16,
   predicted hidden; the lock kept it there to step 200 at 0.054 s a step, and the first
   unlocked decision moved it back (0.044 s). The look's plan is provisional: the first full
-  window decides once, unlocked, and its own switches are locked as usual.
+  window decides once, unlocked, and its own switches are locked as usual. So is a switch
+  made inside the warm-up, which chose among the warm-up's few accurate options only: the
+  next full window after the warm-up decides it again.
 
 The engine drops the remaining locks when the locked plan's predicted progress per second
 falls ``dwell_max_loss`` below the plan it would take without them; guards and pins win over
@@ -51,7 +53,8 @@ class _Switch:
     backoff: int = 0
     """The layer's guard back-off level when it switched (a lower level since lifts the lock)."""
     provisional: bool = False
-    """Made at an early look: locked only until the first full window's decision."""
+    """Made at an early look or in the warm-up: locked only until the next full window's
+    decision."""
 
 
 class DwellClock:

@@ -3,7 +3,9 @@
 A decision has two stages. Rules come first, in this order, each recording its reason:
 warmup, the operator's force-none override, pins (code pins, then the policy's; first match
 wins), tiny tensors, 1-D tensors, a single rank, no bandwidth measured yet, a fast link, and
-the dwell rule (a layer that changed compressor recently keeps it). The layers no rule claims
+the dwell rule (a layer that changed compressor recently keeps it). The warm-up claims only
+the layers with no option accurate enough for it (``PolicyRules.warmup_max_error``: fp16 and
+int8 pass by default); the others go on, limited to those options. The layers no rule claims
 go to the plan search (:mod:`autocomp.policy.search`) with their usable candidates (those
 that would compress the layer into fewer bytes than 'none'), minus the heaviest ones a guard
 back-off forbids: the least total compression error among the plans whose predicted step is
@@ -168,7 +170,8 @@ class PolicyEngine:
                 honoured while that spec is still a candidate and the plan stays close to the
                 fastest one (see ``Config.dwell_slack``).
             warmup_done: overrides ``step < rules.warmup_steps`` (the adaptive loop ends the
-                warm-up early on a link much slower than the backward).
+                warm-up early on a link much slower than the backward). In the warm-up only
+                options within ``rules.warmup_max_error`` are candidates.
         """
         names = [layer.name for layer in layers]
         if len(set(names)) != len(names):
@@ -194,6 +197,7 @@ class PolicyEngine:
             [layer for layer, ruled in zip(layers, ruled_by_index, strict=True) if ruled is None],
             buckets,
         )
+        max_error = self.rules.warmup_max_error if in_warmup else None
         for index, (layer, ruled) in enumerate(zip(layers, ruled_by_index, strict=True)):
             if ruled is not None:
                 rule, spec, reason = ruled
@@ -203,7 +207,9 @@ class PolicyEngine:
                 in_use = None if in_use is None else built(in_use).spec
                 levels = backoff.get(layer.name, 0)
                 share = sharing[layer.name]
-                pending.append(self._pending(index, layer, levels, latency, in_use, share))
+                pending.append(
+                    self._pending(index, layer, levels, latency, in_use, share, max_error)
+                )
 
         per_bucket_latency = latency.of(Collective.ALL_REDUCE) if world_size > 1 else 0.0
         groups = BucketGroups.build(layers, timing, self._contention())
@@ -509,15 +515,19 @@ class PolicyEngine:
     ) -> tuple[str, str, str] | None:
         """(rule, spec, reason) when a rule decides the layer, else None."""
         rules = self.rules
+        pin = next((p for p in pins if p.matches(layer.name)), None)
         if in_warmup:
-            return (
-                RULE_WARMUP,
-                NONE_SPEC,
-                f"warmup: step {step} < warmup_steps {rules.warmup_steps}",
-            )
+            # Only options that send the gradient almost whole run in the warm-up (a pin
+            # included): see ``PolicyRules.warmup_max_error``.
+            allowed = [built(pin.compressor)] if pin is not None else self._candidates
+            if not any(self._warmup_safe(c, layer) for c in allowed):
+                return (
+                    RULE_WARMUP,
+                    NONE_SPEC,
+                    f"warmup: step {step} < warmup_steps {rules.warmup_steps}",
+                )
         if force_none:
             return RULE_FORCE_NONE, NONE_SPEC, "operator override: force none"
-        pin = next((p for p in pins if p.matches(layer.name)), None)
         if pin is not None:
             return RULE_PIN, pin.compressor, f"pinned by {pin.match}"
         if layer.numel < rules.min_numel:
@@ -551,6 +561,14 @@ class PolicyEngine:
             return False
         return compressor.wire_bytes(layer.shape, layer.dtype) < layer.raw_bytes
 
+    def _warmup_safe(self, compressor: Compressor, layer: LayerProfile) -> bool:
+        """Whether the warm-up admits ``compressor`` on ``layer``: it compresses the layer
+        with a relative error (measured, else the prior) of at most ``warmup_max_error``."""
+        if isinstance(compressor, NoCompression) or not self._usable(compressor, layer):
+            return False
+        limit = self.rules.warmup_max_error
+        return limit > 0 and rel_error(compressor, layer, self.config.priors) <= limit
+
     def _fixed(
         self, layer: LayerProfile, rule: str, spec: str, reason: str, latency: LatencyCache
     ) -> LayerDecision:
@@ -581,7 +599,10 @@ class PolicyEngine:
         latency: LatencyCache,
         in_use: str | None = None,
         share: float = 1.0,
+        max_error: float | None = None,
     ) -> Pending:
+        """The layer's search item; ``max_error`` (the warm-up) keeps only 'none' and the
+        options :meth:`_warmup_safe` admits."""
         ordered = self.lightness_order(layer)
         note = ""
         if levels > 0:
@@ -590,6 +611,11 @@ class PolicyEngine:
             ordered = ordered[:keep]
             excluded = ", ".join(c.spec for c in dropped) or "nothing left to exclude"
             note = f"guard back-off by {levels} (excludes {excluded}); "
+        if max_error is not None:
+            ordered = [
+                c for c in ordered if isinstance(c, NoCompression) or self._warmup_safe(c, layer)
+            ]
+            note += f"warm-up: options within relative error {max_error:g} only; "
         options = []
         rel_errors = {}
         for compressor in ordered:

@@ -9,7 +9,8 @@ the controller at the copy. Schema, version 1 (``policies/default.toml`` carries
 
     [policy]                        # every key optional: omitted keys take the defaults below
     description = "..."             # one line for logs and reports
-    warmup_steps = 100              # int >= 0: first steps run uncompressed
+    warmup_steps = 100              # int >= 0: first steps run uncompressed, except ...
+    warmup_max_error = 0.02         # 0..1: ... options this accurate (fp16, int8); 0: none
     min_numel = 256                 # int >= 0: smaller tensors are never compressed
     useless_min_numel = 4096        # int >= 0: smaller tensors never take a near-useless option
     compress_1d = false             # bool: whether biases and norm scales may be compressed
@@ -142,6 +143,7 @@ ERROR_WEIGHTS = ("numel", "grad_norm")
 _POLICY_KEYS: dict[str, _Key] = {
     "description": _Key(str),
     "warmup_steps": _Key(int, low=0),
+    "warmup_max_error": _Key(float, low=0.0, high=1.0),
     "min_numel": _Key(int, low=0),
     "useless_min_numel": _Key(int, low=0),
     "compress_1d": _Key(bool),
@@ -292,7 +294,15 @@ class PolicyRules:
     description: str = "balanced: cheap casts first, low-rank and top-k when the link is slow"
     """One line for logs and reports."""
     warmup_steps: int = 100
-    """Steps at the start that run uncompressed."""
+    """Steps at the start that run uncompressed, but for the options ``warmup_max_error``
+    admits."""
+    warmup_max_error: float = 0.02
+    """During the warm-up a layer may still take an option whose relative error (measured,
+    else the prior) is at most this: fp16 (2.5e-4) and int8 (0.013 at its default chunk)
+    pass, low-rank and sparse options (0.8-0.99 under error feedback) do not. The warm-up
+    guards against stale warm starts and large error-feedback residuals early in training;
+    an option that sends the gradient almost whole has neither, and on a link where it pays,
+    every uncompressed warm-up step is lost time (0 keeps the warm-up all uncompressed)."""
     min_numel: int = 256
     """Tensors with fewer elements are never compressed (above it the engine weighs each
     tensor's time on the measured link against its error)."""
@@ -359,6 +369,7 @@ class PolicyRules:
             "source": self.source,
             "description": self.description,
             "warmup_steps": self.warmup_steps,
+            "warmup_max_error": self.warmup_max_error,
             "min_numel": self.min_numel,
             "useless_min_numel": self.useless_min_numel,
             "compress_1d": self.compress_1d,

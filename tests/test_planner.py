@@ -314,6 +314,27 @@ def test_the_warm_up_runs_its_accurate_options_and_does_not_lock_them() -> None:
     assert set(held.plan) == {"none"}
 
 
+def test_a_look_reads_a_warm_up_fp16_step_as_uncompressed() -> None:
+    """The warm-up ends early on the uncompressed step's multiple of the compute: a window
+    that ran fp16 (half the bytes) in 1.75x the compute stands for 2.5x uncompressed."""
+    raw = sum(shape.numel() * 4 for shape in SHAPES.values())
+    comm = 1.5 * 0.1  # uncompressed: 0.15 s over a 0.1 s compute
+    mbit = raw / comm / MBIT
+    fp16 = dict.fromkeys(NAMES, "fp16")
+    ran = measurement(4, mbit=mbit, steps=3, specs=fp16)
+    ran.timings.update(step_seconds=0.1 + comm / 2, compute_seconds=0.1)
+    ran.bytes_per_step, ran.uncompressed_bytes_per_step = raw / 2, raw
+    p = planner()
+    assert p.ends_warmup(ran)
+    p.decide(ran, fp16)
+    assert p.warmup_done
+    # The same step with no bytes saved is read as it is: 1.75x, the warm-up goes on.
+    plain = measurement(4, mbit=mbit, steps=3)
+    plain.timings.update(step_seconds=0.1 + comm / 2, compute_seconds=0.1)
+    plain.bytes_per_step = plain.uncompressed_bytes_per_step = raw
+    assert not planner().ends_warmup(plain)
+
+
 def test_a_peer_planner_ending_the_warm_up_ends_it_here() -> None:
     """HSDP runs one planner per replicate group on one synchronous step: a fast-link look
     that keeps the warm-up on its own ends it when a peer's look ended it

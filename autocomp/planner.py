@@ -255,7 +255,11 @@ class WindowPlanner:
         self._windows += 1
         world = m.world_size
         estimate = self._update_link(m)
+        warming = not self.warmup_done
         cut_short = self._first_look(m, peers_ended)
+        # The decision that ends the warm-up opens the full candidate set: the warm-up's
+        # switches (provisional) are decided again here, as at a full window.
+        settle = m.step >= self.config.window or (warming and self.warmup_done)
         probe_next = self.probe.next_window(
             blind=self.meter.blind and self.warmup_done,
             estimate=estimate,
@@ -317,7 +321,7 @@ class WindowPlanner:
                 current=None if fresh else current,
                 hold_reason=hold,
                 locked={
-                    **self._locked(current, bandwidth, full_window=m.step >= self.config.window),
+                    **self._locked(current, bandwidth, settle=settle),
                     **self._revert_locks(m, bandwidth),
                 },
                 warmup_done=self.warmup_done,
@@ -527,7 +531,7 @@ class WindowPlanner:
         return self.dwell.released
 
     def _locked(
-        self, current: dict[str, str], bandwidth: float | None, full_window: bool = True
+        self, current: dict[str, str], bandwidth: float | None, settle: bool = True
     ) -> dict[str, str]:
         """Layers still in their dwell period after a switch (:mod:`autocomp.policy.dwell`)."""
         return self.dwell.locked(
@@ -536,7 +540,7 @@ class WindowPlanner:
             bandwidth,
             lambda name, spec: self.rel_errors[name].get(spec),
             self.guards.backoff(),
-            full_window=full_window,
+            settle=settle,
         )
 
     def _payoff(

@@ -335,6 +335,31 @@ def test_a_look_reads_a_warm_up_fp16_step_as_uncompressed() -> None:
     assert not planner().ends_warmup(plain)
 
 
+def test_the_decision_that_ends_the_warm_up_is_not_locked_to_its_options() -> None:
+    """fp16 taken at the glance (the warm-up goes on: 4x is under ``dominance_ratio``) is
+    decided again, unlocked, at the look that ends the warm-up."""
+    raw = sum(shape.numel() * 4 for shape in SHAPES.values())
+    comm = 0.3  # uncompressed: 4x a 0.1 s compute
+    mbit = raw / comm / MBIT
+    p = planner()
+    glance = measurement(1, mbit=mbit, steps=1)
+    glance.timings["compute_seconds"] = 0.1
+    update = p.decide(glance, dict.fromkeys(NAMES, "none"))
+    assert not p.warmup_done
+    current = dict(zip(NAMES, update.plan, strict=True))
+    assert current["fc1.weight"].startswith("fp16")
+    ran = measurement(2, mbit=mbit, steps=1, specs=current)
+    ran.timings.update(step_seconds=0.1 + comm / 2, compute_seconds=0.1)
+    ran.bytes_per_step, ran.uncompressed_bytes_per_step = raw / 2, raw
+    update = p.decide(ran, current)
+    assert p.warmup_done
+    # Released, not merely outweighed (the engine also drops locks that cost too much).
+    assert {"fc1.weight", "fc2.weight"} <= p.released
+    layers = {d["name"]: d for d in update.record.decision["layers"]}  # type: ignore[index]
+    assert layers["fc1.weight"]["rule"] != "dwell", layers["fc1.weight"]
+    assert not layers["fc1.weight"]["spec"].startswith("fp16"), layers["fc1.weight"]
+
+
 def test_a_peer_planner_ending_the_warm_up_ends_it_here() -> None:
     """HSDP runs one planner per replicate group on one synchronous step: a fast-link look
     that keeps the warm-up on its own ends it when a peer's look ended it
@@ -568,10 +593,10 @@ def test_a_switch_at_an_early_look_is_locked_only_until_the_first_full_window() 
     current = dict(zip(NAMES, look.plan, strict=True))
     switched = {name for name in NAMES if current[name] != "none"}
     assert switched and all(p.dwell.changed_at[name].provisional for name in switched)
-    assert p._locked(current, None, full_window=False) == {n: current[n] for n in switched}
-    assert p._locked(current, None, full_window=True) == {}
+    assert p._locked(current, None, settle=False) == {n: current[n] for n in switched}
+    assert p._locked(current, None, settle=True) == {}
     assert p.released == switched and not p.dwell.changed_at
-    assert p._locked(current, None, full_window=True) == {}  # released once, not again
+    assert p._locked(current, None, settle=True) == {}  # released once, not again
 
     clock = DwellClock(dwell_windows=5, prior_miss=0.1, link_change=2.0, switch_margin=0.15)
     clock.note("a", 3, None, None)  # at a full window

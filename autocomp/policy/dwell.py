@@ -20,7 +20,7 @@ noisy from window to window. So a layer that switched is locked on its new compr
   unlocked decision moved it back (0.044 s). The look's plan is provisional: the first full
   window decides once, unlocked, and its own switches are locked as usual. So is a switch
   made inside the warm-up, which chose among the warm-up's few accurate options only: the
-  next full window after the warm-up decides it again.
+  decision that ends the warm-up decides it again (the caller passes ``settle`` there).
 
 The engine drops the remaining locks when the locked plan's predicted progress per second
 falls ``dwell_max_loss`` below the plan it would take without them; guards and pins win over
@@ -93,13 +93,14 @@ class DwellClock:
         bandwidth: float | None,
         measured_error: Callable[[str, str], float | None],
         backoff: Mapping[str, int],
-        full_window: bool = True,
+        settle: bool = True,
     ) -> dict[str, str]:
         """Layers still in their dwell at ``window``, with the spec they keep.
 
         ``measured_error(name, spec)`` is the smoothed measured relative error, or None;
-        ``backoff`` the guards' level per layer now; ``full_window``: this decision rests on
-        a full window (not an early look), which ends every provisional lock.
+        ``backoff`` the guards' level per layer now; ``settle``: this decision ends every
+        provisional lock (it rests on a full window, not an early look, or it ends the
+        warm-up).
         """
         locked = {}
         self.released = set()
@@ -107,7 +108,7 @@ class DwellClock:
         for name, switch in list(self.changed_at.items()):
             if window - switch.window >= self.dwell_windows:
                 continue
-            if switch.provisional and full_window:
+            if switch.provisional and settle:
                 del self.changed_at[name]  # the look's choice is decided again, once
                 self.released.add(name)
                 continue

@@ -258,8 +258,10 @@ class WindowPlanner:
         warming = not self.warmup_done
         cut_short = self._first_look(m, peers_ended)
         # The decision that ends the warm-up opens the full candidate set: the warm-up's
-        # switches (provisional) are decided again here, as at a full window.
-        settle = m.step >= self.config.window or (warming and self.warmup_done)
+        # switches (provisional) are decided again here, as at a full window, and without
+        # hysteresis towards the warm-up's plan (chosen among a few options only).
+        warmup_ended = warming and self.warmup_done
+        settle = m.step >= self.config.window or warmup_ended
         probe_next = self.probe.next_window(
             blind=self.meter.blind and self.warmup_done,
             estimate=estimate,
@@ -307,8 +309,10 @@ class WindowPlanner:
         else:
             # The opening's plan rests on priors and a guessed compute: the first measured
             # decision after it owes it no hysteresis (kept, top-1% on two of the GPT LM's
-            # attention projections, prior error 0.95, ran 200 steps at 50 Mbit/s).
-            fresh = self.opened and not self._measured_since_opening
+            # attention projections, prior error 0.95, ran 200 steps at 50 Mbit/s). Nor
+            # does the warm-up's (gpt at 500 Mbit/s: fp16 kept at the look that ended the
+            # warm-up, 0.16 s a step, until PowerSGD at step 50 made it 0.13 s).
+            fresh = (self.opened and not self._measured_since_opening) or warmup_ended
             self._measured_since_opening = self.opened
             decision = self.engine.decide(
                 profiles,

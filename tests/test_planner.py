@@ -337,7 +337,7 @@ def test_a_look_reads_a_warm_up_fp16_step_as_uncompressed() -> None:
 
 def test_the_decision_that_ends_the_warm_up_is_not_locked_to_its_options() -> None:
     """fp16 taken at the glance (the warm-up goes on: 4x is under ``dominance_ratio``) is
-    decided again, unlocked, at the look that ends the warm-up."""
+    decided again, unlocked and with no hysteresis, at the look that ends the warm-up."""
     raw = sum(shape.numel() * 4 for shape in SHAPES.values())
     comm = 0.3  # uncompressed: 4x a 0.1 s compute
     mbit = raw / comm / MBIT
@@ -351,10 +351,20 @@ def test_the_decision_that_ends_the_warm_up_is_not_locked_to_its_options() -> No
     ran = measurement(2, mbit=mbit, steps=1, specs=current)
     ran.timings.update(step_seconds=0.1 + comm / 2, compute_seconds=0.1)
     ran.bytes_per_step, ran.uncompressed_bytes_per_step = raw / 2, raw
+    seen: list[object] = []
+    decide = p.engine.decide
+
+    def spy(*args: object, **kwargs: object) -> object:
+        seen.append(kwargs["current"])
+        return decide(*args, **kwargs)  # type: ignore[arg-type]
+
+    p.engine.decide = spy  # type: ignore[method-assign]
     update = p.decide(ran, current)
     assert p.warmup_done
-    # Released, not merely outweighed (the engine also drops locks that cost too much).
+    # Released, not merely outweighed (the engine also drops locks that cost too much), and
+    # decided with no hysteresis towards the warm-up's plan.
     assert {"fc1.weight", "fc2.weight"} <= p.released
+    assert seen == [None]
     layers = {d["name"]: d for d in update.record.decision["layers"]}  # type: ignore[index]
     assert layers["fc1.weight"]["rule"] != "dwell", layers["fc1.weight"]
     assert not layers["fc1.weight"]["spec"].startswith("fp16"), layers["fc1.weight"]

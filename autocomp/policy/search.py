@@ -7,9 +7,7 @@ the one exposure model (:mod:`autocomp.exposure`): compute-only step plus what c
 adds. Plans whose predicted step is within ``time_slack`` of T* are equally fast as far as
 the predictions can tell; among them the one with the least total squared error wins. A plan
 that meets the overlap target (communication hidden behind the backward, the fast-link case)
-is just as acceptable, since hiding is free. Where it is not, it does not count as hidden: the
-backward that hidden transfers slow (the measured contention) counts against the target like
-exposed time. Both searches are multiple-choice knapsacks
+is just as acceptable, since hiding is free. Both searches are multiple-choice knapsacks
 (:class:`~autocomp.policy.optimizer.BudgetOptimizer`) over the layers in reverse ready order,
 one running-total cap per bucket group; the caps are a relaxation (a group's constraint also
 depends on the compression work of earlier-ready groups, estimated from the previous
@@ -309,18 +307,9 @@ def _greedy_accuracy(
             return chosen
 
 
-def _unhidden(timeline: Timeline) -> float:
-    """What hiding left the step to pay: the exposed time and the backward the hidden
-    transfers slowed (contention). Counting only the exposed time, a plan whose transfers
-    stretched the backward 'met' the target: on the digits CNN at 500 Mbit/s, with a
-    measured contention near 1, the uncompressed plan read 93% hidden at 3.4x the fastest
-    plan's step, and the hysteresis kept it for a whole run."""
-    return timeline.exposed_s + timeline.contention_s
-
-
 def _meets_target(timeline: Timeline, target: float) -> bool:
     total = timeline.comm_s + timeline.work_s
-    return _unhidden(timeline) <= (1.0 - target) * total * (1 + _TOLERANCE) + 1e-12
+    return timeline.exposed_s <= (1.0 - target) * total * (1 + _TOLERANCE) + 1e-12
 
 
 def _drop_useless(item: Pending, allowance: float, config: SearchConfig) -> None:
@@ -514,7 +503,7 @@ def search(
 
         def target_excess(chosen: Sequence[LayerOption]) -> float:
             timeline = problem.timeline(chosen)
-            return _unhidden(timeline) - (1.0 - target) * (timeline.comm_s + timeline.work_s)
+            return timeline.exposed_s - (1.0 - target) * (timeline.comm_s + timeline.work_s)
 
         hidden = _solve_caps(
             problem, counts, target_allowed, target_excess, fastest, config, optimizer

@@ -12,7 +12,10 @@ from pathlib import Path
 def main(out: str, paths: list[str]) -> None:
     runs = []
     for path in sorted(paths):
-        label, _, round_ = Path(path).stem.rpartition("-")
+        # <label>-<round>[-<rates>]: the label may hold dashes, the round is the first number.
+        parts = Path(path).stem.split("-")
+        at = next(i for i, part in enumerate(parts) if part.isdigit())
+        label, round_ = "-".join(parts[:at]), parts[at]
         for row in json.loads(Path(path).read_text())["rows"]:
             info = row.get("info") or {}
             trail = [

@@ -333,7 +333,8 @@ class WindowPlanner:
             plan = [decision.layer(name).spec for name in self.names]
             self.last_decision = decision
         # A switch made at an early look, or inside the warm-up (limited to its most
-        # accurate options), is decided again at the next full window without a lock.
+        # accurate options), is decided again without a lock at the next full window or at
+        # the decision that ends the warm-up (``settle`` above).
         provisional = m.step < self.config.window or not self.warmup_done
         self.note_switches(plan, current, profiles, bandwidth, provisional=provisional)
         timings = m.timings

@@ -53,8 +53,8 @@ class _Switch:
     backoff: int = 0
     """The layer's guard back-off level when it switched (a lower level since lifts the lock)."""
     provisional: bool = False
-    """Made at an early look or in the warm-up: locked only until the next full window's
-    decision."""
+    """Made at an early look or in the warm-up: locked only until the next decision that
+    settles (a full window's, or the one that ends the warm-up)."""
 
 
 class DwellClock:

@@ -117,6 +117,11 @@ def decide(mbit: float | None, **kwargs: object) -> object:
     return engine(mbit, rules, target).decide(mlp_profile(), TIMING, step, world, **kwargs)  # type: ignore[arg-type]
 
 
+def no_warmup_options() -> PolicyRules:
+    """The default policy with an all-uncompressed warm-up (``warmup_max_error`` 0)."""
+    return dataclasses.replace(load_policy("default"), warmup_max_error=0.0)
+
+
 def assert_reasons(decision: object) -> None:
     for layer in decision.layers:  # type: ignore[attr-defined]
         assert layer.reason.strip(), layer
@@ -127,8 +132,7 @@ def assert_reasons(decision: object) -> None:
 
 
 def test_warmup_without_accurate_options_sends_everything_uncompressed() -> None:
-    rules = dataclasses.replace(load_policy("default"), warmup_max_error=0.0)
-    decision = decide(50, step=3, rules=rules)
+    decision = decide(50, step=3, rules=no_warmup_options())
     assert set(decision.plan.values()) == {"none"}
     assert all(layer.rule == "warmup" for layer in decision.layers)
     assert decision.layers[0].reason == "warmup: step 3 < warmup_steps 100"
@@ -153,9 +157,7 @@ def test_warmup_takes_only_the_options_that_send_the_gradient_almost_whole() -> 
     assert warm.layer("fc0.bias").rule == "1d"
     assert (
         warm.predicted_step_seconds
-        < decide(
-            50, step=3, rules=dataclasses.replace(load_policy("default"), warmup_max_error=0.0)
-        ).predicted_step_seconds
+        < decide(50, step=3, rules=no_warmup_options()).predicted_step_seconds
     )
     assert_reasons(warm)
     # A measured error above the limit takes the option out of the warm-up.

@@ -602,7 +602,7 @@ class PolicyEngine:
         max_error: float | None = None,
     ) -> Pending:
         """The layer's search item; ``max_error`` (the warm-up) keeps only 'none' and the
-        options :meth:`_warmup_safe` admits."""
+        options :meth:`_warmup_safe` admits (their relative error, computed once here)."""
         ordered = self.lightness_order(layer)
         note = ""
         if levels > 0:
@@ -612,15 +612,14 @@ class PolicyEngine:
             excluded = ", ".join(c.spec for c in dropped) or "nothing left to exclude"
             note = f"guard back-off by {levels} (excludes {excluded}); "
         if max_error is not None:
-            ordered = [
-                c for c in ordered if isinstance(c, NoCompression) or self._warmup_safe(c, layer)
-            ]
             note += f"warm-up: options within relative error {max_error:g} only; "
         options = []
         rel_errors = {}
         for compressor in ordered:
-            cost = option_cost(compressor, layer, latency, share)
             rel = rel_error(compressor, layer, self.config.priors)
+            if max_error is not None and rel > max_error:
+                continue  # 'none' (0) always stays; ``_rule`` saw a usable one within it
+            cost = option_cost(compressor, layer, latency, share)
             rel_errors[compressor.spec] = rel
             error = self._error(compressor, layer, rel)
             options.append(

@@ -60,6 +60,7 @@ from autocomp.policy.types import (
     StepTiming,
 )
 from autocomp.runlog import RunLog
+from autocomp.step_gap import StepGap
 from autocomp.window import PlanUpdate, WindowMeasurement, WindowRecord
 
 logger = logging.getLogger(__name__)
@@ -240,6 +241,8 @@ class WindowPlanner:
         """Layer -> (the spec its measurements ran, the first step they could have run it):
         keyed on what was measured, so a measurement taken before a switch took effect is
         never charged to the new compressor."""
+        self.step_gap = StepGap()
+        """The measured step beyond the model's prediction, added to every plan's."""
 
     # ---- the decision --------------------------------------------------------------------------
 
@@ -292,9 +295,10 @@ class WindowPlanner:
         new_events = [e.to_dict() for e in self.guards.events[guard_events_before:]]
 
         self._apply_overrides(m.step)
+        previous = self.last_decision
+        self._observe_gap(m, previous, current)
         timing = self._timing(m)
         bandwidth = None if estimate is None else estimate.bandwidth_bytes_per_s
-        previous = self.last_decision
         hold = self._payoff(m, previous, current, bandwidth)
         # The payoff check may need the idle link read to tell a link change from the plan's.
         probe_next = max(probe_next, self.payoff.probe_wanted())
@@ -513,7 +517,22 @@ class WindowPlanner:
             step_seconds=t["step_seconds"],
             bucket_hideable_seconds=bucket_hideable if m.profiled_ranks > 0 else {},
             compute_seconds=compute if m.profiled_ranks > 0 else None,
+            sync_seconds=self.step_gap.seconds,
         )
+
+    def _observe_gap(
+        self, m: WindowMeasurement, previous: PolicyDecision | None, current: dict[str, str]
+    ) -> None:
+        """Feed the step gap from a full window that ran the previous decision's plan
+        throughout (the window before ran it too: a switch's first steps pay one-off costs,
+        and the first window DDP's bucket rebuild), measured by the profiler."""
+        if previous is None or m.profiled_ranks <= 0 or m.step < self.config.window:
+            return
+        ran = tuple(current[name] for name in self.names)
+        if ran != self._plan_ran or previous.plan != dict(zip(self.names, ran, strict=True)):
+            return
+        added = previous.predicted_step_seconds - previous.compute_seconds - previous.sync_seconds
+        self.step_gap.observe(m.timings["step_seconds"], _compute(m.timings), max(0.0, added))
 
     def _profiles(self, m: WindowMeasurement) -> list[LayerProfile]:
         return [
@@ -644,6 +663,7 @@ class WindowPlanner:
             "windows": self._windows,
             "changed_at": self.dwell.state_dict(),
             "running_since": {k: list(v) for k, v in self._running_since.items()},
+            "step_gap": self.step_gap.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -668,3 +688,4 @@ class WindowPlanner:
         self._running_since = {
             str(k): (str(v[0]), int(v[1])) for k, v in state.get("running_since", {}).items()
         }
+        self.step_gap.load_state_dict(state.get("step_gap", {}))

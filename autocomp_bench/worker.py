@@ -215,6 +215,7 @@ def decision_trail(history: list[Any]) -> list[dict[str, Any]]:
                 "solver": decision.get("solver"),
                 "predicted_step_s": decision.get("predicted_step_seconds"),
                 "compute_step_s": decision.get("compute_seconds"),
+                "sync_s": decision.get("sync_seconds"),
                 "fastest_step_s": decision.get("fastest_step_seconds"),
                 "measured_step_s": record.step_seconds,
                 "bandwidth_bytes_per_s": decision.get("bandwidth_bytes_per_s"),

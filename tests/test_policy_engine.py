@@ -759,6 +759,32 @@ def test_compression_must_beat_the_time_slack() -> None:
     assert short.layer("early.weight").spec == "none"
 
 
+def test_the_step_gap_counts_in_every_plans_step() -> None:
+    """The measured per-step gap (``StepTiming.sync_seconds``, time no plan's prediction has)
+    is part of every plan's step. The late bucket's exposure is over the 3% slack of a
+    150 ms step, and under it once the steps are known to take 1.85 s more: the engine decides
+    as for a 2 s step (all none, the same predictions), and the decision reports the gap
+    apart from the compute."""
+    rules = PolicyRules(candidates=("none", "fp16", "powersgd:rank=4"), time_slack=0.03)
+    layers, timing = _two_buckets(hideable_last=0.0)
+    eng = engine(10_000, rules)
+    short = dataclasses.replace(timing, step_seconds=0.15)
+    plain = eng.decide(layers, short, AFTER_WARMUP, 4)
+    assert plain.layer("late.weight").spec != "none" and plain.sync_seconds == 0.0
+    gapped = eng.decide(layers, dataclasses.replace(short, sync_seconds=1.85), AFTER_WARMUP, 4)
+    assert set(gapped.plan.values()) == {"none"}
+    assert gapped.compute_seconds == pytest.approx(0.15) and gapped.sync_seconds == 1.85
+    assert gapped.to_dict()["sync_seconds"] == 1.85
+    long_step = eng.decide(layers, dataclasses.replace(timing, step_seconds=2.0), AFTER_WARMUP, 4)
+    assert gapped.plan == long_step.plan
+    assert gapped.predicted_step_seconds == pytest.approx(long_step.predicted_step_seconds)
+    assert gapped.fastest_step_seconds == pytest.approx(long_step.fastest_step_seconds)
+    with pytest.raises(ValueError, match="sync_seconds"):
+        dataclasses.replace(short, sync_seconds=-0.001)
+    with pytest.raises(ValueError, match="sync_seconds"):
+        dataclasses.replace(short, sync_seconds=math.nan)
+
+
 def _measured(spec: str, error: float) -> list[LayerProfile]:
     """The MLP with ``error`` measured for ``spec`` on its four big weights."""
     return [

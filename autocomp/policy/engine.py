@@ -259,7 +259,8 @@ class PolicyEngine:
             feasible=timeline.exposed_s <= (1.0 - target) * total * (1 + 1e-9) + 1e-12,
             solver=solver,
             compute_seconds=timing.compute,
-            predicted_step_seconds=timing.compute + timeline.added_s,
+            sync_seconds=timing.sync_seconds,
+            predicted_step_seconds=timing.base + timeline.added_s,
             fastest_step_seconds=fastest_step,
             time_slack=self.rules.time_slack,
             required_gain=required_gain,
@@ -268,11 +269,12 @@ class PolicyEngine:
             predicted_contention_seconds=timeline.contention_s,
         )
         logger.debug(
-            "step %d: predicted step %.4g s (compute %.4g, fastest %s), overlap %.3f, "
+            "step %d: predicted step %.4g s (compute %.4g, gap %.4g, fastest %s), overlap %.3f, "
             "%d/%d layers compressed",
             step,
             decision.predicted_step_seconds,
             timing.compute,
+            timing.sync_seconds,
             "n/a" if fastest_step is None else f"{fastest_step:.4g}",
             timeline.overlap,
             sum(1 for d in final if d.spec != NONE_SPEC),
@@ -364,9 +366,9 @@ class PolicyEngine:
                 ) + (math.fsum(o.error for o in result.chosen) if result is not None else 0.0)
                 unlocked_error = math.fsum(o.error for o in unlocked.chosen)
                 per_error = config.progress_per_error
-                locked_rate = progress_rate(timing.compute + added, locked_error, per_error)
+                locked_rate = progress_rate(timing.base + added, locked_error, per_error)
                 free_rate = progress_rate(
-                    timing.compute + unlocked.timeline.added_s, unlocked_error, per_error
+                    timing.base + unlocked.timeline.added_s, unlocked_error, per_error
                 )
                 if locked_rate < (1.0 - self.config.dwell_max_loss) * free_rate:
                     held, free, result = [], unlocked_items, unlocked
@@ -389,7 +391,7 @@ class PolicyEngine:
                 predicted_error=option.error,
             )
         if result is None:
-            return "dwell", timing.compute
+            return "dwell", timing.base
         for item, chosen, runner in zip(free, result.chosen, result.runner_ups, strict=True):
             decisions[item.index] = optimizer_decision(
                 item,
@@ -401,7 +403,7 @@ class PolicyEngine:
                 margin=config.switch_margin,
             )
         solver = result.method + (" (+dwell)" if held else "")
-        return solver, timing.compute + result.fastest_added
+        return solver, timing.base + result.fastest_added
 
     def _compression_pays(
         self,
@@ -469,7 +471,7 @@ class PolicyEngine:
     ) -> float:
         load = self._load(decisions, groups, latency_by_group)
         timeline = groups.timeline(load)
-        return timing.compute + timeline.added_s
+        return timing.base + timeline.added_s
 
     @staticmethod
     def _load(

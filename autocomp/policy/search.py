@@ -451,7 +451,8 @@ def search(
     """The plan for the pending layers; ``fixed`` is what the rule-decided layers and the
     per-bucket latency put on each group. See the module docstring."""
     problem = _Problem(pending, groups, fixed.copy())
-    compute = timing.compute
+    # Every plan's step starts from the compute-only step plus the measured per-step gap.
+    compute = timing.base
     fastest = _fastest_plan(problem)
     star = compute + problem.timeline(fastest).added_s
     allowance = config.time_slack * star

@@ -136,9 +136,13 @@ class StepTiming:
     """The compute-only step (``exposure.compute_seconds`` of the measured step); what a plan's
     added time is added to. None: ``step_seconds`` stands in (an upper bound, which widens the
     time slack in favour of accuracy)."""
+    sync_seconds: float = 0.0
+    """Per-step time the exposure model leaves out (the ranks' skew at the first collective,
+    thread hand-offs), measured (:class:`autocomp.step_gap.StepGap`): added to every plan's
+    predicted step."""
 
     def __post_init__(self) -> None:
-        for name in ("backward_seconds", "hideable_seconds", "step_seconds"):
+        for name in ("backward_seconds", "hideable_seconds", "step_seconds", "sync_seconds"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"StepTiming.{name} must be finite and >= 0, got {value!r}")
@@ -156,6 +160,12 @@ class StepTiming:
     def compute(self) -> float:
         """The compute-only step used for predictions."""
         return self.step_seconds if self.compute_seconds is None else self.compute_seconds
+
+    @property
+    def base(self) -> float:
+        """What every plan's predicted step starts from: the compute-only step plus the
+        measured per-step gap; a plan's added time comes on top."""
+        return self.compute + self.sync_seconds
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -254,8 +264,10 @@ class PolicyDecision:
     """How the optimizer layers were solved ('' when every layer was rule-decided)."""
     compute_seconds: float = 0.0
     """The compute-only step the prediction starts from."""
+    sync_seconds: float = 0.0
+    """The measured per-step gap added to every plan (``StepTiming.sync_seconds``)."""
     predicted_step_seconds: float = 0.0
-    """Compute-only step plus the plan's added time (work plus exposed)."""
+    """Compute-only step plus the gap plus the plan's added time (work plus exposed)."""
     fastest_step_seconds: float | None = None
     """T*: the predicted step of the fastest plan the optimizer found (None without one)."""
     time_slack: float = 0.0
@@ -303,6 +315,7 @@ class PolicyDecision:
             "feasible": self.feasible,
             "solver": self.solver,
             "compute_seconds": self.compute_seconds,
+            "sync_seconds": self.sync_seconds,
             "predicted_step_seconds": self.predicted_step_seconds,
             "fastest_step_seconds": _finite_or_none(self.fastest_step_seconds),
             "time_slack": self.time_slack,

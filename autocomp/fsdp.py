@@ -23,8 +23,9 @@ Per FSDP module the hook issues the DDP hook's exchange (:func:`autocomp.hook.ex
 in a fixed order that depends only on the plan: PowerSGD's first round (with the plain parts
 of its dtype when they are no larger), one all-reduce per other payload dtype, one all-gather
 of opaque payloads, then the second rounds (PowerSGD's Q). FSDP
-calls the hooks in the same module order on every rank of a replicate group (the same module
-structure, the same backward), so the ranks always match.
+calls the hooks in the same module order on every rank of a replicate group when every rank
+runs the same modules; a module skipped on some replicas only breaks that, and the periodic
+order check (:mod:`autocomp.fsdp_order`) then fails on every rank.
 
 The per-parameter work is the DDP hook's on :class:`~autocomp.hook_state.HookState` slots
 keyed by parameter name, whose shapes are the *local shard* shapes (a shard of a matrix is a
@@ -50,6 +51,7 @@ from autocomp.checkpoint import export_fsdp_state, import_fsdp_state
 from autocomp.compressors import Collective, build_compressor
 from autocomp.config import AutocompConfig, ResolvedConfig
 from autocomp.env import AUTOCOMP_CHECK_WIRE_BYTES, AUTOCOMP_DISABLE, AUTOCOMP_SEED
+from autocomp.fsdp_order import ModuleOrderCheck
 from autocomp.fsdp_setup import (
     DEFAULT_MATRIX_SPEC,
     WRAPPED_ATTR,
@@ -102,6 +104,10 @@ class FSDPController:
         check_wire_bytes: bool | None = None
         """Check every payload's size against its compressor (None: the environment's
         ``AUTOCOMP_CHECK_WIRE_BYTES``)."""
+        order_check_every: int = 50
+        """Backwards between checks that every rank reduced the FSDP modules in the same
+        order (:mod:`autocomp.fsdp_order`; two tiny all-reduces and one host read each);
+        0 turns the check off."""
 
     def __init__(
         self,
@@ -117,11 +123,8 @@ class FSDPController:
         self._in_step = False
         self._closed = False
         self._layout_index = {id(layout): i for i, layout in enumerate(layouts)}
-        self._order: list[int] = []
-        """This backward's FSDP modules, by layout index, in the order their hooks ran."""
-        self._first_order: list[int] | None = None
-        """The first synchronized backward's order, which later ones are compared with."""
-        self._order_warned = False
+        self.order_check = ModuleOrderCheck([layout.module_name for layout in layouts], [], 0)
+        """The modules' reduce order, compared across the mesh (set up by ``wrap_fsdp``)."""
         self.adaptive: AdaptiveLoop | None = None
         """The window loop when the policy decides (``target_overlap`` or ``policy`` given)."""
         self.mesh_shape: tuple[int, ...] = ()
@@ -253,6 +256,8 @@ class FSDPController:
         state = self._state
         state.resolve_nonfinite()
         torch.autograd.Variable._execution_engine.queue_callback(self._end_step)
+        if self.order_check.due(state.step):  # before this step's exchanges
+            self.order_check.check(state.step)
         if state.step_listener is not None:  # the window boundary, before this step's traffic
             state.step_listener(state.step)
 
@@ -260,47 +265,13 @@ class FSDPController:
         if self._in_step:
             self._in_step = False
             self._state.step += 1
-            self._check_order()
-
-    def _check_order(self) -> None:
-        """Warn once when a backward calls the FSDP modules in another order than the first.
-
-        The replica exchanges pair up by position, so replicas must call the modules in the
-        same order. FSDP reduces a module that took no part in the backward from its
-        end-of-backward callback, after all others: a module skipped on some replicas only
-        (conditional execution) moves there on those replicas alone, and the exchanges then
-        pair different modules (gloo aborts on unequal sizes; equal sizes mix silently).
-        Only the replicas together can tell, which costs a collective per module, so this
-        rank-local check only warns; ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` checks every
-        collective across ranks.
-        """
-        order, self._order = self._order, []
-        if not order:
-            return
-        if self._first_order is None:
-            self._first_order = order
-            return
-        if order == self._first_order or self._order_warned:
-            return
-        self._order_warned = True
-        names = [self._layouts[i].module_name for i in order]
-        first = [self._layouts[i].module_name for i in self._first_order]
-        logger.warning(
-            "autocomp.wrap_fsdp: backward %d reduced the FSDP modules in the order %s, the "
-            "first in %s. That is safe only if every replica changed alike: a module that "
-            "runs on some replicas and not on others pairs the replica exchanges wrongly "
-            "(run every FSDP module on every rank, or check with "
-            "TORCH_DISTRIBUTED_DEBUG=DETAIL). Warned once.",
-            self._state.step - 1,
-            names,
-            first,
-        )
+            self.order_check.end_backward()
 
     def _forward_pre_hook(self, *_: Any) -> None:
         """A backward that raised never ran its end-of-step callback; count it here."""
         if self._in_step:
             logger.warning("autocomp: the previous backward did not finish; counting it ended")
-            self._order = []  # a partial order says nothing about the replicas
+            self.order_check.abandon()  # a partial order says nothing about the replicas
             self._end_step()
 
     def _reduce(self, layout: GroupLayout, flat: torch.Tensor) -> None:
@@ -318,7 +289,7 @@ class FSDPController:
                 )
             profiler = self._state.profiler
             index = self._layout_index[id(layout)]
-            self._order.append(index)
+            self.order_check.record(index)
             entered = profiler.hook_entered(index) if profiler is not None else None
             self._exchange(layout, flat)
             if profiler is not None and entered is not None:
@@ -408,6 +379,9 @@ def wrap_fsdp(
         isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0
     ):
         raise ValueError(f"warmup_steps must be an int >= 0, got {warmup!r}")
+    every = config.order_check_every
+    if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+        raise ValueError(f"order_check_every must be an int >= 0, got {every!r}")
     adaptive = target_overlap is not None or policy is not None
     resolved = None
     if adaptive:  # the same validation and policy loading as wrap()
@@ -467,7 +441,14 @@ def wrap_fsdp(
         assignment = rules.resolve(params)
     base_seed = AUTOCOMP_SEED.get() if config.seed is None else config.seed
     settings = {
-        "\0mesh": (tuple(mesh.shape), base_seed, warmup, config.broadcast_parameters, disabled),
+        "\0mesh": (
+            tuple(mesh.shape),
+            base_seed,
+            warmup,
+            config.broadcast_parameters,
+            disabled,
+            every,
+        ),
         "\0adaptive": () if resolved is None else resolved.digest_fields(),
         "\0plan": (
             None if rules is None else tuple((r.pattern, r.compressor.spec) for r in rules.rules),
@@ -509,6 +490,9 @@ def wrap_fsdp(
     controller = FSDPController(model, state, layouts, rules or Plan())
     controller.mesh_shape = tuple(mesh.shape)
     controller._groups = groups
+    controller.order_check = ModuleOrderCheck(
+        [layout.module_name for layout in layouts], groups, every
+    )
     by_name = {where: module for where, module, _ in found}
     unused_included = True
     for layout in layouts:

@@ -10,10 +10,11 @@ adaptive mode the window loop decides (pins applied), measures the link and plan
 hideable (FSDP's hook blocks), and the warm-up ends in every replicate group at the boundary
 where one group's look ends it; a parameter one replica does not use is averaged as zero
 (bit for bit FSDP2's native HSDP with its unused-parameter setting), and a module every
-replica stops running is warned about once; the controller's state dict round-trips
-bit-exactly through torch.save and DCP, and another rank's entry is refused on every rank; a
-checkpoint of a 2x2 mesh resumes on a 4x1 mesh with its step alone, through torch.save and
-DCP.
+replica stops running passes the order check, and one skipped on one replica only (equal
+sizes, which gloo cannot notice) fails on every rank at the first check; the controller's
+state dict round-trips bit-exactly through torch.save and DCP, and another rank's entry is
+refused on every rank; a checkpoint of a 2x2 mesh resumes on a 4x1 mesh with its step alone,
+through torch.save and DCP.
 """
 
 from __future__ import annotations
@@ -176,6 +177,11 @@ def _exact_and_errors(rank: int, world: int) -> dict[str, Any]:
         "one_d_mesh": _error(lambda: autocomp.wrap_fsdp(ours, mesh["shard"])),
         "twice": _error(lambda: autocomp.wrap_fsdp(ours, mesh)),
         "bad_spec": _error(lambda: autocomp.wrap_fsdp(ours, mesh, plan={"*": "powersgd:rank=0"})),
+        "bad_order_check": _error(
+            lambda: autocomp.wrap_fsdp(
+                ours, mesh, config=FSDPController.Config(order_check_every=-1)
+            )
+        ),
     }
     # A parameter FSDP does not manage (ignored_params) would diverge between replicas.
     partial = _net()
@@ -282,6 +288,7 @@ def test_plan_none_matches_native_hsdp_and_bad_input_fails(tmp_path: Path) -> No
         assert errors["one_d_mesh"].startswith("ValueError") and "2-D" in errors["one_d_mesh"]
         assert errors["twice"].startswith("RuntimeError") and "already wrapped" in errors["twice"]
         assert errors["bad_spec"].startswith("ValueError") and "rank" in errors["bad_spec"]
+        assert "order_check_every must be an int >= 0" in errors["bad_order_check"]
         assert errors["ignored"].startswith("ValueError") and "4.weight" in errors["ignored"]
 
 
@@ -342,8 +349,6 @@ def _gated_net(mesh: Any, branch_module: bool = False) -> torch.nn.Module:
 
 def _unused(rank: int, world: int) -> dict[str, Any]:
     """Replica 0 (ranks 0, 1) uses a parameter that replica 1 (ranks 2, 3) does not."""
-    import logging
-
     mesh = _mesh()
     uses = rank // 2 == 0
     native = _gated_net(mesh)  # FSDP2's own HSDP, told to reduce unused parameters as zeros
@@ -363,13 +368,15 @@ def _unused(rank: int, world: int) -> dict[str, Any]:
     autocomp.wrap_fsdp(compressed, mesh, plan={"*weight": "powersgd:rank=2", "*": "fp16"})
     _train(compressed, rank, 4)
     # Every rank stops running a whole FSDP module from step 2 on: FSDP then reduces it from
-    # its end-of-backward callback, last, on every replica alike. Safe, and warned about once.
+    # its end-of-backward callback, last, on every replica alike. Safe: the order checks (at
+    # steps 2 and 4) pass.
     skipping = _gated_net(mesh["shard"], branch_module=True)
-    skipping_ctl = autocomp.wrap_fsdp(skipping, mesh, plan={"*weight": "powersgd:rank=2"})
-    messages: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
-    logging.getLogger("autocomp.fsdp").addHandler(handler)
+    skipping_ctl = autocomp.wrap_fsdp(
+        skipping,
+        mesh,
+        plan={"*weight": "powersgd:rank=2"},
+        config=FSDPController.Config(order_check_every=2),
+    )
     opt = torch.optim.SGD(skipping.parameters(), lr=0.1)
     for step in range(5):
         skipping[1].use_branch = step < 2
@@ -383,7 +390,7 @@ def _unused(rank: int, world: int) -> dict[str, Any]:
         "identical": _replicas_identical(compressed, mesh.get_group(0)),
         "skipping_identical": _replicas_identical(skipping, mesh.get_group(0)),
         "skipping_step": skipping_ctl.step,
-        "order_warnings": [m for m in messages if "in the order" in m],
+        "order_checks": skipping_ctl.order_check.checks,
     }
 
 
@@ -409,7 +416,64 @@ def test_a_parameter_unused_on_one_replica_is_averaged_as_zero(tmp_path: Path) -
         assert r["losses"][0] == r["losses"][1], r["losses"]
         assert r["identical"] and r["skipping_identical"], rank
         assert r["skipping_step"] == 5
-        assert len(r["order_warnings"]) == 1 and "'1.branch'" in r["order_warnings"][0], r
+        assert r["order_checks"] == 2, r
+
+
+class _EqualBlocks(torch.nn.Module):
+    """Three FSDP blocks of one size (72 elements) and a root without parameters: a block
+    skipped on one replica only pairs the exchanges wrongly without any size mismatch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(8, 8)
+        self.gated = _Gated()
+        self.last = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.last(self.gated(torch.tanh(self.first(x)))).sum(dim=1, keepdim=True)
+
+
+def _skipped_on_one_replica(rank: int, world: int) -> dict[str, Any]:
+    """Replica 1 (ranks 2, 3) never runs ``gated.branch``, replica 0 always does."""
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = _mesh()
+    torch.manual_seed(0)
+    model = _EqualBlocks()
+    for block in (model.gated.branch, model.first, model.gated, model.last, model):
+        fully_shard(block, mesh=mesh["shard"])
+    model.gated.use_branch = rank // 2 == 0
+    ctl = autocomp.wrap_fsdp(
+        model, mesh, plan={"*": "none"}, config=FSDPController.Config(order_check_every=2)
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    error = ""
+    for step in range(4):
+        x, y = _batch(rank, step)
+        opt.zero_grad()
+        try:
+            torch.nn.functional.mse_loss(model(x), y).backward()
+        except RuntimeError as err:
+            error = str(err)
+            break
+        opt.step()
+    return {"error": error, "step": ctl.step}
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(
+    not _has_unused_params_setting(),
+    reason="this torch's FSDP2 has no set_reduce_scatter_unused_params (2.11 lacks it)",
+)
+def test_a_module_skipped_on_one_replica_only_fails_on_every_rank(tmp_path: Path) -> None:
+    """Equal sizes, so gloo cannot notice: the exchanges average different blocks together.
+    Until 2026-11-26 only a rank-local warning said anything (on the replica whose order
+    changed). The order check raises on all four ranks at the same step, the first check."""
+    results = run_ranks(_skipped_on_one_replica, WORLD, tmp_path, timeout=110)
+    for rank, r in enumerate(results):
+        assert "different orders" in r["error"], (rank, r)
+        assert r["step"] == 2, (rank, r)
 
 
 def _adaptive(rank: int, world: int) -> dict[str, Any]:

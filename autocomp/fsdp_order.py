@@ -21,6 +21,9 @@ the same step, before the next exchange.
   exchanges. It reads the maxima on the host: one synchronization per check.
 - An order that changes alike on every replica is fine (every module skipped everywhere), and
   it passes.
+- Not caught: a module that never ran on some replica. FSDP does not reduce it there at all,
+  so the replicas differ in their number of exchanges, and gloo's size error or timeout
+  comes before any check.
 """
 
 from __future__ import annotations

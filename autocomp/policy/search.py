@@ -4,8 +4,9 @@ the most progress per second.
 What a user buys is training progress per second, so the search starts from time. Let T* be
 the predicted step of the fastest plan (every layer on its fastest option), predicted with
 the one exposure model (:mod:`autocomp.exposure`): compute-only step, plus the measured step
-gap every plan pays (:mod:`autocomp.step_gap`), plus what communication adds. Plans whose predicted step is within ``time_slack`` of T* are equally fast as far as
-the predictions can tell; among them the one with the least total squared error wins. A plan
+gap every plan pays (:mod:`autocomp.step_gap`), plus what communication adds. Plans whose
+predicted step is within ``time_slack`` of T* are equally fast as far as the predictions can
+tell; among them the one with the least total squared error wins. A plan
 that meets the overlap target (communication hidden behind the backward, the fast-link case)
 is just as acceptable, since hiding is free. Both searches are multiple-choice knapsacks
 (:class:`~autocomp.policy.optimizer.BudgetOptimizer`) over the layers in reverse ready order,

@@ -115,6 +115,7 @@ class FSDPController:
         state: HookState,
         layouts: list[GroupLayout],
         plan: Plan,
+        order_check: ModuleOrderCheck,
     ) -> None:
         self._model = model
         self._state = state
@@ -123,8 +124,8 @@ class FSDPController:
         self._in_step = False
         self._closed = False
         self._layout_index = {id(layout): i for i, layout in enumerate(layouts)}
-        self.order_check = ModuleOrderCheck([layout.module_name for layout in layouts], [], 0)
-        """The modules' reduce order, compared across the mesh (set up by ``wrap_fsdp``)."""
+        self.order_check = order_check
+        """The modules' reduce order, compared across the mesh."""
         self.adaptive: AdaptiveLoop | None = None
         """The window loop when the policy decides (``target_overlap`` or ``policy`` given)."""
         self.mesh_shape: tuple[int, ...] = ()
@@ -487,12 +488,10 @@ def wrap_fsdp(
     if config.broadcast_parameters:
         broadcast_shards(params, replicate_group)  # type: ignore[arg-type]
 
-    controller = FSDPController(model, state, layouts, rules or Plan())
+    order_check = ModuleOrderCheck([layout.module_name for layout in layouts], groups, every)
+    controller = FSDPController(model, state, layouts, rules or Plan(), order_check)
     controller.mesh_shape = tuple(mesh.shape)
     controller._groups = groups
-    controller.order_check = ModuleOrderCheck(
-        [layout.module_name for layout in layouts], groups, every
-    )
     by_name = {where: module for where, module, _ in found}
     unused_included = True
     for layout in layouts:

@@ -21,10 +21,11 @@ Steadiness, by design:
 
 Warm-up: the first ``warmup_steps`` steps are uncompressed but for the options accurate
 enough to send the gradient almost whole (the rules' ``warmup_max_error``: fp16, int8), unless
-the first look at the link
-(a boundary a few steps in) shows an uncompressed step taking at least ``slow_link_ratio``
-times the compute-only step: then every uncompressed step costs that many compressed ones,
-and the warm-up ends there with the first decision. A glance after the very first step comes
+the first look at the link (a boundary a few steps in) shows communication making an
+uncompressed step at least ``slow_link_ratio`` times the compute-only step (the compute, the
+hooks' work and the exposed transfers; not the rest of a measured step, which no plan
+removes): then every uncompressed step costs that many compressed ones, and the warm-up ends
+there with the first decision. A glance after the very first step comes
 earlier still, but acts only when communication dominates by ``dominance_ratio`` (the first
 step's compute includes one-off costs, and its buckets are DDP's provisional ones): on a
 10 Mbit/s link one uncompressed step of a 1.4M-parameter model takes 5 s, a tenth of a short
@@ -86,16 +87,25 @@ def _compute(timings: dict[str, float]) -> float:
 
 
 def _uncompressed_step(m: WindowMeasurement, compute: float) -> float:
-    """The window's step as it would have been uncompressed: what the warm-up's ratios are
-    about. When the warm-up's accurate options ran (fp16, int8), the time the step spent
-    over its compute is scaled by the bytes they saved; read as measured, an fp16 plan
-    on HSDP across two nodes at 200 Mbit/s showed 1.4x where uncompressed steps showed
-    1.7-2.0x, and the warm-up never ended early."""
-    step = m.timings["step_seconds"]
+    """The window's step as its communication would make it uncompressed: what the warm-up's
+    ratios are about.
+
+    It is the compute-only step plus what communication measurably added: the hooks' work and
+    the exposed transfers. The rest of a measured step is not the link's (start-up costs, the
+    ranks' skew) and no plan removes it. On loopback the digits CNN's looks at steps 4 and 16
+    measured steps 2.0-3.2x its compute with 1-5 ms exposed (1.6-1.9x with the work). Read as
+    steps, they ended the warm-up there, on a link estimate of 0.3 GB/s from those first
+    steps (1-2 GB/s later), and in one run a layer went to fp16 that made every step 30%
+    slower for 1,200 steps. When the warm-up's accurate options ran
+    (fp16, int8), the exposed time is scaled by the bytes they saved: read as measured, an
+    fp16 plan on HSDP across two nodes at 200 Mbit/s showed 1.4x where uncompressed steps
+    showed 1.7-2.0x, and the warm-up never ended early."""
+    t = m.timings
+    exposed = max(0.0, t["exposed_seconds"])
     sent, raw = m.bytes_per_step, m.uncompressed_bytes_per_step
     if 0 < sent < raw:
-        return compute + max(0.0, step - compute) * raw / sent
-    return step
+        exposed *= raw / sent
+    return compute + max(0.0, t["compress_seconds"]) + exposed
 
 
 class WindowPlanner:
@@ -112,9 +122,9 @@ class WindowPlanner:
         warmup_steps: int = 100
         """Uncompressed steps at the start (cut short on a slow link, see the module doc)."""
         slow_link_ratio: float = 2.0
-        """An uncompressed step at least this many times the compute-only step (communication
-        takes at least as long as the compute, and each uncompressed step costs about two
-        compressed ones) ends the warm-up at once."""
+        """An uncompressed step that communication makes at least this many times the
+        compute-only step (communication takes at least as long as the compute, and each
+        uncompressed step costs about two compressed ones) ends the warm-up at once."""
         dominance_ratio: float = 10.0
         """At the glance after the first step, the ratio of uncompressed to compute-only step
         that ends the warm-up (stricter than ``slow_link_ratio``: one step, with one-off

@@ -323,7 +323,7 @@ def test_a_look_reads_a_warm_up_fp16_step_as_uncompressed() -> None:
     mbit = raw / comm / MBIT
     fp16 = dict.fromkeys(NAMES, "fp16")
     ran = measurement(4, mbit=mbit, steps=3, specs=fp16)
-    ran.timings.update(step_seconds=0.1 + comm / 2, compute_seconds=0.1)
+    ran.timings.update(step_seconds=0.1 + comm / 2, compute_seconds=0.1, exposed_seconds=comm / 2)
     ran.bytes_per_step, ran.uncompressed_bytes_per_step = raw / 2, raw
     p = planner()
     assert p.ends_warmup(ran)
@@ -331,9 +331,29 @@ def test_a_look_reads_a_warm_up_fp16_step_as_uncompressed() -> None:
     assert p.warmup_done
     # The same step with no bytes saved is read as it is: 1.75x, the warm-up goes on.
     plain = measurement(4, mbit=mbit, steps=3)
-    plain.timings.update(step_seconds=0.1 + comm / 2, compute_seconds=0.1)
+    plain.timings.update(step_seconds=0.1 + comm / 2, compute_seconds=0.1, exposed_seconds=comm / 2)
     plain.bytes_per_step = plain.uncompressed_bytes_per_step = raw
     assert not planner().ends_warmup(plain)
+
+
+def test_a_look_counts_only_what_communication_added_to_the_step() -> None:
+    """A look's step 3x its compute, of which the transfers' exposed time and the hooks' work
+    are 0.4x (start-up costs, the ranks' skew: the digits CNN's first looks on loopback): the
+    warm-up goes on, since no plan removes the rest. The same step with the excess exposed
+    ends it."""
+    fast = measurement(4, mbit=20_000, steps=3)
+    fast.timings.update(
+        step_seconds=0.3, compute_seconds=0.1, exposed_seconds=0.03, compress_seconds=0.01
+    )
+    p = planner()
+    assert not p.ends_warmup(fast)
+    update = p.decide(fast, dict.fromkeys(NAMES, "none"))
+    assert not p.warmup_done and set(update.plan) == {"none"}
+    slow = measurement(4, mbit=20_000, steps=3)
+    slow.timings.update(
+        step_seconds=0.3, compute_seconds=0.1, exposed_seconds=0.19, compress_seconds=0.01
+    )
+    assert planner().ends_warmup(slow)
 
 
 def test_the_decision_that_ends_the_warm_up_is_not_locked_to_its_options() -> None:

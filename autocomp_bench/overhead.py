@@ -1,7 +1,9 @@
 """What autocomp's machinery costs when it compresses nothing: hook and profiler overhead.
 
-Two local gloo ranks (loopback) train the 16.5M-parameter byte-level LM three ways, with the
-same seed and batches, interleaved round by round so machine load hits all alike:
+Two local gloo ranks (loopback) train a model three ways, with the same seed and batches,
+interleaved round by round so machine load hits all alike. The model is the 16.5M-parameter
+byte-level LM by default (``--task lm16m``), or one of the time-to-accuracy tasks
+(``--task cnn``: a 10 ms step, where a fixed cost per step shows most):
 
 - ``ddp``: plain DDP, PyTorch's built-in all-reduce;
 - ``static``: ``autocomp.wrap(ddp, plan={"*": "none"})``, the unified hook with no profiler;
@@ -18,6 +20,7 @@ reported per step as a share of the step: the part of the overhead that does not
 noise of the hook's per-bucket timestamps.
 
     python -m autocomp_bench.overhead --steps 40 --rounds 5
+    python -m autocomp_bench.overhead --task cnn --steps 300 --rounds 8
 """
 
 from __future__ import annotations
@@ -46,10 +49,38 @@ logger = logging.getLogger(__name__)
 MODES = ("ddp", "static", "adaptive")
 
 
-def _run_mode(mode: str, rank: int, steps: int, window: int) -> tuple[list[float], float]:
-    """Step times after the first two, and the adaptive loop's boundary seconds (else 0)."""
+DEFAULT_TASK = "lm16m"
+"""The 16.5M-parameter byte-level LM, SGD at 1e-3 (the benchmark's original model)."""
+
+
+def _workload(task: str) -> tuple[Any, Any, Any, Any]:
+    """(model, optimizer factory, batch(rank, step), loss(output, target)) of ``task``."""
+    if task == DEFAULT_TASK:
+        model = MLPLanguageModel(hidden=3072)
+        split = text_split()
+        return (
+            model,
+            lambda params: torch.optim.SGD(params, lr=1e-3),
+            lambda rank, step: text_batch(split.train, model.context, 64, rank, step),
+            F.cross_entropy,
+        )
+    from autocomp_bench.tasks import build_task
+
+    spec = build_task(task)
+    return (
+        spec.build_model(),
+        spec.make_optimizer,
+        lambda rank, step: spec.batch(rank, step, 0),
+        spec.loss,
+    )
+
+
+def _run_mode(
+    mode: str, rank: int, steps: int, window: int, task: str
+) -> tuple[list[float], float, float]:
+    """Step times after the first two, the adaptive loop's boundary and opening seconds."""
     torch.manual_seed(0)
-    model = MLPLanguageModel(hidden=3072)
+    model, make_optimizer, batch, loss_fn = _workload(task)
     ddp = DDP(model)
     ctl = None
     if mode == "static":
@@ -58,13 +89,12 @@ def _run_mode(mode: str, rank: int, steps: int, window: int) -> tuple[list[float
         ctl = autocomp.wrap(
             ddp, plan={"*": "none"}, target_overlap=0.9, window=window, warmup_steps=0
         )
-    opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
-    split = text_split()
+    opt = make_optimizer(ddp.parameters())
     times = []
     for step in range(steps):
-        x, y = text_batch(split.train, model.context, 64, rank, step)
+        x, y = batch(rank, step)
         start = time.perf_counter()
-        loss = F.cross_entropy(ddp(x), y)
+        loss = loss_fn(ddp(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -80,7 +110,7 @@ def _run_mode(mode: str, rank: int, steps: int, window: int) -> tuple[list[float
 
 
 def _rank_main(
-    rank: int, world: int, store: str, steps: int, window: int, rounds: int, out: str
+    rank: int, world: int, store: str, steps: int, window: int, rounds: int, out: str, task: str
 ) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
@@ -95,7 +125,7 @@ def _rank_main(
         for _ in range(rounds):
             entry: dict[str, Any] = {"times": {}, "boundary_s": 0.0, "opening_s": 0.0}
             for mode in MODES:
-                times, boundary, opening = _run_mode(mode, rank, steps, window)
+                times, boundary, opening = _run_mode(mode, rank, steps, window, task)
                 entry["times"][mode] = times
                 entry["boundary_s"] += boundary
                 entry["opening_s"] += opening
@@ -144,25 +174,45 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40, help="steps per mode and round")
     parser.add_argument("--window", type=int, default=20, help="adaptive window")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
+    parser.add_argument(
+        "--task",
+        default=DEFAULT_TASK,
+        help=f"{DEFAULT_TASK} (default) or a time-to-accuracy task (cnn, mlp-lm, gpt, ngram)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write results here")
     args = parser.parse_args(argv)
     if args.steps < 5 or args.rounds < 1 or args.window < 1:
         parser.error("need --steps >= 5, --rounds >= 1, --window >= 1")
+    if args.task != DEFAULT_TASK:
+        from autocomp_bench.tasks import TASKS
+
+        if args.task not in TASKS:
+            parser.error(f"unknown --task {args.task!r}; one of {DEFAULT_TASK}, {', '.join(TASKS)}")
     with tempfile.TemporaryDirectory(prefix="autocomp-overhead-") as tmp:
         out = Path(tmp) / "times.json"
         mp.start_processes(
             _rank_main,
-            args=(2, str(Path(tmp) / "store"), args.steps, args.window, args.rounds, str(out)),
+            args=(
+                2,
+                str(Path(tmp) / "store"),
+                args.steps,
+                args.window,
+                args.rounds,
+                str(out),
+                args.task,
+            ),
             nprocs=2,
             start_method="spawn",
         )
         result = summarize(json.loads(out.read_text()), args.steps)
+    result["task"] = args.task
 
     def spread(key: str) -> str:
         r = result[key]
         return f"{r['median']:+.1%} (rounds {r['min']:+.1%} .. {r['max']:+.1%})"
 
-    print("autocomp overhead on loopback, 2 gloo ranks, 16.5M-parameter LM, nothing compressed")
+    model = "16.5M-parameter LM" if args.task == DEFAULT_TASK else f"task {args.task}"
+    print(f"autocomp overhead on loopback, 2 gloo ranks, {model}, nothing compressed")
     for mode in MODES:
         print(
             f"  {mode:<9} median {result['median_step_s'][mode] * 1e3:8.1f} ms/step "

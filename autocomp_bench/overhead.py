@@ -1,18 +1,23 @@
 """What autocomp's machinery costs when it compresses nothing: hook and profiler overhead.
 
-Two local gloo ranks (loopback) train a model three ways, with the same seed and batches,
+Two local gloo ranks (loopback) train a model four ways, with the same seed and batches,
 interleaved round by round so machine load hits all alike. The model is the 16.5M-parameter
 byte-level LM by default (``--task lm16m``), or one of the time-to-accuracy tasks
 (``--task cnn``: a 10 ms step, where a fixed cost per step shows most):
 
 - ``ddp``: plain DDP, PyTorch's built-in all-reduce;
+- ``torch_hook``: DDP with PyTorch's own Python all-reduce hook (``default_hooks.allreduce_hook``):
+  what any Python comm hook costs before it does anything (the call from the reducer, the
+  collective's Python wrapper, the completion callback that hands DDP its tensor);
 - ``static``: ``autocomp.wrap(ddp, plan={"*": "none"})``, the unified hook with no profiler;
 - ``adaptive``: ``autocomp.wrap(ddp, target_overlap=0.9, plan={"*": "none"})``, everything
   pinned uncompressed, so the profiler, sampled norms and the per-window collectives and
   decision run while the bytes stay identical.
 
 ``adaptive / static`` is the profiling overhead (target <= 2% of step time); ``static / ddp``
-is the cost of routing gradients through a Python comm hook at all. Both are reported per
+is the cost of routing gradients through autocomp's hook at all, of which ``torch_hook / ddp``
+is the Python hook mechanism's share and ``static / torch_hook`` autocomp's own. All are
+reported per
 round (each round's median step of each mode) and as the median over rounds, so one noisy
 round shows as spread instead of moving the result. Independently of that A/B comparison,
 the adaptive loop accounts its own window-boundary time (``AdaptiveLoop.boundary_seconds``),
@@ -46,7 +51,7 @@ from autocomp_bench.workloads import MLPLanguageModel, text_batch, text_split
 
 logger = logging.getLogger(__name__)
 
-MODES = ("ddp", "static", "adaptive")
+MODES = ("ddp", "torch_hook", "static", "adaptive")
 
 
 DEFAULT_TASK = "lm16m"
@@ -83,7 +88,11 @@ def _run_mode(
     model, make_optimizer, batch, loss_fn = _workload(task)
     ddp = DDP(model)
     ctl = None
-    if mode == "static":
+    if mode == "torch_hook":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+    elif mode == "static":
         ctl = autocomp.wrap(ddp, plan={"*": "none"})
     elif mode == "adaptive":
         ctl = autocomp.wrap(
@@ -145,6 +154,8 @@ def summarize(rounds: list[dict[str, Any]], steps: int) -> dict[str, Any]:
             {
                 "median_step_s": medians,
                 "hook_overhead": medians["static"] / medians["ddp"] - 1.0,
+                "python_hook_overhead": medians["torch_hook"] / medians["ddp"] - 1.0,
+                "own_hook_overhead": medians["static"] / medians["torch_hook"] - 1.0,
                 "profiling_overhead": medians["adaptive"] / medians["static"] - 1.0,
                 # Boundaries over all steps of the run (the untimed first two included).
                 "boundary_share": entry["boundary_s"] / steps / medians["adaptive"],
@@ -162,6 +173,8 @@ def summarize(rounds: list[dict[str, Any]], steps: int) -> dict[str, Any]:
         "median_step_s": {mode: statistics.median(v) for mode, v in all_times.items()},
         "steps_per_mode": {mode: len(v) for mode, v in all_times.items()},
         "hook_overhead": over_rounds("hook_overhead"),
+        "python_hook_overhead": over_rounds("python_hook_overhead"),
+        "own_hook_overhead": over_rounds("own_hook_overhead"),
         "profiling_overhead": over_rounds("profiling_overhead"),
         "boundary_share": over_rounds("boundary_share"),
         "opening_s": over_rounds("opening_s"),
@@ -215,16 +228,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"autocomp overhead on loopback, 2 gloo ranks, {model}, nothing compressed")
     for mode in MODES:
         print(
-            f"  {mode:<9} median {result['median_step_s'][mode] * 1e3:8.1f} ms/step "
+            f"  {mode:<10} median {result['median_step_s'][mode] * 1e3:8.1f} ms/step "
             f"({result['steps_per_mode'][mode]} steps)"
         )
     for i, r in enumerate(result["rounds"]):
         m = r["median_step_s"]
         print(
-            f"  round {i}: ddp {m['ddp'] * 1e3:.1f}, static {m['static'] * 1e3:.1f}, adaptive "
-            f"{m['adaptive'] * 1e3:.1f} ms; adaptive/static {r['profiling_overhead']:+.1%}"
+            f"  round {i}: ddp {m['ddp'] * 1e3:.1f}, torch_hook {m['torch_hook'] * 1e3:.1f}, "
+            f"static {m['static'] * 1e3:.1f}, adaptive {m['adaptive'] * 1e3:.1f} ms; "
+            f"adaptive/static {r['profiling_overhead']:+.1%}"
         )
-    print(f"  comm hook vs built-in all-reduce: {spread('hook_overhead')}")
+    print(f"  autocomp's hook vs built-in all-reduce: {spread('hook_overhead')}")
+    print(f"    PyTorch's Python all-reduce hook vs built-in: {spread('python_hook_overhead')}")
+    print(f"    autocomp's hook vs PyTorch's Python hook: {spread('own_hook_overhead')}")
     print(f"  profiler + window loop vs hook (target <= 2%): {spread('profiling_overhead')}")
     print(
         f"  window boundaries, accounted by the loop itself: "

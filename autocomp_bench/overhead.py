@@ -3,7 +3,7 @@
 Two local gloo ranks (loopback) train a model four ways, with the same seed and batches,
 interleaved round by round so machine load hits all alike. The model is the 16.5M-parameter
 byte-level LM by default (``--task lm16m``), or one of the time-to-accuracy tasks
-(``--task cnn``: a 10 ms step, where a fixed cost per step shows most):
+(``--task cnn``: a 7-10 ms step, where a fixed cost per step shows most):
 
 - ``ddp``: plain DDP, PyTorch's built-in all-reduce;
 - ``torch_hook``: DDP with PyTorch's own Python all-reduce hook (``default_hooks.allreduce_hook``):
@@ -17,12 +17,11 @@ byte-level LM by default (``--task lm16m``), or one of the time-to-accuracy task
 ``adaptive / static`` is the profiling overhead (target <= 2% of step time); ``static / ddp``
 is the cost of routing gradients through autocomp's hook at all, of which ``torch_hook / ddp``
 is the Python hook mechanism's share and ``static / torch_hook`` autocomp's own. All are
-reported per
-round (each round's median step of each mode) and as the median over rounds, so one noisy
-round shows as spread instead of moving the result. Independently of that A/B comparison,
-the adaptive loop accounts its own window-boundary time (``AdaptiveLoop.boundary_seconds``),
-reported per step as a share of the step: the part of the overhead that does not hide in the
-noise of the hook's per-bucket timestamps.
+reported per round (each round's median step of each mode) and as the median over rounds, so
+one noisy round shows as spread instead of moving the result. Independently of that A/B
+comparison, the adaptive loop accounts its own window-boundary time
+(``AdaptiveLoop.boundary_seconds``), reported per step as a share of the step: the part of the
+overhead that does not hide in the noise of the hook's per-bucket timestamps.
 
     python -m autocomp_bench.overhead --steps 40 --rounds 5
     python -m autocomp_bench.overhead --task cnn --steps 300 --rounds 8

@@ -94,8 +94,8 @@ def _uncompressed_step(m: WindowMeasurement, compute: float) -> float:
     the exposed transfers. The rest of a measured step is not the link's (start-up costs, the
     ranks' skew) and no plan removes it. On loopback the digits CNN's looks at steps 4 and 16
     measured steps 2.0-3.2x its compute with 1-5 ms exposed (1.6-1.9x with the work). Read as
-    steps, they ended the warm-up there, on a link estimate of 0.3 GB/s from those first
-    steps (1-2 GB/s later), and in one run a layer went to fp16 that made every step 30%
+    steps, they ended the warm-up there, on a link estimate of 0.25-0.4 GB/s from those first
+    steps (1-4 GB/s later), and in one run a layer went to fp16 that made every step 30%
     slower for 1,200 steps. When the warm-up's accurate options ran
     (fp16, int8), the exposed time is scaled by the bytes they saved: read as measured, an
     fp16 plan on HSDP across two nodes at 200 Mbit/s showed 1.4x where uncompressed steps

@@ -23,7 +23,7 @@ the same step, before the next exchange.
   it passes.
 - Not caught: a module that never ran on some replica. FSDP does not reduce it there at all,
   so the replicas differ in their number of exchanges, and gloo's size error or timeout
-  comes before any check.
+  comes before any check. FSDP2's own HSDP aborts the same way there (``docs/fsdp.md``).
 """
 
 from __future__ import annotations

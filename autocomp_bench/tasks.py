@@ -15,6 +15,9 @@ compression:
   ``digits`` convergence workload (it plateaus at about 98% accuracy by step 300-350);
 - ``ngram``: hashed n-gram embeddings, a large table of which each step touches few rows;
 - ``gpt-small``: the GPT LM at a size the test suite can train in seconds;
+- ``lstm-lm``: a byte-level LSTM LM (recurrent matrices, gradients summed over time);
+- ``digits-resnet``: residual conv blocks with BatchNorm on the shifted digits (DDP broadcasts
+  the running statistics before every forward);
 - ``digits-mlp``: an MLP classifier on the digits images (SGD with momentum), the small model
   on which compressors' accuracy is compared.
 """
@@ -233,6 +236,27 @@ def _build(name: str) -> Task:
         return _digits_cnn_task(name, lr=DIGITS_CNN_LR, shift=DIGITS_CNN_SHIFT)
     if name == "digits-cnn":
         return _digits_cnn_task(name, lr=DIGITS_LR, shift=0)
+    if name == "lstm-lm":
+        return _lm_task(
+            name,
+            "byte-level LSTM LM (embedding 64, 2 layers of 256, context 64), AdamW 2e-3, batch 16",
+            lambda: workloads.LSTMLanguageModel(embed=64, hidden=256, layers=2),
+            context=64,
+            batch=16,
+            make_optimizer=_adamw(2e-3),
+            sequence=True,
+        )
+    if name == "digits-resnet":
+        return _digits_task(
+            name,
+            "digits ResNet (stem + 2 residual blocks of 32 channels, BatchNorm), SGD "
+            f"{DIGITS_CNN_LR:g} momentum {DIGITS_MOMENTUM:g}, batch {DIGITS_BATCH}, images "
+            f"shifted by up to {DIGITS_CNN_SHIFT} pixel",
+            lambda: workloads.DigitsResNet(channels=32, blocks=2),
+            lr=DIGITS_CNN_LR,
+            batch=DIGITS_BATCH,
+            shift=DIGITS_CNN_SHIFT,
+        )
     if name == "digits-mlp":
         return _digits_task(
             name,
@@ -253,6 +277,8 @@ TASKS: tuple[str, ...] = (
     "ngram",
     "digits-mlp",
     "digits-cnn",
+    "lstm-lm",
+    "digits-resnet",
 )
 
 

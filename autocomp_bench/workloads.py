@@ -230,6 +230,59 @@ class HashedNgramModel(nn.Module):
         return self.mlp(h)
 
 
+class LSTMLanguageModel(nn.Module):
+    """A byte-level LSTM LM: a few large recurrent matrices, each gradient summed over time.
+
+    The recurrent weights' gradients add up contributions from every position of the window,
+    a structure the transformer and MLP LMs do not have; ``nn.LSTM`` keeps each layer's four
+    gates in one ``4 * hidden`` x ``input`` matrix.
+    """
+
+    def __init__(self, embed: int = 64, hidden: int = 256, layers: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB_SIZE, embed)
+        self.lstm = nn.LSTM(embed, hidden, num_layers=layers, batch_first=True)
+        self.head = nn.Linear(hidden, VOCAB_SIZE)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.lstm(self.embed(tokens))[0])
+
+
+class DigitsResNet(nn.Module):
+    """Residual conv blocks with BatchNorm for the 8x8 digit images.
+
+    BatchNorm's running statistics are buffers: DDP broadcasts them from rank 0 before every
+    forward (``broadcast_buffers=True``), a collective of its own beside the gradients'.
+    """
+
+    def __init__(self, channels: int = 32, blocks: int = 2) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(1, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels), nn.ReLU()
+        )
+        self.blocks = nn.ModuleList(_ResidualBlock(channels) for _ in range(blocks))
+        self.head = nn.Linear(channels * 4 * 4, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(torch.max_pool2d(h, 2).flatten(1))
+
+
+class _ResidualBlock(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.norm1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.norm2 = nn.BatchNorm2d(channels)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.norm1(self.conv1(h)))
+        return torch.relu(h + self.norm2(self.conv2(x)))
+
+
 class DigitsMLP(nn.Module):
     """A two-hidden-layer MLP classifier for the 8x8 digit images (flattened)."""
 

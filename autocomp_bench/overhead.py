@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--task",
         default=DEFAULT_TASK,
-        help=f"{DEFAULT_TASK} (default) or a time-to-accuracy task (cnn, mlp-lm, gpt, ngram)",
+        help=f"{DEFAULT_TASK} (default) or a task of autocomp_bench.tasks (cnn, gpt, lstm-lm, ...)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write results here")
     args = parser.parse_args(argv)

@@ -521,7 +521,8 @@ Profile <code>{esc(advice.profile_path)}</code> of {profile.created}, {esc(profi
 <p class="small">link/rank: bytes each rank sends per step (ring all-reduce 2(N-1)/N of the
 payload, all-gather N-1 payloads). comm: collectives plus decode. compress: sending-side work
 on the backward's thread. exposed: communication left after the backward. efficiency:
-compute-only step / predicted step. error: gradient-weighted one-step relative error.</p>
+compute-only step / predicted step. error: gradient-weighted relative error in use (under
+error feedback).</p>
 <h2>Step time against bandwidth ({scenario.world_size} ranks,
 {esc(format_seconds(scenario.latency_s))}/hop)</h2>
 {line}

@@ -99,12 +99,19 @@ def judge(whatif: WhatIfModel, evaluation: Evaluation) -> Verdict:
             reasons=tuple(reasons),
             top_layers=top,
         )
-    fastest = min(compressed, key=lambda r: (r.step_s, r.rel_error))
-    near = [r for r in compressed if r.step_s <= fastest.step_s * (1 + cfg.near_best)]
+    # Only what the policy could run is advised (its candidates, and the adaptive plan); a
+    # faster option it leaves out on evidence is named, not recommended.
+    offered_keys = {o.key for o in whatif.config.options if whatif.offered(o)}
+    eligible = [r for r in compressed if r.key in offered_keys] or compressed
+    fastest = min(eligible, key=lambda r: (r.step_s, r.rel_error))
+    near = [r for r in eligible if r.step_s <= fastest.step_s * (1 + whatif.near_best)]
     choice = min(near, key=lambda r: (r.rel_error, r.step_s))
-    # Progress per second decides, as in the engine's search: a slower option outside the
-    # near-best band wins when its error costs that much less of each step's progress.
-    by_rate = max(compressed, key=lambda r: (r.progress / r.step_s, -r.rel_error))
+    # Progress per second decides, as in the engine's search: a slower, more accurate option
+    # outside the near-best band wins when its error costs that much less of each step's
+    # progress. Like the engine's ascent it only climbs towards accuracy: the band already
+    # chose least error among the equally fast, and rate alone would undo that.
+    accurate = [r for r in eligible if r.progress >= choice.progress]
+    by_rate = max(accurate, key=lambda r: (r.progress / r.step_s, -r.rel_error))
     if by_rate.progress / by_rate.step_s > choice.progress / choice.step_s:
         choice = by_rate
     gain = none.step_s / choice.step_s - 1.0
@@ -112,14 +119,14 @@ def judge(whatif: WhatIfModel, evaluation: Evaluation) -> Verdict:
         f"{choice.label}: step {format_seconds(choice.step_s)} ({gain:+.0%} throughput "
         f"against uncompressed), efficiency {choice.efficiency:.0%}, "
         f"{format_bytes(choice.link_bytes)} per rank on the link, compression work "
-        f"{format_seconds(choice.compress_s)}, gradient-weighted one-step error "
+        f"{format_seconds(choice.compress_s)}, gradient-weighted error in use "
         f"{choice.rel_error:.2g}"
     )
     if choice is not fastest and choice in near:
         detail += (
             f"; {fastest.label} is fastest ({format_seconds(fastest.step_s)}) but loses "
             f"more of the gradient (error {fastest.rel_error:.2g}), and is within "
-            f"{cfg.near_best:.0%}"
+            f"{whatif.near_best:.0%}"
         )
     elif choice is not fastest:
         detail += (
@@ -128,6 +135,15 @@ def judge(whatif: WhatIfModel, evaluation: Evaluation) -> Verdict:
             f"{choice.progress:.0%}, so it learns less per second"
         )
     reasons.append(detail)
+    left_out = [r for r in compressed if r not in eligible and r.step_s < choice.step_s]
+    if left_out:
+        quicker = min(left_out, key=lambda r: r.step_s)
+        reasons.append(
+            f"{quicker.label} predicts a shorter step ({format_seconds(quicker.step_s)}) but "
+            f"is not among the {whatif.rules.name} policy's candidates, so the adaptive "
+            "controller would not run it (docs/policy.md says why the default preset stops "
+            "at PowerSGD rank 4: rank 1 learned less per second in training)"
+        )
     gathered = [
         r.label for r in compressed if r.key.startswith("topk") and r.link_bytes > none.link_bytes
     ]

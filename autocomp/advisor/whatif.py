@@ -68,6 +68,7 @@ from autocomp.policy.engine import (
     PolicyEngine,
     StepTiming,
 )
+from autocomp.policy.priors import built
 from autocomp.policy.rules import PolicyRules, load_policy
 
 logger = logging.getLogger(__name__)
@@ -259,7 +260,7 @@ class OptionResult:
     """uncompressed step / this step."""
     overlap: float
     rel_error: float
-    """Gradient-norm-weighted relative compression error of one step (0 = exact)."""
+    """Gradient-norm-weighted relative compression error in use (0 = exact), per step."""
     progress: float = 1.0
     """Share of an uncompressed step's training progress one step delivers, as the engine
     prices errors: 1 - error_cost x the family-weighted mean squared error."""
@@ -304,6 +305,15 @@ class Evaluation:
         raise KeyError(key)
 
 
+def _same_setting(a: Compressor, b: Compressor) -> bool:
+    """One compressor at one setting, whether or not it keeps a residual."""
+
+    def setting(c: Compressor) -> tuple[str, dict[str, Any]]:
+        return c.name, {k: v for k, v in c.config.items() if k != "ef"}
+
+    return setting(a) == setting(b)
+
+
 # ---- the model -------------------------------------------------------------------------------
 
 
@@ -324,8 +334,9 @@ class WhatIfModel:
         """'compress' when the chosen option is at least this much faster (10%)."""
         min_gain: float = 0.03
         """'does not pay' below this gain (3%, the noise of step-time measurements)."""
-        near_best: float = 0.05
-        """Options within this of the fastest count as equally fast; least error wins."""
+        near_best: float | None = None
+        """Options within this of the fastest count as equally fast; least error wins (None:
+        the policy's ``time_slack``, the band the engine's search uses)."""
         hidden_fraction: float = 0.05
         """Uncompressed exposed time below this share of the step: 'the link hides it'."""
 
@@ -336,6 +347,8 @@ class WhatIfModel:
                 raise ValueError("need 0 <= min_gain <= compress_gain")
             if self.target_overlap is not None and not 0 < self.target_overlap <= 1:
                 raise ValueError(f"target_overlap must be in (0, 1], got {self.target_overlap}")
+            if self.near_best is not None and not 0 <= self.near_best < 1:
+                raise ValueError(f"near_best must be in [0, 1), got {self.near_best}")
 
     def __init__(
         self, profile: Profile, model_index: int | None = None, config: Config | None = None
@@ -350,6 +363,10 @@ class WhatIfModel:
             if self.config.target_overlap is not None
             else self.rules.target_overlap
         )
+        self.near_best = (
+            self.config.near_best if self.config.near_best is not None else self.rules.time_slack
+        )
+        """The verdict's band of equally fast options."""
         self.layers = {layer.name: layer for layer in self.model.layers}
         self._compressors: dict[str, Compressor] = {}
         self._cost_models: dict[int, CostModel] = {}
@@ -408,23 +425,38 @@ class WhatIfModel:
         }
 
     def rel_error(self, spec: str, layer: LayerInfo) -> float:
-        """Measured one-step error for this spec and shape if any, else the engine's prior."""
+        """The error in use for this spec and shape: the measured one-step error (floored by
+        the in-use prior where that understates it, :meth:`ErrorPriors.in_use`), else the
+        engine's prior. The engine behind the adaptive plan sees the same numbers."""
         compressor = self.compressor(spec)
         if type(compressor) is NoCompression:
             return 0.0
+        shape = torch.Size(layer.shape)
         measured = self.profile.measurement(compressor.spec, layer.shape)
         if measured is not None and measured.rel_error is not None:
-            return measured.rel_error
-        return self._priors.rel_error(compressor, torch.Size(layer.shape))
+            return self._priors.in_use(compressor, shape, measured.rel_error)
+        return self._priors.rel_error(compressor, shape)
+
+    def offered(self, option: Option) -> bool:
+        """Whether the policy could run ``option``: the adaptive plan, or a uniform option
+        whose compressor (error feedback aside) is among the policy's candidates. The verdict
+        recommends only these; the default preset leaves PowerSGD rank 1 out on evidence
+        (docs/policy.md, "why no rank 1"), and a faster-looking rank 1 is shown, not advised."""
+        if option.spec is None:
+            return True
+        compressor = self.compressor(option.spec)
+        return any(_same_setting(compressor, built(spec)) for spec in self.rules.candidates)
 
     def layer_profiles(self) -> list[LayerProfile]:
         """The engine's view of the layers: shapes, buckets, norms, measured errors."""
         out = []
         for layer in self.model.layers:
             errors = {}
+            shape = torch.Size(layer.shape)
             for item in self.profile.compressors:
                 if item.shape == layer.shape and item.rel_error is not None:
-                    errors[item.spec] = item.rel_error
+                    compressor = self.compressor(item.spec)
+                    errors[item.spec] = self._priors.in_use(compressor, shape, item.rel_error)
             norm = layer.grad_norm if math.isfinite(layer.grad_norm) else 0.0
             out.append(
                 LayerProfile(
@@ -605,7 +637,7 @@ class WhatIfModel:
         )
 
     def plan_error(self, plan: Mapping[str, str]) -> float:
-        """sqrt(sum e_l^2 |g_l|^2 / sum |g_l|^2): one step's error relative to the gradient."""
+        """sqrt(sum e_l^2 |g_l|^2 / sum |g_l|^2): a step's error in use over its gradient's norm."""
         return math.sqrt(self._mean_squared_error(plan, by_norm=True, by_family=False))
 
     def plan_progress(self, plan: Mapping[str, str]) -> float:

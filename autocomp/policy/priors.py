@@ -125,6 +125,26 @@ class ErrorPriors:
     0.35). A sparsifier starves most coordinates for several steps, while a low-rank
     approximation moves every weight along the gradient's leading directions each step."""
 
+    in_use_families: tuple[str, ...] = ("powersgd", "topk")
+    """Families whose prior is an error measured in use, under error feedback and warm starts,
+    and whose one-step error on a fresh gradient understates it (see :meth:`in_use`)."""
+
+    def in_use(self, compressor: Compressor, shape: torch.Size, one_step: float) -> float:
+        """The error to plan with, from one measured on a single fresh gradient.
+
+        PowerSGD's and top-k's error in training comes from the residual that error feedback
+        carries and, for PowerSGD, from a warm start one power iteration behind a gradient
+        that changes every step; a fresh gradient, early in training, is far more low-rank
+        than that. On the LSTM LM (``lstm-lm``, 1024x256 recurrent matrix, 2026-11-26) rank 4
+        measured 0.04 on step 0's gradient, 0.38 on step 200's, and 0.90 in use (error
+        feedback over 40 steps from step 200); rank 1 0.70, 0.82 and 0.98. So for these
+        families the in-use prior is a floor under the one-step figure; the quantizers' error
+        does not depend on the history (int8 0.005 either way) and is taken as measured.
+        """
+        if compressor.name not in self.in_use_families:
+            return one_step
+        return max(one_step, self.rel_error(compressor, shape))
+
     def progress_weight(self, compressor: Compressor) -> float:
         """The weight of ``compressor``'s squared error in the progress it costs (see
         ``progress_weight_by_family``)."""

@@ -591,12 +591,17 @@ class AdaptiveLoop:
         group = self.state.link_group
         device = collective_device(group)
         raw = sum(slot.shape.numel() * slot.dtype.itemsize for slot in self.state.slots.values())
+        hierarchy = self.state.hierarchy
+        node = None
+        if hierarchy is not None and hierarchy.local_world_size > 1:
+            node = hierarchy.groups.intra
         agreed = self._prober.opening(
             raw,
             self.first_forward_seconds,
             device,
             group,
             opening_ratio=self.planner.config.opening_ratio,
+            node=node,
         )
         slowest_forward, missing = agreed.slowest_forward_seconds, agreed.forward_missing
         probe = (agreed.payload_bytes * self.state.link_share, agreed.seconds)

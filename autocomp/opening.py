@@ -125,6 +125,7 @@ class ProbeRunner:
         device: torch.device,
         group: dist.ProcessGroup | None,
         opening_ratio: float | None = None,
+        node: dist.ProcessGroup | None = None,
     ) -> OpeningProbe:
         """Grow the probe from ``OPENING_PROBE_START_BYTES`` by 4x until a timed pass takes
         ``OPENING_PROBE_SECONDS`` (latency is then a rounding error) or it reaches the
@@ -134,7 +135,16 @@ class ProbeRunner:
 
         ``opening_ratio``: the communication-to-compute ratio at which the opening decides
         (``WindowPlanner.Config.opening_ratio``). Given it, the growth also stops once the
-        link is plainly fast (``OPENING_FAST_MARGIN``)."""
+        link is plainly fast (``OPENING_FAST_MARGIN``).
+
+        ``node``: with a hierarchy, ``group`` is this rank's cross-node group, one of the L
+        that share the node's link, and ``node`` the ranks of this rank's node. Each round's
+        agreement then also takes the node's MAX of its groups' figures, so that every group
+        grows and stops in step and the node's reading is its slowest flow: the L groups
+        probe the one link together, as the hook's owners send. Agreed within each group
+        alone, the groups stopped at different rounds (two nodes of two ranks, LSTM LM,
+        2026-11-26: one group at 64 KB, the other at 256 KB, each with its own forward
+        time), and rank 0's group read a 200 Mbit/s link at 147 Mbit/s."""
         cap = max(OPENING_PROBE_START_BYTES, min(raw_bytes, OPENING_PROBE_MAX_BYTES))
         size = OPENING_PROBE_START_BYTES
         while True:
@@ -149,6 +159,12 @@ class ProbeRunner:
                 dtype=torch.float64,
             ).to(device)
             dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
+            if node is not None:
+                # The group's fastest pass (skew-free) is its flow's time; the node's link is
+                # busy until its slowest flow ends: MAX of the seconds, so negate back.
+                agreed[0] = -agreed[0]
+                dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=node)
+                agreed[0] = -agreed[0]
             least, slowest_forward, missing = agreed.cpu().tolist()
             fast = (
                 opening_ratio is not None
@@ -162,8 +178,8 @@ class ProbeRunner:
                 / OPENING_FAST_MARGIN
             )
             if -least >= OPENING_PROBE_SECONDS or size >= cap or fast:
-                contention = self.contention(size, -least, device, group)
-                halves = self.half_sums(size, -least, device, group)
+                contention = self.contention(size, -least, device, group, node)
+                halves = self.half_sums(size, -least, device, group, node)
                 return OpeningProbe(
                     size, -least, slowest_forward, missing != 0.0, contention, halves
                 )
@@ -175,6 +191,7 @@ class ProbeRunner:
         transfer_seconds: float,
         device: torch.device,
         group: dist.ProcessGroup | None,
+        node: dist.ProcessGroup | None = None,
     ) -> float:
         """Compute seconds a transfer takes from this machine's compute, per byte a rank sends:
         the most any rank measured, agreed through one all-reduce.
@@ -226,6 +243,8 @@ class ProbeRunner:
             local = slowdown / overlapped
         agreed = torch.tensor([local], dtype=torch.float64).to(device)
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
+        if node is not None:
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=node)
         return float(agreed.item())
 
     def half_sums(
@@ -234,6 +253,7 @@ class ProbeRunner:
         float_seconds: float,
         device: torch.device,
         group: dist.ProcessGroup | None,
+        node: dist.ProcessGroup | None = None,
     ) -> tuple[float, ...]:
         """Per type of ``cost_model.HALF_DTYPES`` (float16, bfloat16): seconds per element an
         all-reduce of halves costs beyond half the float32 probe's time, agreed as the
@@ -260,6 +280,10 @@ class ProbeRunner:
         ]
         agreed = torch.tensor(local, dtype=torch.float64)
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
+        if node is not None:  # the node's slowest flow, as for the float32 probe
+            agreed = -agreed
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=node)
+            agreed = -agreed
         bytes_only = float_seconds / 2
         extras = [seconds - bytes_only for seconds in (-agreed).tolist()]
         return tuple(e / numel if e > 0.2 * bytes_only else 0.0 for e in extras)

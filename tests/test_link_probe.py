@@ -179,6 +179,44 @@ def test_the_opening_probe_stops_growing_on_a_plainly_fast_link(tmp_path: Path) 
     assert grown > OPENING_PROBE_START_BYTES and blind > OPENING_PROBE_START_BYTES
 
 
+def _opening_on_two_nodes(rank: int, world: int) -> dict[str, Any]:
+    """Two nodes of two ranks: cross-node groups {0, 2} and {1, 3}, nodes {0, 1} and {2, 3}.
+    The first group's ranks report a long forward (its pass alone says "plainly fast"), the
+    second's a very short one (grow on)."""
+    import torch.distributed as dist
+
+    from autocomp.opening import ProbeRunner
+
+    cross = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    nodes = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    group, node = cross[rank % 2], nodes[rank // 2]
+    forward = 10.0 if rank % 2 == 0 else 1e-6
+    cpu = torch.device("cpu")
+    alone = ProbeRunner().opening(8 << 20, forward, cpu, group, opening_ratio=5.0)
+    together = ProbeRunner().opening(8 << 20, forward, cpu, group, opening_ratio=5.0, node=node)
+    return {"alone": alone.payload_bytes, "together": together}
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(180)
+def test_the_opening_of_a_hierarchy_agrees_across_the_node(tmp_path: Path) -> None:
+    """With a hierarchy each rank probes over its cross-node group, and the node's groups
+    share one link. Agreed within each group alone, the groups stopped at different rounds
+    (one at 64 KB, one grown on), and rank 0 read its group's flow, not the node's. With the
+    node's agreement every rank ends with the same probe: the same size, the node's slowest
+    flow, the slowest forward, and the same contention and half-sum readings."""
+    from autocomp.opening import OPENING_PROBE_START_BYTES
+
+    ranks = run_ranks(_opening_on_two_nodes, 4, tmp_path / "ranks")
+    alone = [r["alone"] for r in ranks]
+    assert alone[0] == alone[2] == OPENING_PROBE_START_BYTES
+    assert alone[1] == alone[3] > OPENING_PROBE_START_BYTES
+    together = [r["together"] for r in ranks]
+    assert all(t == together[0] for t in together), together
+    assert together[0].slowest_forward_seconds == 10.0
+    assert together[0].payload_bytes == OPENING_PROBE_START_BYTES
+
+
 @pytest.mark.multirank
 @pytest.mark.timeout(120)
 def test_probe_lifts_a_stuck_slow_estimate_on_every_rank_alike(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ rank before any collective could be left waiting for it.
 from __future__ import annotations
 
 import gc
+import glob
 import logging
 import warnings
 import zlib
@@ -40,7 +41,7 @@ from autocomp.env import (
 )
 from autocomp.hook import autocomp_hook
 from autocomp.hook_hierarchy import HierarchicalReduce, hierarchical_hook
-from autocomp.hook_layer import LayerSlot
+from autocomp.hook_layer import LayerSlot, is_identity
 from autocomp.hook_state import HookState
 from autocomp.plan import Plan, assignment_digest
 from autocomp.policy.rules import PolicyRules
@@ -139,11 +140,18 @@ def bind(
     world_size = dist.get_world_size(process_group)
     module = model.module if isinstance(model, DistributedDataParallel) else model
     params = {n: p for n, p in module.named_parameters() if p.requires_grad}
+    sparse = sparse_gradient_names(module, params)
+    rules = resolved.rules
     problem: Exception | None = None
     if not params:
         problem = ValueError("the model has no parameters that require gradients; nothing to wrap")
+    elif pinned := sorted(n for n, c in rules.resolve(sparse).items() if not is_identity(c)):
+        problem = ValueError(
+            f"autocomp plan: {', '.join(pinned)} get sparse gradients (an embedding with "
+            "sparse=True), which are sent as DDP sends them and never compressed; pin them "
+            "to 'none' or leave them out of the plan"
+        )
     raise_together(problem, process_group, "autocomp setup")
-    rules = resolved.rules
     for pattern in rules.unmatched_patterns(params):
         message = f"autocomp plan: glob {pattern!r} matches no parameter of the model"
         warnings.warn(message, UserWarning, stacklevel=3)
@@ -172,7 +180,13 @@ def bind(
     require_same_on_all_ranks(digest, process_group, "the autocomp configuration (or the model)")
 
     slots = {
-        name: LayerSlot(name=name, shape=p.shape, dtype=p.dtype, seed=layer_seed(base_seed, name))
+        name: LayerSlot(
+            name=name,
+            shape=p.shape,
+            dtype=p.dtype,
+            seed=layer_seed(base_seed, name),
+            sparse=name in sparse,
+        )
         for name, p in params.items()
     }
     state = HookState(
@@ -184,7 +198,7 @@ def bind(
         check_wire_bytes=AUTOCOMP_CHECK_WIRE_BYTES.get(),
     )
     state.assign(assignment)
-    state.hierarchy = _hierarchy(source.hierarchy, process_group)
+    state.hierarchy = _hierarchy(source.hierarchy, process_group, sparse)
     if not resolved.adaptive and resolved.warmup_steps:
         for slot in slots.values():
             slot.uncompressed_until = resolved.warmup_steps
@@ -214,11 +228,33 @@ def bind(
     return controller
 
 
-def _hierarchy(setting: str | bool, group: dist.ProcessGroup | None) -> HierarchicalReduce | None:
+def sparse_gradient_names(module: torch.nn.Module, params: Mapping[str, Any]) -> list[str]:
+    """Parameters whose gradient DDP hands the hook as a sparse tensor: the weights of
+    ``nn.Embedding`` and ``nn.EmbeddingBag`` built with ``sparse=True`` (DDP's own test).
+    Each sits alone in its bucket; the hook all-reduces it as DDP would (gloo sums sparse
+    tensors) and never compresses it, since no compressor here takes a sparse tensor."""
+    names = []
+    for prefix, sub in module.named_modules():
+        if isinstance(sub, torch.nn.Embedding | torch.nn.EmbeddingBag) and sub.sparse:
+            name = f"{prefix}.weight" if prefix else "weight"
+            if name in params:
+                names.append(name)
+    return names
+
+
+def _hierarchy(
+    setting: str | bool, group: dist.ProcessGroup | None, sparse: list[str] | None = None
+) -> HierarchicalReduce | None:
     """The two-level reduce's runtime when ``setting`` asks for it and the job has the nodes
-    (collective; the same answer, or the same error, on every rank)."""
+    (collective; the same answer, or the same error, on every rank). The two-level reduce
+    stages dense buckets; a model with sparse gradients stays flat (``True``: an error)."""
     if setting is False:
         return None
+    if sparse and setting is True:  # every rank has the same model (checked): same error
+        raise ValueError(
+            f"hierarchy=True: {', '.join(sparse)} get sparse gradients, which the two-level "
+            "reduce cannot stage; use hierarchy=False"
+        )
     topology, unknown = detect_topology(group)
     problem: Exception | None = None
     use = False
@@ -237,6 +273,14 @@ def _hierarchy(setting: str | bool, group: dist.ProcessGroup | None) -> Hierarch
     if not use:
         if setting == "auto" and topology.num_nodes > 1 and dist.get_rank(group) == 0:
             logger.info("autocomp: %s, flat reduce", topology.describe())
+        return None
+    if sparse:
+        if dist.get_rank(group) == 0:
+            logger.warning(
+                "autocomp: hierarchy='auto' falls back to a flat reduce: %s get sparse "
+                "gradients, which the two-level reduce cannot stage",
+                ", ".join(sparse),
+            )
         return None
     return HierarchicalReduce(build_hierarchy_groups(topology), dist.get_rank(group))
 
@@ -268,7 +312,11 @@ def _adaptive_loop(
         quiet_window_seconds=float(source.quiet_window_seconds),
     )
     AdaptiveLoop.validate(config)
-    pins = [(r.pattern, r.compressor.spec) for r in resolved.rules.rules]
+    # Sparse gradients are never compressed: exact-name pins ahead of the plan's (which bind
+    # has checked do not compress them), so the engine never plans for them.
+    sparse = [glob.escape(name) for name, slot in state.slots.items() if slot.sparse]
+    pins = [(name, "none") for name in sparse]
+    pins += [(r.pattern, r.compressor.spec) for r in resolved.rules.rules]
     runlog = None
     loop = None
     problem: Exception | None = None

@@ -149,15 +149,21 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
     if not state.enabled or all(state.sends_plain(s) for s in layout.slots):
         if pending is not None:
             launch_prepared_round(state, pending)
+        sparse = buffer.is_sparse  # one embedding's sparse gradient, alone in its bucket
         for slot, offset in zip(layout.slots, layout.offsets, strict=True):
-            size = slot.numel * slot.dtype.itemsize
+            size = _sparse_bytes(buffer) if sparse else slot.numel * slot.dtype.itemsize
             slot.bytes_sent += size
             slot.bytes_raw += size
             if sample and profiler is not None:
-                sample_plain(slot, buffer[offset : offset + slot.numel], profiler)
+                grad = buffer if sparse else buffer[offset : offset + slot.numel]
+                sample_plain(slot, grad, profiler)
         fut = dist.all_reduce(buffer, group=group, async_op=True).get_future()
         if profiler is not None:
-            profiler.collective(Collective.ALL_REDUCE, buffer.numel() * buffer.element_size(), fut)
+            # A sparse all-reduce gathers every rank's indices and values: not an all-reduce
+            # of its bytes, so the link meter does not see it (the step still times it).
+            if not sparse:
+                nbytes = buffer.numel() * buffer.element_size()
+                profiler.collective(Collective.ALL_REDUCE, nbytes, fut)
             profiler.hook_exited(entered)
         if is_last:
             state.step += 1
@@ -338,6 +344,12 @@ def launch_bucket(
         work.futures.append(fut)
         if profiler is not None:
             profiler.collective(Collective.ALL_GATHER, local.numel() * work.link_share, fut)
+
+
+def _sparse_bytes(tensor: torch.Tensor) -> int:
+    """What a rank contributes of a sparse COO tensor: its values and int64 indices."""
+    values, indices = tensor._values(), tensor._indices()
+    return values.numel() * values.element_size() + indices.numel() * indices.element_size()
 
 
 def _flat(parts: list[_Part]) -> torch.Tensor:

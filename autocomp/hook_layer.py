@@ -58,6 +58,9 @@ class LayerSlot:
     """Bytes an uncompressed all-reduce would have sent, all steps."""
     uncompressed_until: int = 0
     """Send uncompressed while the hook's step is below this (after a non-finite average)."""
+    sparse: bool = False
+    """DDP hands this gradient as a sparse tensor (an embedding with ``sparse=True``): it is
+    all-reduced as it is, alone in its bucket, and never compressed."""
 
     @property
     def numel(self) -> int:
@@ -196,6 +199,8 @@ def encode_locally(slot: LayerSlot, grad: torch.Tensor, state: Any) -> tuple[tor
 
 
 def sample_plain(slot: LayerSlot, grad: torch.Tensor, profiler: StepProfiler) -> None:
+    if grad.is_sparse:  # repeated indices add up: the norm is of the coalesced values
+        grad = grad.coalesce().values()
     norm = torch.linalg.vector_norm(grad, dtype=torch.float32)
     profiler.layer_sample(slot.name, slot.compressor.spec, grad_norm=norm)
 

@@ -186,6 +186,13 @@ class HookState:
         changed = []
         for name, compressor in assignment.items():
             slot = self.slots[name]
+            if slot.sparse and not is_identity(compressor):
+                # wrap pins these to 'none'; an operator's override may still ask. Every rank
+                # gets the same assignment, so every rank refuses alike.
+                logger.warning(
+                    "autocomp: %s has sparse gradients; %s refused", name, compressor.spec
+                )
+                continue
             if slot.compressor == compressor:
                 continue
             slot.compressor = compressor

@@ -179,6 +179,93 @@ def _resume(rank: int, world_size: int, ckpt_dir: str) -> dict[str, Any]:
     }
 
 
+class SparseEmbeddingNet(nn.Module):
+    """A bag of tokens through an embedding with ``sparse=True`` (a recommender's shape), then
+    dense layers: DDP hands the embedding's gradient to the hook as a sparse tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(512, 32, sparse=True)
+        self.fc1 = nn.Linear(32, 64)
+        self.fc2 = nn.Linear(64, 10)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(self.emb(tokens).mean(1))))
+
+
+def _sparse_run(rank: int, plan: dict[str, str] | None, adaptive: bool) -> dict[str, Any]:
+    torch.manual_seed(0)
+    ddp = DDP(SparseEmbeddingNet())
+    ctl = None
+    if plan is not None or adaptive:
+        ctl = autocomp.wrap(ddp, plan=plan, window=3, warmup_steps=2, run_dir=False)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.5)
+    generator = torch.Generator().manual_seed(rank)
+    for _ in range(8):
+        tokens = torch.randint(0, 512, (16, 6), generator=generator)
+        labels = torch.randint(0, 10, (16,), generator=generator)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(tokens), labels).backward()
+        opt.step()
+    out: dict[str, Any] = {"emb": ddp.module.emb.weight.detach().clone()}
+    out["params"] = torch.cat([p.detach().reshape(-1) for p in ddp.parameters()])
+    if ctl is not None:
+        out["plan"] = dict(ctl.plan)
+        out["sparse_bytes"] = ctl.stats()["layers"]["emb.weight"]["bytes_sent"]
+        # An operator's override may still ask for a compressor: the hook state refuses it.
+        ctl._state.assign({"emb.weight": autocomp.build_compressor("powersgd:rank=2")})
+        out["after_override"] = ctl.plan["emb.weight"]
+        ctl.close()
+    return out
+
+
+def _sparse_gradients(rank: int, world_size: int) -> dict[str, Any]:
+    plain = _sparse_run(rank, None, adaptive=False)
+    static = _sparse_run(rank, {"fc1.weight": "powersgd:rank=2"}, adaptive=False)
+    uncompressed = _sparse_run(rank, {"*": "none"}, adaptive=False)
+    adaptive = _sparse_run(rank, None, adaptive=True)
+    pinned = _error_of(
+        lambda: autocomp.wrap(DDP(SparseEmbeddingNet()), plan={"*.weight": "powersgd:rank=2"})
+    )
+    two_level = _error_of(lambda: autocomp.wrap(DDP(SparseEmbeddingNet()), hierarchy=True))
+    return {
+        "plain": plain,
+        "static": static,
+        "uncompressed": uncompressed,
+        "adaptive": adaptive,
+        "pinned": pinned,
+        "two_level": two_level,
+    }
+
+
+def test_sparse_embedding_gradients_are_sent_as_ddp_sends_them(tmp_path: Path) -> None:
+    """``nn.Embedding(sparse=True)`` gives DDP a sparse gradient, alone in its bucket. The hook
+    all-reduces it as DDP does and never compresses it: an all-``none`` plan trains exactly
+    like plain DDP, a plan compressing a dense layer beside it trains with the embedding's
+    average intact on every rank, and adaptive mode keeps it on ``none`` even when asked
+    otherwise. A plan that would compress it, or ``hierarchy=True``, is a clear error on
+    every rank. (Before, the hook crashed mid-backward slicing the sparse tensor.)"""
+    zero, one = run_ranks(_sparse_gradients, 2, tmp_path / "ranks")
+    for out in (zero, one):
+        assert torch.allclose(out["uncompressed"]["params"], out["plain"]["params"], atol=1e-6)
+        assert out["static"]["plan"]["fc1.weight"].startswith("powersgd")
+        assert out["static"]["plan"]["emb.weight"] == "none"
+        assert out["adaptive"]["plan"]["emb.weight"] == "none"
+        for run in ("static", "uncompressed", "adaptive"):
+            assert out[run]["after_override"] == "none"
+            # Only the rows a step touched: far under the dense 512 x 32 float32 (64 KiB).
+            assert 0 < out[run]["sparse_bytes"] < 8 * 512 * 32 * 4
+        assert out["pinned"].startswith("ValueError") and "sparse gradients" in out["pinned"]
+        assert "emb.weight" in out["pinned"]
+        assert out["two_level"].startswith("ValueError") and "hierarchy=False" in out["two_level"]
+    for run in ("plain", "static", "uncompressed", "adaptive"):
+        assert torch.equal(zero[run]["params"], one[run]["params"]), run
+    # The compressed dense layer changes the trajectory, not the embedding's averaging:
+    # rows no rank ever touched keep their initial values in every run.
+    untouched = (zero["plain"]["emb"] == zero["static"]["emb"]).all(dim=1)
+    assert untouched.any()
+
+
 def test_resume_is_bit_identical(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()

@@ -69,7 +69,7 @@ from autocomp.compressors import Collective, build_compressor
 from autocomp.cost_model import CostModel
 from autocomp.hook import autocomp_hook
 from autocomp.hook_state import HookState
-from autocomp.link_model import LinkEstimate
+from autocomp.link_model import LinkEstimate, link_bytes
 from autocomp.plan import load_plan
 from autocomp.policy.priors import ErrorPriors
 from autocomp.policy.rules import PolicyRules, available_policies, load_policy
@@ -386,6 +386,48 @@ def test_the_verdicts_band_of_equally_fast_options_is_the_policys_time_slack() -
     assert choices == {0.03: "powersgd-r1", 0.10: "powersgd-r4"}
     with pytest.raises(ValueError, match="near_best"):
         WhatIfModel.Config(near_best=1.5)
+
+
+def _with_sparse_embedding(sparse_bytes: int = 300_000) -> Profile:
+    """``make_profile`` plus a 100000x64 embedding with ``sparse=True`` (25.6 MB dense), alone
+    in its bucket, whose steps touched ``sparse_bytes`` of rows and indices per rank."""
+    profile = make_profile()
+    (model,) = profile.models
+    emb = LayerInfo(
+        name="emb.weight", shape=(100_000, 64), bucket=2, grad_norm=0.2, sparse_bytes=sparse_bytes
+    )
+    bucket = BucketInfo(index=2, params=("emb.weight",), bytes=25_600_000, ready_s=0.029)
+    model = dataclasses.replace(
+        model, layers=(*model.layers, emb), buckets=(*model.buckets, bucket)
+    )
+    return dataclasses.replace(profile, models=(model,))
+
+
+def test_a_sparse_gradient_is_sent_as_ddp_sends_it_and_never_compressed() -> None:
+    """An embedding with ``sparse=True`` is never compressed (``wrap`` refuses to), and its
+    traffic is gloo's sparse all-reduce: every rank's rows and indices gathered, not its dense
+    25.6 MB summed. The what-if, the adaptive plan, the byte ranking and the profile file
+    all say so."""
+    dense = WhatIfModel(make_profile())
+    model = WhatIfModel(_with_sparse_embedding())
+    assert model.layers["emb.weight"].sparse and not model.eligible(model.layers["emb.weight"])
+    assert model.uniform_plan("powersgd:rank=4")["emb.weight"] == "none"
+    slow = scenario(0.05)
+    evaluation = model.evaluate(slow)
+    assert evaluation.result("adaptive").plan["emb.weight"] == "none"
+    assert evaluation.result("adaptive").plan["big.weight"] != "none"
+    none_plan = model.uniform_plan("none")
+    _, _, sent = model.simulate(none_plan, slow)
+    _, _, sent_dense = dense.simulate(dense.uniform_plan("none"), slow)
+    assert sent - sent_dense == pytest.approx(link_bytes(Collective.ALL_GATHER, 300_000, 8))
+    top = dict((name, size) for name, size, _ in model.top_layers())
+    assert top["emb.weight"] == 300_000 and model.model.total_bytes < 5_000_000
+    # The profile file keeps the field; dense layers leave it out; bad values are refused.
+    layer = model.layers["emb.weight"]
+    assert LayerInfo.from_dict(layer.to_dict(), "layer").sparse_bytes == 300_000
+    assert "sparse_bytes" not in model.layers["big.weight"].to_dict()
+    with pytest.raises(ProfileError, match="sparse_bytes"):
+        LayerInfo.from_dict({**layer.to_dict(), "sparse_bytes": -1}, "layer")
 
 
 def test_adaptive_plan_comes_from_the_policy_engine(whatif: WhatIfModel) -> None:
@@ -1259,3 +1301,48 @@ def test_profile_of_a_script_wrapped_by_autocomp_measures_through_its_hook(tmp_p
     assert model.timing.steps_used == 4 and model.timing.hook_s > 0
     assert 0 < model.timing.compute_step_s <= model.timing.step_s
     assert not any("UNRELIABLE" in note for note in profile.notes)
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(240)
+def test_profile_of_a_sparse_embedding_records_its_rows_not_its_table(tmp_path: Path) -> None:
+    """An ``nn.EmbeddingBag(sparse=True)`` reaches the capture as a sparse tensor: the profile
+    records the bytes of rows and indices one rank contributed per step (64 bags of 4 tokens:
+    256 rows of 16 floats, 256 int64 indices), its norm, and no traceback; the what-if never
+    compresses it. (Before, sampling it sliced a sparse tensor and logged a dispatcher dump.)"""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch, torch.distributed as dist\n"
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "torch.set_num_threads(1)\n"
+        "dist.init_process_group('gloo')\n"
+        "torch.manual_seed(0)\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.emb = torch.nn.EmbeddingBag(5000, 16, sparse=True)\n"
+        "        self.fc = torch.nn.Linear(16, 2)\n"
+        "    def forward(self, x):\n"
+        "        return self.fc(self.emb(x))\n"
+        "model = DDP(Net())\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "g = torch.Generator().manual_seed(dist.get_rank())\n"
+        "for step in range(20):\n"
+        "    x = torch.randint(0, 5000, (64, 4), generator=g)\n"
+        "    model(x).square().mean().backward()\n"
+        "    opt.step(); opt.zero_grad()\n"
+    )
+    done = run_advisor(
+        "profile", str(script), "--nproc", "2", "--steps", "5", "--out", str(tmp_path / "p.json"),
+        "--compressor-budget", "0",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "could not sample" not in done.stderr
+    profile = Profile.load(tmp_path / "p.json")
+    model = profile.model()
+    emb = model.layer("emb.weight")
+    assert emb.sparse_bytes == 256 * 16 * 4 + 256 * 8
+    assert emb.grad_norm > 0 and model.layer("fc.weight").sparse_bytes is None
+    whatif = WhatIfModel(profile)
+    evaluation = whatif.evaluate(scenario(0.05, world=4))
+    assert all(r.plan["emb.weight"] == "none" for r in evaluation.results)

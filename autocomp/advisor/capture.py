@@ -47,6 +47,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from autocomp.advisor.costs import eligible
 from autocomp.advisor.profile import BucketInfo, LayerInfo, ModelProfile, Timing
+from autocomp.attach import sparse_gradient_names
 from autocomp.compressors import Collective
 from autocomp.hook import autocomp_hook
 from autocomp.hook_layer import LayerSlot
@@ -168,6 +169,10 @@ class ModelCapture:
         """One real averaged gradient per eligible shape (rank 0), for the compressor costs;
         a zero one (a parameter unused in that step) is replaced by the next non-zero one."""
         self._zero_samples: set[tuple[int, ...]] = set()
+        self.sparse = set(sparse_gradient_names(ddp.module, dict(self.params)))
+        """Parameters with sparse gradients (embeddings with ``sparse=True``)."""
+        self.sparse_bytes: dict[str, list[int]] = {}
+        """Per step, the bytes of values and indices each sparse gradient held (rank 0's)."""
         self._layouts: dict[int, BucketLayout] = {}
         self._forward_started = 0.0
         self._pending_forward_s = 0.0
@@ -261,6 +266,8 @@ class ModelCapture:
 
         def hook(state, bucket):  # type: ignore[no-untyped-def]
             layout = self._layout(bucket)
+            if len(layout.names) == 1 and layout.names[0] in self.sparse:
+                self._note_sparse_size(layout.names[0], bucket.buffer())
             if reports_itself:
                 future = inner(state, bucket)  # the step listener runs inside
             else:
@@ -315,11 +322,15 @@ class ModelCapture:
         parameters from their first non-zero gradient. Only those: the norms run on the
         completion thread while the backward goes on, and timed steps must not pay for them.
         """
-        if not first and not self._unseen:
+        sparse = layout.names[0] in self.sparse if len(layout.names) == 1 else False
+        if not first and not self._unseen and not sparse:
             return
         try:
             value = future.value()
         except Exception:  # the collective failed; the script sees that error itself
+            return
+        if sparse:
+            self._sample_sparse(layout.names[0], value, first)
             return
         try:
             flat = value[0] if isinstance(value, (list, tuple)) else value
@@ -348,6 +359,33 @@ class ModelCapture:
                         self._zero_samples.add(key)
         except Exception:  # never break the user's training because of the profiler
             logger.exception("autocomp-advisor: could not sample the step's gradients")
+
+    def _note_sparse_size(self, name: str, grad: torch.Tensor) -> None:
+        """What this rank puts into a sparse gradient's collective, every step (the rows a
+        step touches vary): before the collective, whose result gathers every rank's."""
+        if grad.is_sparse:
+            values, indices = grad._values(), grad._indices()
+            size = values.numel() * values.element_size() + indices.numel() * indices.element_size()
+            self.sparse_bytes.setdefault(name, []).append(size)
+
+    def _sample_sparse(self, name: str, value: Any, first: bool) -> None:
+        """A sparse gradient's norm, from its averaged rows; it is never compressed, so no
+        gradient is kept for the compressor costs."""
+        try:
+            grad = value[0] if isinstance(value, (list, tuple)) else value
+            if not grad.is_sparse:
+                return
+            if first or name in self._unseen:
+                norm = float(
+                    torch.linalg.vector_norm(grad.coalesce().values(), dtype=torch.float64)
+                )
+                self.grad_norms[name] = norm
+                if norm > 0:
+                    self._unseen.discard(name)
+                else:
+                    self._unseen.add(name)
+        except Exception:  # never break the user's training because of the profiler
+            logger.exception("autocomp-advisor: could not sample a sparse gradient")
 
     def release(self) -> None:
         """Drop the references to the DDP model (and so its reducer); the records stay."""
@@ -445,6 +483,11 @@ class ModelCapture:
                 dtype=str(p.dtype).removeprefix("torch."),
                 bucket=bucket_of.get(name),
                 grad_norm=self.grad_norms.get(name, 0.0),
+                sparse_bytes=(
+                    round(statistics.median(self.sparse_bytes[name]))
+                    if self.sparse_bytes.get(name)
+                    else (0 if name in self.sparse else None)
+                ),
             )
             for name, p in self.params
         )

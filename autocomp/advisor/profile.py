@@ -164,10 +164,23 @@ class LayerInfo:
     """DDP bucket index after DDP's first-iteration rebuild (None if never seen)."""
     grad_norm: float = 0.0
     """L2 norm of the averaged gradient, first non-zero step (weighs compression error)."""
+    sparse_bytes: int | None = None
+    """For a sparse gradient (an embedding with ``sparse=True``): the median bytes of values
+    and indices one rank contributed per step, which a sparse all-reduce gathers from every
+    rank; None for a dense gradient. Sparse gradients are never compressed."""
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def sparse(self) -> bool:
+        return self.sparse_bytes is not None
+
+    @property
+    def sent_bytes(self) -> int:
+        """Bytes this rank puts into the layer's collective per step, uncompressed."""
+        return self.bytes if self.sparse_bytes is None else self.sparse_bytes
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -185,6 +198,7 @@ class LayerInfo:
             "dtype": self.dtype,
             "bucket": self.bucket,
             "grad_norm": self.grad_norm,
+            **({} if self.sparse_bytes is None else {"sparse_bytes": self.sparse_bytes}),
         }
 
     @classmethod
@@ -194,12 +208,21 @@ class LayerInfo:
             raise ProfileError(f"{where}.bucket must be an integer or null, got {bucket!r}")
         dtype = _text(data, "dtype", where)
         dtype_itemsize(dtype)
+        sparse_bytes = data.get("sparse_bytes")  # absent in profiles of dense models
+        if sparse_bytes is not None and (
+            isinstance(sparse_bytes, bool) or not isinstance(sparse_bytes, int) or sparse_bytes < 0
+        ):
+            raise ProfileError(
+                f"{where}.sparse_bytes must be a non-negative integer or absent, "
+                f"got {sparse_bytes!r}"
+            )
         return cls(
             name=_text(data, "name", where),
             shape=_shape(data, where),
             dtype=dtype,
             bucket=bucket,
             grad_norm=_number(data, "grad_norm", where),
+            sparse_bytes=sparse_bytes,
         )
 
 
@@ -317,7 +340,7 @@ class ModelProfile:
 
     @property
     def total_bytes(self) -> int:
-        return sum(layer.bytes for layer in self.layers)
+        return sum(layer.sent_bytes for layer in self.layers)
 
     def layer(self, name: str) -> LayerInfo:
         for layer in self.layers:

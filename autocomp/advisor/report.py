@@ -124,8 +124,8 @@ def to_json(advice: Advice) -> dict[str, Any]:
             {
                 "name": layer.name,
                 "shape": list(layer.shape),
-                "bytes": layer.bytes,
-                "fraction": layer.bytes / total,
+                "bytes": layer.sent_bytes,
+                "fraction": layer.sent_bytes / total,
                 "bucket": layer.bucket,
                 "adaptive": adaptive.get(layer.name, "none"),
             }
@@ -471,10 +471,15 @@ def render_html(advice: Advice) -> str:
     reasons = "".join(f"<li>{esc(reason)}</li>" for reason in verdict.reasons)
     adaptive = _adaptive_plan(evaluation)
     total = model.total_bytes or 1
-    ranked = sorted(model.layers, key=lambda layer: (-layer.bytes, layer.name))[:40]
+    ranked = sorted(model.layers, key=lambda layer: (-layer.sent_bytes, layer.name))[:40]
     bars = _bar_chart(
         [
-            (layer.name, layer.bytes, layer.bytes / total, adaptive.get(layer.name, "none"))
+            (
+                layer.name,
+                layer.sent_bytes,
+                layer.sent_bytes / total,
+                adaptive.get(layer.name, "none"),
+            )
             for layer in ranked
         ]
     )

@@ -40,6 +40,7 @@ The verdict (compress or not, and why) is worked out from an :class:`Evaluation`
 from __future__ import annotations
 
 import dataclasses
+import glob
 import itertools
 import logging
 import math
@@ -414,8 +415,9 @@ class WhatIfModel:
         return model
 
     def eligible(self, layer: LayerInfo) -> bool:
-        """Whether uniform options compress this layer (>= 2-D and >= min_numel elements)."""
-        return eligible(layer.shape, self.rules.min_numel)
+        """Whether uniform options compress this layer (>= 2-D and >= min_numel elements, and
+        a dense gradient: a sparse one is sent as DDP sends it)."""
+        return not layer.sparse and eligible(layer.shape, self.rules.min_numel)
 
     def uniform_plan(self, spec: str) -> dict[str, str]:
         chosen = self.compressor(spec).spec
@@ -509,6 +511,11 @@ class WhatIfModel:
                 layer = self.layers[name]
                 compressor = self.compressor(plan.get(name, "none"))
                 dtype = layer.torch_dtype
+                if layer.sparse_bytes is not None:
+                    # Never compressed: gloo's sparse all-reduce gathers every rank's values
+                    # and indices (alone in its bucket, so the key is its own).
+                    payloads[(Collective.ALL_GATHER, torch.uint8)] += layer.sparse_bytes
+                    continue
                 if type(compressor) is NoCompression:
                     payloads[(Collective.ALL_REDUCE, dtype)] += layer.bytes
                     continue
@@ -578,6 +585,8 @@ class WhatIfModel:
         costs.update_link(scenario.link)
         engine = PolicyEngine(self.rules, costs, target_overlap=self.target_overlap)
         timing = self.model.timing
+        # As wrap pins them: sparse gradients stay as DDP sends them.
+        sparse = [(glob.escape(layer.name), "none") for layer in self.model.layers if layer.sparse]
         return engine.decide(
             self.layer_profiles(),
             StepTiming(
@@ -592,6 +601,7 @@ class WhatIfModel:
             ),
             step=0,
             world_size=scenario.world_size,
+            pins=sparse,
         )
 
     def evaluate(self, scenario: Scenario) -> Evaluation:
@@ -693,8 +703,10 @@ class WhatIfModel:
     def top_layers(self, count: int = 5) -> tuple[tuple[str, int, float], ...]:
         """The layers carrying the most gradient bytes, with their share."""
         total = self.model.total_bytes or 1
-        ranked = sorted(self.model.layers, key=lambda layer: (-layer.bytes, layer.name))
-        return tuple((layer.name, layer.bytes, layer.bytes / total) for layer in ranked[:count])
+        ranked = sorted(self.model.layers, key=lambda layer: (-layer.sent_bytes, layer.name))
+        return tuple(
+            (layer.name, layer.sent_bytes, layer.sent_bytes / total) for layer in ranked[:count]
+        )
 
     # ---- the verdict -----------------------------------------------------------------------
 

@@ -445,6 +445,11 @@ class AdaptiveLoop:
                 "shapes": {name: list(slot.shape) for name, slot in self.state.slots.items()},
             }
             try:
+                self.planner.sparse_bytes = {
+                    name: slot.sparse_step_bytes
+                    for name, slot in self.state.slots.items()
+                    if slot.sparse
+                }
                 update = self.planner.decide(measurement, current, peers_ended=peers_ended)
             except Exception:
                 # A policy failure must not strand the other ranks in the broadcast, nor stop

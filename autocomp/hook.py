@@ -152,6 +152,8 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
         sparse = buffer.is_sparse  # one embedding's sparse gradient, alone in its bucket
         for slot, offset in zip(layout.slots, layout.offsets, strict=True):
             size = _sparse_bytes(buffer) if sparse else slot.numel * slot.dtype.itemsize
+            if sparse:
+                slot.sparse_step_bytes = size
             slot.bytes_sent += size
             slot.bytes_raw += size
             if sample and profiler is not None:

@@ -61,6 +61,8 @@ class LayerSlot:
     sparse: bool = False
     """DDP hands this gradient as a sparse tensor (an embedding with ``sparse=True``): it is
     all-reduced as it is, alone in its bucket, and never compressed."""
+    sparse_step_bytes: int = 0
+    """Sparse gradients: bytes of rows and indices this rank sent in the last step."""
 
     @property
     def numel(self) -> int:

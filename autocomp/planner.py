@@ -226,6 +226,10 @@ class WindowPlanner:
         self._nic_last = self.nic.sample()
         self.operator_pins: list[tuple[str, str]] = []
         """Pins posted by an operator (newest first); they win over the code's pins."""
+        self.sparse_bytes: dict[str, int] = {}
+        """Sparse gradients' bytes of rows and indices per step (the deciding rank's last
+        step; set by the caller before :meth:`decide`), so the engine prices what they send,
+        not their dense size."""
         self.force_none = False
         """Operator override: every layer uncompressed from the next boundary."""
         self.frozen = False
@@ -553,6 +557,7 @@ class WindowPlanner:
                 grad_norm=self.grad_norms.get(name, 0.0),
                 rel_error=dict(self.rel_errors[name]),
                 bucket=m.layers[name].bucket,
+                sparse_bytes=self.sparse_bytes.get(name),
             )
             for name in self.names
         ]

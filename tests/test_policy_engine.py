@@ -343,6 +343,27 @@ def test_pins_count_against_the_budget() -> None:
     assert pinned.predicted_comm_seconds > free.predicted_comm_seconds
 
 
+def test_a_sparse_gradient_costs_the_rows_it_gathers_not_its_table() -> None:
+    """A sparse embedding (pinned to ``none`` by ``wrap``) is priced as the all-gather of the
+    rows and indices a step sends, not as an all-reduce of its dense table: with 300 kB of
+    rows out of a 102 MB table, the plan's predicted communication is a few ms more than the
+    dense layers' alone, and the dense layers' plan does not change."""
+    table = LayerProfile(
+        name="emb.weight", shape=(400_000, 64), grad_norm=0.3, sparse_bytes=300_000
+    )
+    model = engine(200, None, TARGET)
+    dense = model.decide(mlp_profile(), TIMING, AFTER_WARMUP, WORLD)
+    pins = [("emb.weight", "none")]
+    decision = model.decide([*mlp_profile(), table], TIMING, AFTER_WARMUP, WORLD, pins=pins)
+    emb = decision.layer("emb.weight")
+    assert emb.spec == "none" and emb.predicted_wire_bytes == 300_000
+    gather = FakeCostModel(200).comm_seconds(Collective.ALL_GATHER, 300_000, WORLD)
+    assert emb.predicted_seconds == pytest.approx(gather)
+    assert {k: v for k, v in decision.plan.items() if k != "emb.weight"} == dense.plan
+    with pytest.raises(ValueError, match="sparse_bytes"):
+        LayerProfile(name="e", shape=(4, 4), grad_norm=0.0, sparse_bytes=-1)
+
+
 def test_bad_runtime_pin_names_its_glob() -> None:
     with pytest.raises(ValueError, match=r"pins\[0\] \('fc\*'\).*unknown compressor"):
         decide(200, pins=[("fc*", "zip")])

@@ -215,6 +215,8 @@ def _sparse_run(rank: int, plan: dict[str, str] | None, adaptive: bool) -> dict[
         # An operator's override may still ask for a compressor: the hook state refuses it.
         ctl._state.assign({"emb.weight": autocomp.build_compressor("powersgd:rank=2")})
         out["after_override"] = ctl.plan["emb.weight"]
+        if ctl.adaptive is not None:  # rank 0 decides: its engine priced the rows it sent
+            out["priced"] = ctl.adaptive.planner.sparse_bytes.get("emb.weight")
         ctl.close()
     return out
 
@@ -251,10 +253,14 @@ def test_sparse_embedding_gradients_are_sent_as_ddp_sends_them(tmp_path: Path) -
         assert out["static"]["plan"]["fc1.weight"].startswith("powersgd")
         assert out["static"]["plan"]["emb.weight"] == "none"
         assert out["adaptive"]["plan"]["emb.weight"] == "none"
+    # A step's 16 x 6 tokens give 96 rows of 32 floats and 96 int64 indices: 13 kB, where the
+    # dense table is 64 KiB. The engine prices the last step's; the hook counts every step's.
+    rows = 16 * 6 * (32 * 4 + 8)
+    assert zero["adaptive"]["priced"] == rows
+    for out in (zero, one):
         for run in ("static", "uncompressed", "adaptive"):
             assert out[run]["after_override"] == "none"
-            # Only the rows a step touched: far under the dense 512 x 32 float32 (64 KiB).
-            assert 0 < out[run]["sparse_bytes"] < 8 * 512 * 32 * 4
+            assert out[run]["sparse_bytes"] == 8 * rows
         assert out["pinned"].startswith("ValueError") and "sparse gradients" in out["pinned"]
         assert "emb.weight" in out["pinned"]
         assert out["two_level"].startswith("ValueError") and "hierarchy=False" in out["two_level"]

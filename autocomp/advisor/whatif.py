@@ -468,6 +468,7 @@ class WhatIfModel:
                     grad_norm=norm,
                     rel_error=errors,
                     bucket=layer.bucket,
+                    sparse_bytes=layer.sparse_bytes,
                 )
             )
         return out

@@ -105,6 +105,11 @@ def option_cost(
     round, every gathered payload in one all-gather and each payload dtype in one
     all-reduce); 1 charges each layer the full latency.
     """
+    if layer.sparse_bytes is not None:
+        # Sent as DDP sends it, alone in its bucket: gloo's sparse all-reduce gathers every
+        # rank's rows and indices (a collective of its own, latency included).
+        sent = layer.sparse_bytes
+        return OptionCost(latency.comm(Collective.ALL_GATHER, sent), 0.0, sent)
     wire = compressor.wire_bytes(layer.shape, layer.dtype)
     collective = compressor.collective
     base = latency.of(collective)

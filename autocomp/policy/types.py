@@ -99,12 +99,18 @@ class LayerProfile:
     specs fall back to :class:`~autocomp.policy.priors.ErrorPriors`."""
     bucket: int | None = None
     """DDP bucket index when known (counts the per-bucket latency exactly)."""
+    sparse_bytes: int | None = None
+    """A sparse gradient (an embedding with ``sparse=True``, pinned to ``none``): the bytes of
+    rows and indices one rank sends per step, which a sparse all-reduce gathers from every
+    rank. None for a dense gradient."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.shape, torch.Size):
             object.__setattr__(self, "shape", torch.Size(self.shape))
         if not math.isfinite(self.grad_norm) or self.grad_norm < 0:
             raise ValueError(f"{self.name}: grad_norm must be finite and >= 0")
+        if self.sparse_bytes is not None and self.sparse_bytes < 0:
+            raise ValueError(f"{self.name}: sparse_bytes must be >= 0")
         for spec, value in self.rel_error.items():
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{self.name}: rel_error[{spec!r}] must be finite and >= 0")

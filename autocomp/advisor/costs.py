@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["MEASURED_SPECS", "CostMeter", "eligible"]
 
 MEASURED_SPECS: tuple[str, ...] = (
-    "fp16",
+    "fp16:ef=false",
     "int8",
     "powersgd:rank=1",
     "powersgd:rank=2",

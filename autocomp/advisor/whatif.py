@@ -109,7 +109,7 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("none", "uncompressed", "none"),
-    Option("fp16", "fp16", "fp16"),
+    Option("fp16", "fp16", "fp16:ef=false"),
     Option("powersgd-r1", "PowerSGD rank 1", "powersgd:rank=1"),
     Option("powersgd-r2", "PowerSGD rank 2", "powersgd:rank=2"),
     Option("powersgd-r4", "PowerSGD rank 4", "powersgd:rank=4"),

@@ -74,6 +74,7 @@ __all__ = [
     "launch_prepared_round",
     "on_stream",
     "prepare_final_round",
+    "sparse_bytes",
 ]
 
 
@@ -151,7 +152,7 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
             launch_prepared_round(state, pending)
         sparse = buffer.is_sparse  # one embedding's sparse gradient, alone in its bucket
         for slot, offset in zip(layout.slots, layout.offsets, strict=True):
-            size = _sparse_bytes(buffer) if sparse else slot.numel * slot.dtype.itemsize
+            size = sparse_bytes(buffer) if sparse else slot.numel * slot.dtype.itemsize
             if sparse:
                 slot.sparse_step_bytes = size
             slot.bytes_sent += size
@@ -348,7 +349,7 @@ def launch_bucket(
             profiler.collective(Collective.ALL_GATHER, local.numel() * work.link_share, fut)
 
 
-def _sparse_bytes(tensor: torch.Tensor) -> int:
+def sparse_bytes(tensor: torch.Tensor) -> int:
     """What a rank contributes of a sparse COO tensor: its values and int64 indices."""
     values, indices = tensor._values(), tensor._indices()
     return values.numel() * values.element_size() + indices.numel() * indices.element_size()

@@ -49,7 +49,7 @@ from autocomp.advisor.costs import eligible
 from autocomp.advisor.profile import BucketInfo, LayerInfo, ModelProfile, Timing
 from autocomp.attach import sparse_gradient_names
 from autocomp.compressors import Collective
-from autocomp.hook import autocomp_hook
+from autocomp.hook import autocomp_hook, sparse_bytes
 from autocomp.hook_layer import LayerSlot
 from autocomp.hook_state import HookState
 from autocomp.profiler import StepProfiler, StepTimes
@@ -364,9 +364,7 @@ class ModelCapture:
         """What this rank puts into a sparse gradient's collective, every step (the rows a
         step touches vary): before the collective, whose result gathers every rank's."""
         if grad.is_sparse:
-            values, indices = grad._values(), grad._indices()
-            size = values.numel() * values.element_size() + indices.numel() * indices.element_size()
-            self.sparse_bytes.setdefault(name, []).append(size)
+            self.sparse_bytes.setdefault(name, []).append(sparse_bytes(grad))
 
     def _sample_sparse(self, name: str, value: Any, first: bool) -> None:
         """A sparse gradient's norm, from its averaged rows; it is never compressed, so no

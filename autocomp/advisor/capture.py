@@ -341,13 +341,7 @@ class ModelCapture:
                 if not first and name not in self._unseen:
                     continue
                 piece = flat[start : start + numel].detach()
-                norm = float(torch.linalg.vector_norm(piece, dtype=torch.float64))
-                if norm > 0 or name not in self.grad_norms:
-                    self.grad_norms[name] = norm
-                if norm > 0:
-                    self._unseen.discard(name)
-                else:
-                    self._unseen.add(name)
+                norm = self._record_norm(name, piece)
                 key = tuple(shape)
                 if not self.session.keep_gradients or not eligible(key, self.session.min_numel):
                     continue
@@ -374,16 +368,21 @@ class ModelCapture:
             if not grad.is_sparse:
                 return
             if first or name in self._unseen:
-                norm = float(
-                    torch.linalg.vector_norm(grad.coalesce().values(), dtype=torch.float64)
-                )
-                self.grad_norms[name] = norm
-                if norm > 0:
-                    self._unseen.discard(name)
-                else:
-                    self._unseen.add(name)
+                self._record_norm(name, grad.coalesce().values())
         except Exception:  # never break the user's training because of the profiler
             logger.exception("autocomp-advisor: could not sample a sparse gradient")
+
+    def _record_norm(self, name: str, values: torch.Tensor) -> float:
+        """Keep a parameter's first non-zero gradient norm; a zero one (unused in that step)
+        marks it to be sampled again."""
+        norm = float(torch.linalg.vector_norm(values, dtype=torch.float64))
+        if norm > 0 or name not in self.grad_norms:
+            self.grad_norms[name] = norm
+        if norm > 0:
+            self._unseen.discard(name)
+        else:
+            self._unseen.add(name)
+        return norm
 
     def release(self) -> None:
         """Drop the references to the DDP model (and so its reducer); the records stay."""

@@ -144,7 +144,7 @@ class ProbeRunner:
         probe the one link together, as the hook's owners send. Agreed within each group
         alone, the groups stopped at different rounds (two nodes of two ranks, LSTM LM,
         2026-11-26: one group at 64 KB, the other at 256 KB, each with its own forward
-        time), and rank 0's group read a 200 Mbit/s link at 147 Mbit/s."""
+        time), and rank 0 read its own group's flow as the node's."""
         cap = max(OPENING_PROBE_START_BYTES, min(raw_bytes, OPENING_PROBE_MAX_BYTES))
         size = OPENING_PROBE_START_BYTES
         while True:

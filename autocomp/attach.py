@@ -20,7 +20,7 @@ import glob
 import logging
 import warnings
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -242,6 +242,12 @@ def sparse_gradient_names(module: torch.nn.Module, params: Mapping[str, Any]) ->
     return names
 
 
+def sparse_pins(names: Iterable[str]) -> list[tuple[str, str]]:
+    """Exact-name pins that keep sparse gradients uncompressed, for the engine's pin list
+    (ahead of the plan's): the live controller's and the advisor's adaptive plan alike."""
+    return [(glob.escape(name), "none") for name in names]
+
+
 def _hierarchy(
     setting: str | bool, group: dist.ProcessGroup | None, sparse: list[str] | None = None
 ) -> HierarchicalReduce | None:
@@ -314,8 +320,7 @@ def _adaptive_loop(
     AdaptiveLoop.validate(config)
     # Sparse gradients are never compressed: exact-name pins ahead of the plan's (which bind
     # has checked do not compress them), so the engine never plans for them.
-    sparse = [glob.escape(name) for name, slot in state.slots.items() if slot.sparse]
-    pins = [(name, "none") for name in sparse]
+    pins = sparse_pins(name for name, slot in state.slots.items() if slot.sparse)
     pins += [(r.pattern, r.compressor.spec) for r in resolved.rules.rules]
     runlog = None
     loop = None

@@ -266,8 +266,8 @@ class ModelCapture:
 
         def hook(state, bucket):  # type: ignore[no-untyped-def]
             layout = self._layout(bucket)
-            if len(layout.names) == 1 and layout.names[0] in self.sparse:
-                self._note_sparse_size(layout.names[0], bucket.buffer())
+            if (name := self._sparse_name(layout)) is not None:
+                self._note_sparse_size(name, bucket.buffer())
             if reports_itself:
                 future = inner(state, bucket)  # the step listener runs inside
             else:
@@ -322,15 +322,15 @@ class ModelCapture:
         parameters from their first non-zero gradient. Only those: the norms run on the
         completion thread while the backward goes on, and timed steps must not pay for them.
         """
-        sparse = layout.names[0] in self.sparse if len(layout.names) == 1 else False
-        if not first and not self._unseen and not sparse:
+        sparse = self._sparse_name(layout)
+        if not first and not self._unseen and sparse is None:
             return
         try:
             value = future.value()
         except Exception:  # the collective failed; the script sees that error itself
             return
-        if sparse:
-            self._sample_sparse(layout.names[0], value, first)
+        if sparse is not None:
+            self._sample_sparse(sparse, value, first)
             return
         try:
             flat = value[0] if isinstance(value, (list, tuple)) else value
@@ -353,6 +353,12 @@ class ModelCapture:
                         self._zero_samples.add(key)
         except Exception:  # never break the user's training because of the profiler
             logger.exception("autocomp-advisor: could not sample the step's gradients")
+
+    def _sparse_name(self, layout: BucketLayout) -> str | None:
+        """The parameter of a sparse gradient's bucket (DDP gives each its own), else None."""
+        if len(layout.names) == 1 and layout.names[0] in self.sparse:
+            return layout.names[0]
+        return None
 
     def _note_sparse_size(self, name: str, grad: torch.Tensor) -> None:
         """What this rank puts into a sparse gradient's collective, every step (the rows a

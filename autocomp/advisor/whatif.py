@@ -40,7 +40,6 @@ The verdict (compress or not, and why) is worked out from an :class:`Evaluation`
 from __future__ import annotations
 
 import dataclasses
-import glob
 import itertools
 import logging
 import math
@@ -57,6 +56,7 @@ from autocomp.advisor.units import format_bandwidth, format_seconds
 from autocomp.advisor.verdict import DO_NOT_COMPRESS_COSTLY as DO_NOT_COMPRESS_COSTLY
 from autocomp.advisor.verdict import DO_NOT_COMPRESS_HIDDEN as DO_NOT_COMPRESS_HIDDEN
 from autocomp.advisor.verdict import Verdict, judge
+from autocomp.attach import sparse_pins
 from autocomp.compressors import Collective, Compressor, NoCompression, build_compressor
 from autocomp.cost_model import HALF_DTYPES_BY_NAME, CostModel
 from autocomp.cost_prior import CostSample, payload_count
@@ -586,8 +586,7 @@ class WhatIfModel:
         costs.update_link(scenario.link)
         engine = PolicyEngine(self.rules, costs, target_overlap=self.target_overlap)
         timing = self.model.timing
-        # As wrap pins them: sparse gradients stay as DDP sends them.
-        sparse = [(glob.escape(layer.name), "none") for layer in self.model.layers if layer.sparse]
+        sparse = sparse_pins(layer.name for layer in self.model.layers if layer.sparse)
         return engine.decide(
             self.layer_profiles(),
             StepTiming(

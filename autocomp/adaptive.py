@@ -327,21 +327,27 @@ class AdaptiveLoop:
         step): close the previous step's timeline, and run a boundary when one is due."""
         if not self.state.enabled:
             return
-        # Begin first: it closes the previous step, so the window below includes it (and the
-        # boundary's own cost is charged to the step it delays).
+        # Begin first: it closes the previous step, so the window below includes it. The
+        # controller's own work is charged to the step it delays, but not to its compute.
         sample = self.next_boundary(step) - step <= self.config.sampled_steps
         self.profiler.begin_step(sample=sample)
+        stamp = self.profiler.stamp()
+        worked = False
         if step == 0 and not self._opened:
             self._opened = True
             if self.config.opening and self.ddp is not None:
                 started = time.perf_counter()
                 self._opening()
                 self.opening_seconds = time.perf_counter() - started
+                worked = True
         if self.is_boundary(step) and step != self._last_boundary:
             self._last_boundary = step
             started = time.perf_counter()
             self._boundary(step)
             self.boundary_seconds += time.perf_counter() - started
+            worked = True
+        if worked:
+            self.profiler.controller_work(stamp)
 
     def _on_forward_start(self, module: torch.nn.Module, args: Any) -> None:
         if self.first_forward_seconds is None and torch.is_grad_enabled() and module.training:

@@ -91,6 +91,8 @@ class _Step:
     finishes: list[tuple[Stamp, Stamp]] = field(default_factory=list)
     """Decode work in completion callbacks."""
     collectives: list[CollectiveRecord] = field(default_factory=list)
+    controller: list[tuple[Stamp, Stamp]] = field(default_factory=list)
+    """The controller's own work on this step (the opening, a window boundary)."""
 
     def stamps(self) -> Iterator[Stamp | None]:
         yield self.started
@@ -98,7 +100,7 @@ class _Step:
         for call in self.hooks:
             yield call.entered
             yield call.exited
-        for pair in (*self.waits, *self.finishes):
+        for pair in (*self.waits, *self.finishes, *self.controller):
             yield from pair
         for record in self.collectives:
             yield record.launched
@@ -293,6 +295,20 @@ class StepProfiler:
 
         future.add_done_callback(mark)
 
+    def controller_work(self, started: Stamp) -> None:
+        """The controller worked on this step from ``started`` until now (the opening's probes,
+        a window boundary's exchange and decision).
+
+        That time is neither the model's compute nor its gradients' communication, and it is
+        paid once, not every step: left in, the opening at 35 Mbit/s made step 0's backward
+        read 0.49 s against 0.06 s steady, and the glance took communication for a small part
+        of the step. The step's length keeps it (the run was that much slower); the
+        backward and the compute-only reading leave it out.
+        """
+        step = self._current
+        if step is not None:
+            step.controller.append((started, self.clock.stamp()))
+
     def link_wait(self, started: Stamp) -> None:
         """A hook call blocked from ``started`` until now, waiting for an earlier bucket's
         collective.
@@ -352,8 +368,30 @@ class StepProfiler:
         # Without a reported forward end, the backward counts from the first bucket ready.
         forward_done = read(step.forward_done) if step.forward_done is not None else first_ready
         waits = sum(read(b) - read(a) for a, b in step.waits)
-        backward = max(0.0, last_ready - forward_done - hook_before_last)
-        hideable = 0.0 if self.blocking else max(0.0, last_ready - first_ready - hook_before_last)
+        controller = [(read(a), read(b)) for a, b in step.controller]
+        controller_seconds = sum(b - a for a, b in controller)
+
+        def controller_within(start: float, end: float) -> float:
+            return sum(max(0.0, min(b, end) - max(a, start)) for a, b in controller)
+
+        backward = max(
+            0.0,
+            last_ready
+            - forward_done
+            - hook_before_last
+            - controller_within(forward_done, last_ready),
+        )
+        hideable = (
+            0.0
+            if self.blocking
+            else max(
+                0.0,
+                last_ready
+                - first_ready
+                - hook_before_last
+                - controller_within(first_ready, last_ready),
+            )
+        )
         services = _service_times(step.collectives, read)
         busy = sum(s for _, s in services)
         ends = [read(r.done) for r, _ in services if r.done is not None]
@@ -371,7 +409,9 @@ class StepProfiler:
         step_seconds = read(next_start) - read(step.started)
         work = max(0.0, hook_work) + finish_seconds
         return StepTimes(
-            compute_seconds=compute_seconds(step_seconds, exposed, work, backward),
+            compute_seconds=compute_seconds(
+                step_seconds - controller_seconds, exposed, work, backward
+            ),
             step_seconds=step_seconds,
             backward_seconds=backward,
             hideable_seconds=hideable,

@@ -99,6 +99,35 @@ def test_one_step_timeline() -> None:
     assert times.compute_seconds == pytest.approx(0.40 - (0.37 - 0.31) - times.compress_seconds)
 
 
+def test_controller_work_is_not_compute() -> None:
+    """The opening (or a boundary) runs between a step's start and its first hook call: the
+    step keeps its length, the backward and the compute-only reading leave it out."""
+    clock = Clock()
+    prof = StepProfiler(clock)
+    clock.t = 0.10
+    prof.forward_done()
+    clock.t = 0.15
+    prof.begin_step()
+    started = prof.stamp()
+    clock.t = 0.55  # 0.4 s of link probes and a decision
+    prof.controller_work(started)
+    f0 = _hook_call(prof, clock, 0, 0.55, 0.56, Collective.ALL_REDUCE, 1000)
+    f1 = _hook_call(prof, clock, 1, 0.60, 0.61, Collective.ALL_REDUCE, 1000)
+    _done(clock, f0, 0.58)
+    _done(clock, f1, 1.61)  # a slow link: one second exposed
+    clock.t = 1.70
+    prof.begin_step()
+    times = prof.end_window()
+    assert times is not None
+    t = times.times
+    assert t.step_seconds == pytest.approx(1.55)
+    assert t.backward_seconds == pytest.approx(0.60 - 0.10 - 0.01 - 0.40)
+    assert t.hideable_seconds == pytest.approx(0.60 - 0.55 - 0.01)
+    assert t.exposed_seconds == pytest.approx(1.00)
+    # Without the exclusion it would read 0.53 s, and the slow link look like 2x compute.
+    assert t.compute_seconds == pytest.approx(1.55 - 0.40 - 1.00 - 0.02)
+
+
 def test_window_medians_per_bucket() -> None:
     clock = Clock()
     prof = StepProfiler(clock)

@@ -601,7 +601,17 @@ class AdaptiveLoop:
         (``WindowPlanner.open``)."""
         group = self.state.link_group
         device = collective_device(group)
-        raw = sum(slot.shape.numel() * slot.dtype.itemsize for slot in self.state.slots.values())
+        # A sparse gradient sends the rows a step touched, unknown before step 0 runs; it is
+        # never compressed, so the opening leaves it out (priced at 0 bytes) rather than
+        # count its dense table: a large sparse embedding would otherwise make any link
+        # look slow.
+        sparse = {name for name, slot in self.state.slots.items() if slot.sparse}
+        self.planner.sparse_bytes = dict.fromkeys(sparse, 0)
+        raw = sum(
+            slot.shape.numel() * slot.dtype.itemsize
+            for name, slot in self.state.slots.items()
+            if name not in sparse
+        )
         hierarchy = self.state.hierarchy
         node = None
         if hierarchy is not None and hierarchy.local_world_size > 1:

@@ -386,10 +386,11 @@ def open_plan(
             grad_norm=math.sqrt(math.prod(planner.shapes[name])),
             rel_error={},
             bucket=None,
+            sparse_bytes=planner.sparse_bytes.get(name),
         )
         for name in planner.names
     ]
-    raw_bytes = sum(p.raw_bytes for p in profiles)
+    raw_bytes = sum(p.raw_bytes for p in profiles if p.sparse_bytes is None)
     comm = estimate.seconds(Collective.ALL_REDUCE, raw_bytes, world)
     compute = OPENING_COMPUTE_PER_FORWARD * forward_seconds
     ratio = comm / compute

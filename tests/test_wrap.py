@@ -194,6 +194,25 @@ class SparseEmbeddingNet(nn.Module):
 
 
 def _sparse_run(rank: int, plan: dict[str, str] | None, adaptive: bool) -> dict[str, Any]:
+    from autocomp.opening import ProbeRunner
+
+    probed: list[int] = []
+    probe = ProbeRunner.opening
+
+    def recording(self: ProbeRunner, raw_bytes: int, *args: Any, **kwargs: Any) -> Any:
+        probed.append(raw_bytes)  # the gradient bytes the opening weighs the link against
+        return probe(self, raw_bytes, *args, **kwargs)
+
+    ProbeRunner.opening = recording  # type: ignore[method-assign]
+    try:
+        return _sparse_steps(rank, plan, adaptive, probed)
+    finally:
+        ProbeRunner.opening = probe  # type: ignore[method-assign]
+
+
+def _sparse_steps(
+    rank: int, plan: dict[str, str] | None, adaptive: bool, probed: list[int]
+) -> dict[str, Any]:
     torch.manual_seed(0)
     ddp = DDP(SparseEmbeddingNet())
     ctl = None
@@ -217,6 +236,7 @@ def _sparse_run(rank: int, plan: dict[str, str] | None, adaptive: bool) -> dict[
         out["after_override"] = ctl.plan["emb.weight"]
         if ctl.adaptive is not None:  # rank 0 decides: its engine priced the rows it sent
             out["priced"] = ctl.adaptive.planner.sparse_bytes.get("emb.weight")
+            out["opening_bytes"] = probed
         ctl.close()
     return out
 
@@ -257,6 +277,8 @@ def test_sparse_embedding_gradients_are_sent_as_ddp_sends_them(tmp_path: Path) -
     # dense table is 64 KiB. The engine prices the last step's; the hook counts every step's.
     rows = 16 * 6 * (32 * 4 + 8)
     assert zero["adaptive"]["priced"] == rows
+    # The opening, before any row is known, weighs the dense layers alone (fc1, fc2).
+    assert zero["adaptive"]["opening_bytes"] == [4 * (64 * 32 + 64 + 10 * 64 + 10)]
     for out in (zero, one):
         for run in ("static", "uncompressed", "adaptive"):
             assert out[run]["after_override"] == "none"

@@ -441,7 +441,8 @@ def open_plan(
     )
     planner.last_decision = decision
     planner.opened = True
-    plan = [decision.layer(name).spec for name in planner.names]
+    specs = decision.plan
+    plan = [specs[name] for name in planner.names]
     bandwidth = estimate.bandwidth_bytes_per_s
     # No dwell clock starts here (nor hysteresis at the first measured look, see
     # ``WindowPlanner.decide``): this plan rests on priors and a guessed compute.

@@ -348,7 +348,8 @@ class WindowPlanner:
                 },
                 warmup_done=self.warmup_done,
             )
-            plan = [decision.layer(name).spec for name in self.names]
+            specs = decision.plan
+            plan = [specs[name] for name in self.names]
             self.last_decision = decision
         # A switch made at an early look, or inside the warm-up (limited to its most
         # accurate options), is decided again without a lock at the next full window or at

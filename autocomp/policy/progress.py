@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from autocomp.exposure import Timeline
 from autocomp.policy.optimizer import LayerOption
@@ -29,6 +29,22 @@ class PlanProblem(Protocol):
     def pending(self) -> Sequence[_PendingOptions]: ...
 
     def timeline(self, chosen: Sequence[LayerOption]) -> Timeline: ...
+
+    def moves(self, chosen: Sequence[LayerOption]) -> _PlanMoves: ...
+
+
+class _PlanMoves(Protocol):
+    """A plan priced for single-layer moves (``autocomp.policy.search.PlanMoves``)."""
+
+    chosen: list[LayerOption]
+    timeline: Timeline
+    error: float
+
+    def trial(self, index: int, option: LayerOption) -> tuple[Any, Timeline]: ...
+
+    def move(self, index: int, option: LayerOption, tried: tuple[Any, Timeline]) -> None: ...
+
+    def compressed_after(self, index: int, option: LayerOption) -> int: ...
 
 
 class _PendingOptions(Protocol):
@@ -101,21 +117,26 @@ def progress_ascent(
     best = list(start)
     best_rate = rate(problem, best, compute, per_error)
     for origin in (list(start), _separable_plan(problem, start, compute, per_error)):
-        chosen, current = origin, rate(problem, origin, compute, per_error)
+        plan = problem.moves(origin)
+        current = progress_rate(compute + plan.timeline.added_s, plan.error, per_error)
         for _ in range(passes):
             improved = False
             for index, item in enumerate(problem.pending):
                 for option in item.options:
-                    if option.error >= chosen[index].error:
+                    old = plan.chosen[index]
+                    if option.error >= old.error:
                         continue
-                    trial = [*chosen[:index], option, *chosen[index + 1 :]]
-                    if all(o.key == NONE_SPEC for o in trial):
+                    if plan.compressed_after(index, option) == 0:
                         continue  # whether compression pays at all is the engine's bar
-                    trial_rate = rate(problem, trial, compute, per_error)
+                    tried = plan.trial(index, option)
+                    trial_rate = progress_rate(
+                        compute + tried[1].added_s, plan.error - old.error + option.error, per_error
+                    )
                     if trial_rate > current * (1 + 1e-6):
-                        chosen, current, improved = trial, trial_rate, True
+                        plan.move(index, option, tried)
+                        current, improved = trial_rate, True
             if not improved:
                 break
         if current > best_rate * (1 + 1e-6):
-            best, best_rate = chosen, current
+            best, best_rate = list(plan.chosen), current
     return best

@@ -42,13 +42,13 @@ Two more rules keep the plan sensible and steady:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from autocomp.exposure import Group, Timeline, simulate
 from autocomp.policy.optimizer import BudgetOptimizer, BudgetSolution, LayerOption
 from autocomp.policy.progress import progress_ascent, rate
-from autocomp.policy.types import LayerProfile, StepTiming
+from autocomp.policy.types import NONE_SPEC, LayerProfile, StepTiming
 
 __all__ = ["BucketGroups", "GroupLoad", "Pending", "SearchConfig", "SearchResult", "search"]
 
@@ -232,6 +232,22 @@ class GroupLoad:
         self.final_work[group] += option.final_work
         self.decode[group] += option.decode
 
+    def regrouped(self, group: int, fixed: GroupLoad, options: Iterable[LayerOption]) -> GroupLoad:
+        """A copy whose ``group`` holds ``fixed``'s load there plus ``options``, summed in
+        that order: the same floats a full sum in the same order gives. (Taking one
+        option off and putting another on is not: a group's two-round traffic then reads
+        1e-19 where it was 0, and the exposure model times a second round that is not
+        there.)"""
+        load = self.copy()
+        for mine, base in zip(load.fields(), fixed.fields(), strict=True):
+            mine[group] = base[group]
+        for option in options:
+            load.add(group, option)
+        return load
+
+    def fields(self) -> tuple[list[float], ...]:
+        return (self.comm, self.work, self.first, self.second, self.final_work, self.decode)
+
 
 @dataclass(slots=True)
 class _Problem:
@@ -256,6 +272,62 @@ class _Problem:
     def timeline(self, chosen: Sequence[LayerOption]) -> Timeline:
         return self.groups.timeline(self.totals(chosen))
 
+    def moves(self, chosen: Sequence[LayerOption]) -> PlanMoves:
+        return PlanMoves(self, chosen)
+
+
+class PlanMoves:
+    """One plan with its per-group load, for the searches' single-layer moves.
+
+    Each search tries every option of every layer against the exact model. Summing the
+    whole plan's load for each trial made a pass cost layers x options x layers; a trial
+    sums only the moved layer's bucket group again, and the plan's error and count of
+    compressed layers are carried along.
+    """
+
+    __slots__ = ("_members", "_problem", "chosen", "compressed", "error", "load", "timeline")
+
+    def __init__(self, problem: _Problem, chosen: Sequence[LayerOption]) -> None:
+        self._problem = problem
+        self._members: dict[int, list[int]] = {}
+        """Per group, its pending layers' positions in order (the order a full sum takes)."""
+        for position, item in enumerate(problem.pending):
+            self._members.setdefault(problem.groups.group_of[item.index], []).append(position)
+        self.chosen = list(chosen)
+        self.load = problem.totals(self.chosen)
+        self.timeline = problem.groups.timeline(self.load)
+        self.error = math.fsum(o.error for o in self.chosen)
+        """Summed option error of the plan."""
+        self.compressed = sum(o.key != NONE_SPEC for o in self.chosen)
+        """Layers not on ``none``."""
+
+    def _group(self, index: int) -> int:
+        return self._problem.groups.group_of[self._problem.pending[index].index]
+
+    def trial(self, index: int, option: LayerOption) -> tuple[GroupLoad, Timeline]:
+        """The load and timeline with pending layer ``index`` on ``option``: only its group
+        is summed again."""
+        group = self._group(index)
+        load = self.load.regrouped(
+            group,
+            self._problem.fixed,
+            (option if i == index else self.chosen[i] for i in self._members[group]),
+        )
+        return load, self._problem.groups.timeline(load)
+
+    def move(self, index: int, option: LayerOption, tried: tuple[GroupLoad, Timeline]) -> None:
+        """Take the move ``tried`` (what :meth:`trial` returned for it)."""
+        old = self.chosen[index]
+        self.error += option.error - old.error
+        self.compressed += (option.key != NONE_SPEC) - (old.key != NONE_SPEC)
+        self.chosen[index] = option
+        self.load, self.timeline = tried
+
+    def compressed_after(self, index: int, option: LayerOption) -> int:
+        """Layers not on ``none`` once layer ``index`` moves to ``option``."""
+        old = self.chosen[index]
+        return self.compressed + (option.key != NONE_SPEC) - (old.key != NONE_SPEC)
+
 
 def _fastest(options: Sequence[LayerOption]) -> LayerOption:
     return min(options, key=lambda o: (o.seconds, o.error, o.key))
@@ -265,34 +337,34 @@ def _fastest_plan(problem: _Problem, passes: int = 3) -> list[LayerOption]:
     """The fastest plan found: every layer's fastest option, then improved one layer at a
     time against the exact model (a layer whose communication hides behind the backward is
     fastest uncompressed, since its compression work would delay the backward for nothing)."""
-    chosen = [_fastest(item.options) for item in problem.pending]
-    best = problem.timeline(chosen).added_s
+    plan = problem.moves([_fastest(item.options) for item in problem.pending])
     for _ in range(passes):
         improved = False
         for index, item in enumerate(problem.pending):
             for option in sorted(item.options, key=lambda o: (o.seconds, o.error, o.key)):
-                if option.key == chosen[index].key:
+                if option.key == plan.chosen[index].key:
                     continue
-                trial = [*chosen[:index], option, *chosen[index + 1 :]]
-                added = problem.timeline(trial).added_s
-                if added < best - _TOLERANCE * max(1.0, best):
-                    chosen, best, improved = trial, added, True
+                tried = plan.trial(index, option)
+                best = plan.timeline.added_s
+                if tried[1].added_s < best - _TOLERANCE * max(1.0, best):
+                    plan.move(index, option, tried)
+                    improved = True
         if not improved:
             break
-    return chosen
+    return plan.chosen
 
 
 def _greedy_accuracy(
-    problem: _Problem, start: Sequence[LayerOption], fits: Callable[[Sequence[LayerOption]], bool]
+    problem: _Problem, start: Sequence[LayerOption], fits: Callable[[Timeline], bool]
 ) -> list[LayerOption]:
-    """From a plan that fits, switch layers to more accurate options while it still fits,
-    biggest error reduction per added second first: a check on the knapsack, whose rounding
-    to budget units can miss plans when the budget is tight."""
-    chosen = list(start)
+    """From a plan that fits (``fits`` its timeline), switch layers to more accurate options
+    while it still fits, biggest error reduction per added second first: a check on the
+    knapsack, whose rounding to budget units can miss plans when the budget is tight."""
+    plan = problem.moves(start)
     while True:
         moves = []
         for index, item in enumerate(problem.pending):
-            current = chosen[index]
+            current = plan.chosen[index]
             for option in item.options:
                 gain = current.error - option.error
                 if gain <= 0:
@@ -300,12 +372,12 @@ def _greedy_accuracy(
                 cost = max(option.seconds - current.seconds, 1e-12)
                 moves.append((-gain / cost, index, option.key, option))
         for _, index, _, option in sorted(moves, key=lambda move: move[:3]):
-            trial = [*chosen[:index], option, *chosen[index + 1 :]]
-            if fits(trial):
-                chosen = trial
+            tried = plan.trial(index, option)
+            if fits(tried[1]):
+                plan.move(index, option, tried)
                 break
         else:
-            return chosen
+            return plan.chosen
 
 
 def _meets_target(timeline: Timeline, target: float) -> bool:
@@ -485,7 +557,7 @@ def search(
     if slack is not None:
         candidates.append(("slack", *slack))
     greedy = _greedy_accuracy(
-        problem, fastest, lambda plan: problem.timeline(plan).added_s <= budget + _TOLERANCE
+        problem, fastest, lambda timeline: timeline.added_s <= budget + _TOLERANCE
     )
     candidates.append(("slack", greedy, None))
 

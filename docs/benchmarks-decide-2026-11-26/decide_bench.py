@@ -97,7 +97,7 @@ def main(argv: list[str]) -> None:
         profile.enable()
         run(int(argv[1]), 50)
         profile.disable()
-        pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+        pstats.Stats(profile).sort_stats(argv[2] if len(argv) > 2 else "tottime").print_stats(25)
     elif argv[:1] == ["--plans"]:
         out = {f"{b}-{r}": run(b, r)[1] for b in (50, 200) for r in (10, 50, 200, 2000)}
         with open(argv[1], "w") as file:

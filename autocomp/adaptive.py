@@ -73,6 +73,10 @@ __all__ = ["AdaptiveLoop", "WindowRecord"]
 _MISSING = 1e30  # marks an absent step in the MIN all-reduce of busy periods
 MAX_QUIET_WINDOWS = 16
 """Most windows one quiet stretch spans (``Config.quiet_window_seconds``)."""
+QUIET_BOUNDARY_SHARE = 0.01
+"""A quiet stretch lasts at least this boundary's cost over this share, so that boundaries
+that can only confirm an uncompressed plan take at most about 1% of the run, however long
+the decision: a decision over 802 parameters took 100 ms, every 50 steps of 50 ms (4%)."""
 
 
 class AdaptiveLoop:
@@ -120,8 +124,9 @@ class AdaptiveLoop:
         no probe or reset pending), regular boundaries come about this many seconds apart, in
         whole windows (at most ``MAX_QUIET_WINDOWS``), instead of every ``window`` steps. There
         a boundary can only confirm the plan, and it costs a few milliseconds: on the digits
-        CNN over loopback (2 gloo ranks) 7 ms every 50 steps of 7 ms, 2% of the run. A link
-        that slows down is then seen this much later. 0: every window ends at a boundary."""
+        CNN over loopback (2 gloo ranks) 7 ms every 50 steps of 7 ms, 2% of the run. A
+        costlier boundary stretches further (``QUIET_BOUNDARY_SHARE``). A link that slows
+        down is then seen this much later. 0: every window ends at a boundary."""
         opening: bool = True
         """At step 0, before its first collective, probe the link and decide at once when an
         uncompressed step would be communication-bound (see ``WindowPlanner.open``). Needs
@@ -206,9 +211,11 @@ class AdaptiveLoop:
         self._vector = WindowVector(self.names)
         self.history: deque[WindowRecord] = deque(maxlen=config.history)
         self.decision_failures = 0
-        self._node_link_warned = False
         """Windows whose decision raised (the plan was kept); see the log for tracebacks."""
+        self._node_link_warned = False
         self._last_boundary = 0
+        self._boundary_started = 0.0
+        """When the running boundary began (rank 0 sizes a quiet stretch by its cost)."""
         self.boundary_seconds = 0.0
         """Wall time this rank spent at window boundaries (measurement all-reduce, decision,
         plan broadcast, probe): the window loop's own cost, reported by the overhead bench."""
@@ -342,7 +349,7 @@ class AdaptiveLoop:
                 worked = True
         if self.is_boundary(step) and step != self._last_boundary:
             self._last_boundary = step
-            started = time.perf_counter()
+            started = self._boundary_started = time.perf_counter()
             self._boundary(step)
             self.boundary_seconds += time.perf_counter() - started
             worked = True
@@ -529,6 +536,10 @@ class AdaptiveLoop:
         seconds = self.config.quiet_window_seconds
         if seconds <= 0 or self.warmup_peers or self.state.hierarchy is not None:
             return 1
+        # This boundary's cost so far: the exchange and the decision, nearly all of it.
+        seconds = max(
+            seconds, (time.perf_counter() - self._boundary_started) / QUIET_BOUNDARY_SHARE
+        )
         if not self.planner.warmup_done or update.probe_bytes or update.resets:
             return 1
         if update.record.guard_events or self.planner.frozen:

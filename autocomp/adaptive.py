@@ -73,6 +73,11 @@ __all__ = ["AdaptiveLoop", "WindowRecord"]
 _MISSING = 1e30  # marks an absent step in the MIN all-reduce of busy periods
 MAX_QUIET_WINDOWS = 16
 """Most windows one quiet stretch spans (``Config.quiet_window_seconds``)."""
+HISTORY_LAYER_DECISIONS = 100_000
+"""Per-layer decisions ``ctl.history`` keeps in memory, newest records first; older records
+keep their plan-level figures (the run log has every layer of every window). One decision
+over 802 parameters is about 8,700 Python objects and 520 kB: 1,000 windows of them would
+hold 520 MB on rank 0, and every full garbage collection would walk them all."""
 QUIET_BOUNDARY_SHARE = 0.01
 """A quiet stretch lasts at least this boundary's cost over this share, so that boundaries
 that can only confirm an uncompressed plan take at most about 1% of the run, however long
@@ -107,7 +112,8 @@ class AdaptiveLoop:
         looks at 2 and 4 only, the warm-up ran on to step 50 in such runs, 46 uncompressed
         steps at 0.43 s (126-129 steps in 40 s against 154-157)."""
         history: int = 1000
-        """Window records kept in memory."""
+        """Window records kept in memory (the older ones without their per-layer decisions
+        past ``HISTORY_LAYER_DECISIONS``)."""
         sampled_steps: int = 2
         """Steps at the end of each window whose gradient norms and errors are measured (each
         costs a few passes over the gradients; more than one keeps the guards and the error
@@ -501,7 +507,7 @@ class AdaptiveLoop:
         if self.state.hierarchy is not None:
             record.node_link_bytes_per_s = _node_link_rate(self.state.hierarchy)
             self._check_node_link(record)
-        self.history.append(record)
+        self._remember(record)
         if self.runlog is not None:
             self.runlog.append_window(record.to_dict())  # queued: never waits on disk
         if self.state.rank == 0:
@@ -675,11 +681,30 @@ class AdaptiveLoop:
             Collective.ALL_REDUCE, probe[0], self.state.link_world_size
         ) / max(probe[1], 1e-12)
         record.changes = changes
-        self.history.append(record)
+        self._remember(record)
         if self.runlog is not None:
             self.runlog.append_window(record.to_dict())
         if self.state.rank == 0:
             logger.info("autocomp %s", record.summary())
+
+    def _remember(self, record: WindowRecord) -> None:
+        """Append ``record`` to the history; past ``HISTORY_LAYER_DECISIONS`` per-layer
+        decisions, the older records lose theirs. A trimmed decision is a new dict, so a
+        record still queued for the run log keeps every layer."""
+        self.history.append(record)
+        kept = 0
+        for older in reversed(self.history):
+            decision = older.decision
+            if not decision or "layers" not in decision:
+                if decision and decision.get("layers_trimmed") is not None:
+                    break  # everything older was trimmed before
+                continue
+            kept += len(decision["layers"])
+            if kept > HISTORY_LAYER_DECISIONS and older is not record:
+                older.decision = {
+                    **{k: v for k, v in decision.items() if k != "layers"},
+                    "layers_trimmed": len(decision["layers"]),
+                }
 
     def _check_node_link(self, record: WindowRecord) -> None:
         """Say so (once, rank 0) when the link inside a node is not much faster than the one

@@ -197,6 +197,42 @@ def test_a_quiet_stretch_skips_regular_boundaries_only() -> None:
     ]  # type: ignore[arg-type]
 
 
+def test_the_history_keeps_the_newest_layer_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``AdaptiveLoop._remember``: past ``HISTORY_LAYER_DECISIONS`` per-layer decisions the
+    older records keep only their plan-level figures, the newest always its own, and a
+    record already handed to the run log keeps every layer (its dict is replaced, not
+    emptied)."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    import autocomp.adaptive as adaptive
+    from autocomp.window import WindowRecord
+
+    monkeypatch.setattr(adaptive, "HISTORY_LAYER_DECISIONS", 5)
+    loop = SimpleNamespace(history=deque(maxlen=10))
+    logged = []
+    for step in range(6):
+        record = WindowRecord.opening(1.0)
+        record.step = step
+        record.decision = {"solver": "slack", "layers": [{"name": "a"}, {"name": "b"}]}
+        if step == 3:
+            record.decision = None  # a window without a decision (a guard's back-off)
+        adaptive.AdaptiveLoop._remember(loop, record)  # type: ignore[arg-type]
+        logged.append(record.to_dict())
+    kept = [
+        len(r.decision["layers"]) if r.decision and "layers" in r.decision else 0
+        for r in loop.history
+    ]
+    assert kept == [0, 0, 0, 0, 2, 2]  # 2 + 2 within 5; the third pair would make 6
+    assert loop.history[0].decision == {"solver": "slack", "layers_trimmed": 2}
+    assert all(len(d["decision"]["layers"]) == 2 for d in logged if d["decision"])
+    alone = SimpleNamespace(history=deque(maxlen=10))
+    big = WindowRecord.opening(1.0)
+    big.decision = {"layers": [{"name": str(i)} for i in range(9)]}
+    adaptive.AdaptiveLoop._remember(alone, big)  # type: ignore[arg-type]
+    assert len(big.decision["layers"]) == 9
+
+
 def test_only_a_settled_uncompressed_plan_stretches_the_windows() -> None:
     """``AdaptiveLoop._quiet_windows``: about ``quiet_window_seconds`` of windows (7 ms steps,
     50-step windows, 2 s: five), capped at ``MAX_QUIET_WINDOWS``, and one window whenever

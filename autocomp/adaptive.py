@@ -79,9 +79,9 @@ keep their plan-level figures (the run log has every layer of every window). One
 over 802 parameters is about 8,700 Python objects and 520 kB: 1,000 windows of them would
 hold 520 MB on rank 0, and every full garbage collection would walk them all."""
 QUIET_BOUNDARY_SHARE = 0.01
-"""A quiet stretch lasts at least this boundary's cost over this share, so that boundaries
-that can only confirm an uncompressed plan take at most about 1% of the run, however long
-the decision: a decision over 802 parameters took 100 ms, every 50 steps of 50 ms (4%)."""
+"""A quiet stretch lasts at least rank 0's decision time at its boundary over this share, so
+that boundaries that can only confirm an uncompressed plan take about 1% of the run however
+long the decision: over 802 parameters it took 100 ms, every 50 steps of 50 ms (4%)."""
 
 
 class AdaptiveLoop:
@@ -220,8 +220,8 @@ class AdaptiveLoop:
         """Windows whose decision raised (the plan was kept); see the log for tracebacks."""
         self._node_link_warned = False
         self._last_boundary = 0
-        self._boundary_started = 0.0
-        """When the running boundary began (rank 0 sizes a quiet stretch by its cost)."""
+        self._decision_started = 0.0
+        """When rank 0 began this boundary's decision (a quiet stretch is sized by its cost)."""
         self.boundary_seconds = 0.0
         """Wall time this rank spent at window boundaries (measurement all-reduce, decision,
         plan broadcast, probe): the window loop's own cost, reported by the overhead bench."""
@@ -355,7 +355,7 @@ class AdaptiveLoop:
                 worked = True
         if self.is_boundary(step) and step != self._last_boundary:
             self._last_boundary = step
-            started = self._boundary_started = time.perf_counter()
+            started = time.perf_counter()
             self._boundary(step)
             self.boundary_seconds += time.perf_counter() - started
             worked = True
@@ -451,6 +451,7 @@ class AdaptiveLoop:
         record: WindowRecord | None = None
         measurement: WindowMeasurement | None = None
         if self.state.rank == 0:
+            self._decision_started = time.perf_counter()
             measurement = self._measurement(
                 step, steps, profile, combined, busy_min, probe, nonfinite
             )
@@ -542,9 +543,10 @@ class AdaptiveLoop:
         seconds = self.config.quiet_window_seconds
         if seconds <= 0 or self.warmup_peers or self.state.hierarchy is not None:
             return 1
-        # This boundary's cost so far: the exchange and the decision, nearly all of it.
+        # Rank 0's own work at this boundary, which grows with the parameter count (the wait
+        # for the slowest rank at the exchange is left out: it is paid anyway).
         seconds = max(
-            seconds, (time.perf_counter() - self._boundary_started) / QUIET_BOUNDARY_SHARE
+            seconds, (time.perf_counter() - self._decision_started) / QUIET_BOUNDARY_SHARE
         )
         if not self.planner.warmup_done or update.probe_bytes or update.resets:
             return 1

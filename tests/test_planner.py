@@ -162,7 +162,7 @@ def _quiet_loop(**fields: object) -> object:
         state=SimpleNamespace(hierarchy=None),
         planner=SimpleNamespace(warmup_done=True, frozen=False),
         names=NAMES,
-        _boundary_started=time.perf_counter(),  # a boundary that has cost nothing yet
+        _decision_started=time.perf_counter(),  # a decision that has cost nothing yet
     )
     for key, value in fields.items():
         setattr(loop, key, value)
@@ -276,7 +276,7 @@ def test_only_a_settled_uncompressed_plan_stretches_the_windows() -> None:
     slow = SimpleNamespace(timings={"step_seconds": 0.07})
     plain = PlanUpdate([none[n] for n in NAMES], [], 0, WindowRecord.opening(1.0))
     assert AdaptiveLoop._quiet_windows(_quiet_loop(), plain, none, slow) == 1  # type: ignore[arg-type]
-    costly = _quiet_loop(_boundary_started=time.perf_counter() - 0.1)
+    costly = _quiet_loop(_decision_started=time.perf_counter() - 0.1)
     assert AdaptiveLoop._quiet_windows(costly, plain, none, slow) == 2  # type: ignore[arg-type]
     compressed = {**none, "fc1.weight": "powersgd:rank=4"}
     assert quiet(plan=[compressed[n] for n in NAMES], current=compressed) == 1

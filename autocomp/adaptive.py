@@ -344,23 +344,23 @@ class AdaptiveLoop:
         # controller's own work is charged to the step it delays, but not to its compute.
         sample = self.next_boundary(step) - step <= self.config.sampled_steps
         self.profiler.begin_step(sample=sample)
+        opening = step == 0 and not self._opened
+        self._opened = self._opened or opening
+        opening = opening and self.config.opening and self.ddp is not None
+        boundary = self.is_boundary(step) and step != self._last_boundary
+        if not (opening or boundary):
+            return
         stamp = self.profiler.stamp()
-        worked = False
-        if step == 0 and not self._opened:
-            self._opened = True
-            if self.config.opening and self.ddp is not None:
-                started = time.perf_counter()
-                self._opening()
-                self.opening_seconds = time.perf_counter() - started
-                worked = True
-        if self.is_boundary(step) and step != self._last_boundary:
+        if opening:
+            started = time.perf_counter()
+            self._opening()
+            self.opening_seconds = time.perf_counter() - started
+        if boundary:
             self._last_boundary = step
             started = time.perf_counter()
             self._boundary(step)
             self.boundary_seconds += time.perf_counter() - started
-            worked = True
-        if worked:
-            self.profiler.controller_work(stamp)
+        self.profiler.controller_work(stamp)
 
     def _on_forward_start(self, module: torch.nn.Module, args: Any) -> None:
         if self.first_forward_seconds is None and torch.is_grad_enabled() and module.training:
@@ -543,11 +543,6 @@ class AdaptiveLoop:
         seconds = self.config.quiet_window_seconds
         if seconds <= 0 or self.warmup_peers or self.state.hierarchy is not None:
             return 1
-        # Rank 0's own work at this boundary, which grows with the parameter count (the wait
-        # for the slowest rank at the exchange is left out: it is paid anyway).
-        seconds = max(
-            seconds, (time.perf_counter() - self._decision_started) / QUIET_BOUNDARY_SHARE
-        )
         if not self.planner.warmup_done or update.probe_bytes or update.resets:
             return 1
         if update.record.guard_events or self.planner.frozen:
@@ -560,6 +555,10 @@ class AdaptiveLoop:
         window_seconds = measurement.timings["step_seconds"] * self.config.window
         if not window_seconds > 0:
             return 1
+        # At least 100x rank 0's own work at this boundary, which grows with the parameter
+        # count (the wait for the slowest rank at the exchange is left out: paid anyway).
+        decided = time.perf_counter() - self._decision_started
+        seconds = max(seconds, decided / QUIET_BOUNDARY_SHARE)
         return max(1, min(MAX_QUIET_WINDOWS, int(seconds / window_seconds)))
 
     def _agree_warmup_end(self, measurement: WindowMeasurement | None) -> bool:

@@ -44,6 +44,8 @@ class _PlanMoves(Protocol):
 
     def move(self, index: int, option: LayerOption, tried: tuple[Any, Timeline]) -> None: ...
 
+    def error_after(self, index: int, option: LayerOption) -> float: ...
+
     def compressed_after(self, index: int, option: LayerOption) -> int: ...
 
 
@@ -123,14 +125,13 @@ def progress_ascent(
             improved = False
             for index, item in enumerate(problem.pending):
                 for option in item.options:
-                    old = plan.chosen[index]
-                    if option.error >= old.error:
+                    if option.error >= plan.chosen[index].error:
                         continue
                     if plan.compressed_after(index, option) == 0:
                         continue  # whether compression pays at all is the engine's bar
                     tried = plan.trial(index, option)
                     trial_rate = progress_rate(
-                        compute + tried[1].added_s, plan.error - old.error + option.error, per_error
+                        compute + tried[1].added_s, plan.error_after(index, option), per_error
                     )
                     if trial_rate > current * (1 + 1e-6):
                         plan.move(index, option, tried)

@@ -317,11 +317,14 @@ class PlanMoves:
 
     def move(self, index: int, option: LayerOption, tried: tuple[GroupLoad, Timeline]) -> None:
         """Take the move ``tried`` (what :meth:`trial` returned for it)."""
-        old = self.chosen[index]
-        self.error += option.error - old.error
-        self.compressed += (option.key != NONE_SPEC) - (old.key != NONE_SPEC)
+        self.error = self.error_after(index, option)
+        self.compressed = self.compressed_after(index, option)
         self.chosen[index] = option
         self.load, self.timeline = tried
+
+    def error_after(self, index: int, option: LayerOption) -> float:
+        """The plan's summed error once layer ``index`` moves to ``option``."""
+        return self.error - self.chosen[index].error + option.error
 
     def compressed_after(self, index: int, option: LayerOption) -> int:
         """Layers not on ``none`` once layer ``index`` moves to ``option``."""

@@ -131,7 +131,7 @@ class AdaptiveLoop:
         whole windows (at most ``MAX_QUIET_WINDOWS``), instead of every ``window`` steps. There
         a boundary can only confirm the plan, and it costs a few milliseconds: on the digits
         CNN over loopback (2 gloo ranks) 7 ms every 50 steps of 7 ms, 2% of the run. A
-        costlier boundary stretches further (``QUIET_BOUNDARY_SHARE``). A link that slows
+        costlier decision stretches further (``QUIET_BOUNDARY_SHARE``). A link that slows
         down is then seen this much later. 0: every window ends at a boundary."""
         opening: bool = True
         """At step 0, before its first collective, probe the link and decide at once when an

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 
 import pytest
 import torch
@@ -151,7 +152,7 @@ def _quiet_loop(**fields: object) -> object:
     """An ``AdaptiveLoop`` stand-in with just what its schedule and quiet rule read."""
     from types import SimpleNamespace
 
-    from autocomp.adaptive import AdaptiveLoop
+    from autocomp.adaptive import QUIET_DECISIONS, AdaptiveLoop
 
     config = AdaptiveLoop.Config(window=50, warmup_steps=100, quiet_window_seconds=2.0)
     loop = SimpleNamespace(
@@ -163,6 +164,7 @@ def _quiet_loop(**fields: object) -> object:
         planner=SimpleNamespace(warmup_done=True, frozen=False),
         names=NAMES,
         _decision_started=time.perf_counter(),  # a decision that has cost nothing yet
+        _decision_seconds=deque(maxlen=QUIET_DECISIONS),
     )
     for key, value in fields.items():
         setattr(loop, key, value)
@@ -239,7 +241,7 @@ def test_only_a_settled_uncompressed_plan_stretches_the_windows() -> None:
     anything is left to decide, watch or apply, or another loop shares the schedule."""
     from types import SimpleNamespace
 
-    from autocomp.adaptive import MAX_QUIET_WINDOWS, AdaptiveLoop
+    from autocomp.adaptive import MAX_QUIET_WINDOWS, QUIET_DECISIONS, AdaptiveLoop
     from autocomp.window import PlanUpdate, WindowRecord
 
     none = dict.fromkeys(NAMES, "none")
@@ -278,6 +280,12 @@ def test_only_a_settled_uncompressed_plan_stretches_the_windows() -> None:
     assert AdaptiveLoop._quiet_windows(_quiet_loop(), plain, none, slow) == 1  # type: ignore[arg-type]
     costly = _quiet_loop(_decision_started=time.perf_counter() - 0.1)
     assert AdaptiveLoop._quiet_windows(costly, plain, none, slow) == 2  # type: ignore[arg-type]
+    # One slow decision among quick ones (a first of its kind, a loaded machine) does not.
+    once = _quiet_loop(
+        _decision_started=time.perf_counter() - 0.1,
+        _decision_seconds=deque([0.001, 0.002], maxlen=QUIET_DECISIONS),
+    )
+    assert AdaptiveLoop._quiet_windows(once, plain, none, slow) == 1  # type: ignore[arg-type]
     compressed = {**none, "fc1.weight": "powersgd:rank=4"}
     assert quiet(plan=[compressed[n] for n in NAMES], current=compressed) == 1
     assert quiet(current=compressed) == 1  # the plan changes at this boundary

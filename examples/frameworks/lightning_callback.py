@@ -89,13 +89,24 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=40, help="optimizer steps")
     parser.add_argument("--accumulate", type=int, default=2, help="batches per optimizer step")
     parser.add_argument("--window", type=int, default=4, help="steps between decisions")
+    parser.add_argument(
+        "--quiet-seconds",
+        type=float,
+        default=2.0,
+        help="quiet stretch of an uncompressed plan (0: a boundary every window)",
+    )
     parser.add_argument("--out", type=Path, help="write each rank's results here (tests)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
 
     L.seed_everything(0, verbose=False)
     callback = AutocompCallback(
-        autocomp.AutocompConfig(target_overlap=0.9, window=args.window, warmup_steps=4)
+        autocomp.AutocompConfig(
+            target_overlap=0.9,
+            window=args.window,
+            warmup_steps=4,
+            quiet_window_seconds=args.quiet_seconds,
+        )
     )
     model = Classifier()
     trainer = L.Trainer(

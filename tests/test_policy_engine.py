@@ -952,6 +952,71 @@ def test_a_near_useless_option_stays_when_the_better_one_costs_more_than_the_sla
     assert "not considered" not in decision.layer("attn").reason
 
 
+def _many_projections(rows: list[int]) -> list[LayerProfile]:
+    """Twelve small-gradient projections whose rank 1 sends almost nothing, beside a large
+    MLP weight: rank 4 costs each of them ~3 ms more at 50 Mbit/s, under the ~15 ms slack
+    alone, about 35 ms together."""
+    errors = {"powersgd:rank=1": 0.93, "powersgd:rank=4": 0.6}
+    return [
+        *(
+            LayerProfile(name=f"proj{i}", shape=(r, 256), grad_norm=0.01, rel_error=errors)
+            for i, r in enumerate(rows)
+        ),
+        LayerProfile(name="mlp", shape=(2048, 2048), grad_norm=10.0),
+    ]
+
+
+def test_near_useless_options_share_one_slack() -> None:
+    """The slack the rule spends is the plan's, not each layer's: charged per layer, twelve
+    layers each took their ~3 ms (as the held-out 12-layer GPT's output projections took
+    int8 for PowerSGD rank 4, 24 ms against a 9 ms slack, and stepped 10% slower). Only the
+    drops that fit together go, cheapest first, and the layers that keep the near-useless
+    option still have it as a choice."""
+    rules = PolicyRules(candidates=("none", "powersgd:rank=1", "powersgd:rank=4"), time_slack=0.03)
+    timing = StepTiming(backward_seconds=0.3, hideable_seconds=1e-4, step_seconds=0.5)
+    eng = engine(50, rules)
+    layers = _many_projections([768 + 8 * i for i in range(12)])
+    decision = eng.decide(layers, timing, AFTER_WARMUP, WORLD)
+    dropped = [
+        layer.name
+        for layer in decision.layers
+        if "not considered: powersgd:rank=1,ef=true" in layer.reason
+    ]
+    assert 0 < len(dropped) < 12, dropped
+    # Cheapest first: the smallest projections (least extra for rank 4) hold the slack.
+    assert dropped == [f"proj{i}" for i in range(len(dropped))]
+    cost = eng.cost_model
+    extra = sum(
+        cost.comm_seconds(Collective.ALL_REDUCE, 4 * (r + 256) * (4 - 1), WORLD)
+        - cost.comm_seconds(Collective.ALL_REDUCE, 0, WORLD)
+        + _POWERSGD_PER_RANK * (4 - 1) * r * 256
+        for r in (768 + 8 * i for i in range(len(dropped)))
+    )
+    assert decision.fastest_step_seconds is not None
+    assert extra <= rules.time_slack * decision.fastest_step_seconds
+    # Every layer alone fits the slack: the per-layer rule would have dropped all twelve.
+    assert all(d.spec == "powersgd:rank=4,ef=true" for d in decision.layers if d.name in dropped)
+
+
+def test_the_layers_that_share_the_slack_stay_put() -> None:
+    """Once a layer is off its near-useless option, its drop is charged before those of the
+    layers still on one, so measurement noise that reorders the costs does not move the slack
+    to other layers (each move discards a warm start)."""
+    rules = PolicyRules(candidates=("none", "powersgd:rank=1", "powersgd:rank=4"), time_slack=0.03)
+    timing = StepTiming(backward_seconds=0.3, hideable_seconds=1e-4, step_seconds=0.5)
+    eng = engine(50, rules)
+    first = eng.decide(
+        _many_projections([768 + 8 * i for i in range(12)]), timing, AFTER_WARMUP, WORLD
+    )
+    current = {d.name: d.spec for d in first.layers}
+    # The costs now order the other way round: the largest projections are the cheapest.
+    layers = _many_projections([768 + 8 * (11 - i) for i in range(12)])
+    again = eng.decide(layers, timing, AFTER_WARMUP, WORLD, current=current)
+    assert {d.name: d.spec for d in again.layers} == current
+    fresh = eng.decide(layers, timing, AFTER_WARMUP, WORLD)
+    assert {d.name: d.spec for d in fresh.layers} != current
+
+
 def _small_head() -> list[LayerProfile]:
     """The digits CNN's 10x256 classifier head, whose top-1% sends 25 values, beside a weight
     of 8192 elements; both measured 0.95 on top-1%."""

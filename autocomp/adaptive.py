@@ -472,9 +472,8 @@ class AdaptiveLoop:
             }
             try:
                 self.planner.sparse_bytes = {
-                    name: slot.sparse_step_bytes
-                    for name, slot in self.state.slots.items()
-                    if slot.sparse
+                    name: self.state.slots[name].sparse_step_bytes
+                    for name in self.state.sparse_names
                 }
                 update = self.planner.decide(measurement, current, peers_ended=peers_ended)
             except Exception:
@@ -488,6 +487,7 @@ class AdaptiveLoop:
                     self.planner.warmup_done = True
             record = update.record
             record_window_line({**line, "decision": record.decision})
+            self._decision_seconds.append(time.perf_counter() - self._decision_started)
             payload = [
                 {
                     "plan": update.plan,
@@ -546,7 +546,6 @@ class AdaptiveLoop:
         own stretches its windows: HSDP's replicate groups and the hierarchy's owners keep
         boundary-time collectives with peer loops, which must keep the same schedule.
         """
-        self._decision_seconds.append(time.perf_counter() - self._decision_started)
         seconds = self.config.quiet_window_seconds
         if seconds <= 0 or self.warmup_peers or self.state.hierarchy is not None:
             return 1
@@ -564,7 +563,7 @@ class AdaptiveLoop:
             return 1
         # At least 100x rank 0's own work at a boundary, which grows with the parameter count
         # (the wait for the slowest rank at the exchange is left out: paid anyway).
-        decided = statistics.median(self._decision_seconds)
+        decided = statistics.median(self._decision_seconds) if self._decision_seconds else 0.0
         seconds = max(seconds, decided / QUIET_BOUNDARY_SHARE)
         return max(1, min(MAX_QUIET_WINDOWS, int(seconds / window_seconds)))
 
@@ -630,7 +629,7 @@ class AdaptiveLoop:
         # never compressed, so the opening leaves it out (priced at 0 bytes) rather than
         # count its dense table: a large sparse embedding would otherwise make any link
         # look slow.
-        sparse = {name for name, slot in self.state.slots.items() if slot.sparse}
+        sparse = set(self.state.sparse_names)
         self.planner.sparse_bytes = dict.fromkeys(sparse, 0)
         raw = sum(
             slot.shape.numel() * slot.dtype.itemsize

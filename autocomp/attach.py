@@ -320,7 +320,7 @@ def _adaptive_loop(
     AdaptiveLoop.validate(config)
     # Sparse gradients are never compressed: exact-name pins ahead of the plan's (which bind
     # has checked do not compress them), so the engine never plans for them.
-    pins = sparse_pins(name for name, slot in state.slots.items() if slot.sparse)
+    pins = sparse_pins(state.sparse_names)
     pins += [(r.pattern, r.compressor.spec) for r in resolved.rules.rules]
     runlog = None
     loop = None

@@ -93,6 +93,11 @@ class HookState:
         """Ranks sending concurrently over one instance of that link (a node's owners)."""
         return self.hierarchy.local_world_size if self.hierarchy is not None else 1
 
+    @property
+    def sparse_names(self) -> list[str]:
+        """Layers whose gradient DDP hands over sparse (never compressed), in slot order."""
+        return [name for name, slot in self.slots.items() if slot.sparse]
+
     def enter_hook(self) -> None:
         """First thing of every hook call: last step's non-finite flags, then, at the first
         call of a step, the step listener (window boundaries), before any of its collectives."""

@@ -13,7 +13,6 @@ round-trip through JSON, and the planner's state survives a checkpoint.
 from __future__ import annotations
 
 import json
-import time
 from collections import deque
 
 import pytest
@@ -163,8 +162,7 @@ def _quiet_loop(**fields: object) -> object:
         state=SimpleNamespace(hierarchy=None),
         planner=SimpleNamespace(warmup_done=True, frozen=False),
         names=NAMES,
-        _decision_started=time.perf_counter(),  # a decision that has cost nothing yet
-        _decision_seconds=deque(maxlen=QUIET_DECISIONS),
+        _decision_seconds=deque([0.0], maxlen=QUIET_DECISIONS),  # decisions cost nothing
     )
     for key, value in fields.items():
         setattr(loop, key, value)
@@ -278,13 +276,10 @@ def test_only_a_settled_uncompressed_plan_stretches_the_windows() -> None:
     slow = SimpleNamespace(timings={"step_seconds": 0.07})
     plain = PlanUpdate([none[n] for n in NAMES], [], 0, WindowRecord.opening(1.0))
     assert AdaptiveLoop._quiet_windows(_quiet_loop(), plain, none, slow) == 1  # type: ignore[arg-type]
-    costly = _quiet_loop(_decision_started=time.perf_counter() - 0.1)
+    costly = _quiet_loop(_decision_seconds=deque([0.1], maxlen=QUIET_DECISIONS))
     assert AdaptiveLoop._quiet_windows(costly, plain, none, slow) == 2  # type: ignore[arg-type]
     # One slow decision among quick ones (a first of its kind, a loaded machine) does not.
-    once = _quiet_loop(
-        _decision_started=time.perf_counter() - 0.1,
-        _decision_seconds=deque([0.001, 0.002], maxlen=QUIET_DECISIONS),
-    )
+    once = _quiet_loop(_decision_seconds=deque([0.001, 0.002, 0.1], maxlen=QUIET_DECISIONS))
     assert AdaptiveLoop._quiet_windows(once, plain, none, slow) == 1  # type: ignore[arg-type]
     compressed = {**none, "fc1.weight": "powersgd:rank=4"}
     assert quiet(plan=[compressed[n] for n in NAMES], current=compressed) == 1

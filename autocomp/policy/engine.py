@@ -96,7 +96,8 @@ class PolicyEngine:
         """Relative error at or above which an option sends almost nothing of the gradient."""
         much_better: float = 0.25
         """A near-useless option is dropped when another is this much more accurate
-        (absolute relative error) and costs the layer at most the time slack more."""
+        (absolute relative error) and costs the layer at most the time slack more, the
+        layers' extra costs together within that one slack."""
         dwell_max_loss: float = 0.1
         """Dwell locks are dropped when the locked plan's predicted progress per second falls
         this fraction below the plan the search takes without them (the situation changed

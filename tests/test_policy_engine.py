@@ -998,6 +998,38 @@ def test_near_useless_options_share_one_slack() -> None:
     assert all(d.spec == "powersgd:rank=4,ef=true" for d in decision.layers if d.name in dropped)
 
 
+def test_a_hopeless_option_is_dropped_whatever_the_others_spent() -> None:
+    """At 0.95 or more an option sends nothing a layer can train on: its drop does not wait
+    for the shared slack. A wider projection whose rank 1 reads 0.97 costs ~7 ms to fix, more
+    than each of the twelve at 0.93, so cheapest first it would come after the slack is gone
+    (as a 2048x512 MLP weight took rank 4 at 1.0 in ``tests/test_stability.py``)."""
+    rules = PolicyRules(candidates=("none", "powersgd:rank=1", "powersgd:rank=4"), time_slack=0.03)
+    timing = StepTiming(backward_seconds=0.3, hideable_seconds=1e-4, step_seconds=0.5)
+    layers = _many_projections([768 + 8 * i for i in range(12)])
+    wide = LayerProfile(
+        name="wide",
+        shape=(2048, 256),
+        grad_norm=0.01,
+        rel_error={"powersgd:rank=1": 0.97, "powersgd:rank=4": 0.6},
+    )
+    decision = engine(50, rules).decide([*layers, wide], timing, AFTER_WARMUP, WORLD)
+    assert decision.layer("wide").spec == "powersgd:rank=4,ef=true"
+    assert (
+        "not considered: powersgd:rank=1,ef=true (rel. error 0.97" in decision.layer("wide").reason
+    )
+    shared = [
+        d for d in decision.layers if d.name.startswith("proj") and "not considered" in d.reason
+    ]
+    assert 0 < len(shared) < 12
+    loose = PolicyEngine(
+        rules,
+        FakeCostModel(50),
+        target_overlap=TARGET,
+        config=PolicyEngine.Config(hopeless_error=2.0),
+    ).decide([*layers, wide], timing, AFTER_WARMUP, WORLD)
+    assert "not considered" not in loose.layer("wide").reason
+
+
 def test_the_layers_that_share_the_slack_stay_put() -> None:
     """Once a layer is off its near-useless option, its drop is charged before those of the
     layers still on one, so measurement noise that reorders the costs does not move the slack

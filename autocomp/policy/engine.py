@@ -97,7 +97,10 @@ class PolicyEngine:
         much_better: float = 0.25
         """A near-useless option is dropped when another is this much more accurate
         (absolute relative error) and costs the layer at most the time slack more, the
-        layers' extra costs together within that one slack."""
+        layers' extra costs together within that one slack (below ``hopeless_error``)."""
+        hopeless_error: float = 0.95
+        """Relative error at or above which a near-useless option is dropped whenever a much
+        better one costs that layer under the slack, the slack not shared with others."""
         dwell_max_loss: float = 0.1
         """Dwell locks are dropped when the locked plan's predicted progress per second falls
         this fraction below the plan the search takes without them (the situation changed
@@ -316,6 +319,7 @@ class PolicyEngine:
             switch_margin=cfg.switch_margin,
             useless_error=cfg.useless_error,
             much_better=cfg.much_better,
+            hopeless_error=cfg.hopeless_error,
             useless_min_numel=self.rules.useless_min_numel,
             resolution=cfg.resolution,
         )

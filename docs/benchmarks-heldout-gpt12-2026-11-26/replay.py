@@ -30,6 +30,14 @@ def main(folder: str) -> None:
         with open(path, "rb") as f:
             captured = pickle.load(f)
         engine, args, kwargs = captured["engine"], captured["args"], dict(captured["kwargs"])
+        # A capture from older code lacks newer config fields: their defaults stand in.
+        engine.config = type(engine.config)(
+            **{
+                f.name: getattr(engine.config, f.name)
+                for f in dataclasses.fields(engine.config)
+                if hasattr(engine.config, f.name)
+            }
+        )
         layers, timing, step, world = args[:4]
         kwargs.pop("locked", None)
         kwargs.pop("current", None)

@@ -243,6 +243,9 @@ class WindowPlanner:
         """Smoothed measured relative error per layer and spec."""
         self.grad_norms: dict[str, float] = {}
         self.last_decision: PolicyDecision | None = None
+        self._locks_outvoted = False
+        """The last decision found the dwell locks outvoted (``PolicyEngine.Config.
+        dwell_max_loss``); the next such finding in a row releases them."""
         self._plan_ran: tuple[str, ...] | None = None
         self._windows = 0
         self.dwell = DwellClock(
@@ -347,7 +350,9 @@ class WindowPlanner:
                     **self._revert_locks(m, bandwidth),
                 },
                 warmup_done=self.warmup_done,
+                release_locks=self._locks_outvoted,
             )
+            self._locks_outvoted = decision.locks_outvoted
             specs = decision.plan
             plan = [specs[name] for name in self.names]
             self.last_decision = decision
@@ -678,6 +683,7 @@ class WindowPlanner:
             "measured_since_opening": self._measured_since_opening,
             "windows": self._windows,
             "changed_at": self.dwell.state_dict(),
+            "locks_outvoted": self._locks_outvoted,
             "running_since": {k: list(v) for k, v in self._running_since.items()},
             "step_gap": self.step_gap.state_dict(),
         }
@@ -701,6 +707,7 @@ class WindowPlanner:
         self._measured_since_opening = bool(state.get("measured_since_opening", False))
         self._windows = int(state.get("windows", 0))
         self.dwell.load_state_dict(state.get("changed_at", {}))
+        self._locks_outvoted = bool(state.get("locks_outvoted", False))
         self._running_since = {
             str(k): (str(v[0]), int(v[1])) for k, v in state.get("running_since", {}).items()
         }

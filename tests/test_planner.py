@@ -622,6 +622,34 @@ def test_a_layer_that_switched_dwells_unless_the_link_moves() -> None:
     assert rules["fc1.weight"] != "dwell"
 
 
+def test_locks_are_released_at_the_second_outvoting_in_a_row(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The engine may drop dwell locks only when the previous decision also found them
+    outvoted (``PolicyEngine.Config.dwell_max_loss``): one window's timing noise must not
+    release them. The finding survives a checkpoint."""
+    import dataclasses
+
+    p = planner(warmup_steps=0, settle_steps=0)
+    seen: list[bool] = []
+    verdicts = iter([True, False, True, True])
+    real = p.engine.decide
+
+    def spy(*args: object, **kwargs: object) -> object:
+        seen.append(bool(kwargs["release_locks"]))
+        return dataclasses.replace(real(*args, **kwargs), locks_outvoted=next(verdicts))
+
+    monkeypatch.setattr(p.engine, "decide", spy)
+    current = dict.fromkeys(NAMES, "none")
+    for window in range(1, 4):
+        update = p.decide(measurement(10 * window, mbit=50, specs=current), current)
+        current = dict(zip(NAMES, update.plan, strict=True))
+    assert seen == [False, True, False]
+    restored = planner(warmup_steps=0, settle_steps=0)
+    restored.load_state_dict(p.state_dict())
+    assert restored._locks_outvoted
+
+
 def test_a_guards_switch_dwells_no_longer_than_the_guard() -> None:
     """A critical regime moves a layer to a lighter option; that switch starts a dwell clock
     like any other, but the clock holds the guard's choice only while the guard does: the

@@ -23,8 +23,9 @@ noisy from window to window. So a layer that switched is locked on its new compr
   decision that ends the warm-up decides it again (the caller passes ``settle`` there).
 
 The engine drops the remaining locks when the locked plan's predicted progress per second
-falls ``dwell_max_loss`` below the plan it would take without them; guards and pins win over
-locks there too.
+falls ``dwell_max_loss`` below the plan it would take without them at two decisions in a row
+(the planner passes ``release_locks``: one window's timing noise is not a changed
+situation); guards and pins win over locks there too.
 """
 
 from __future__ import annotations

@@ -97,14 +97,15 @@ class PolicyEngine:
         much_better: float = 0.25
         """A near-useless option is dropped when another is this much more accurate
         (absolute relative error) and costs the layer at most the time slack more, the
-        layers' extra costs together within that one slack (below ``hopeless_error``)."""
+        layers' extra costs together within that one slack."""
         hopeless_error: float = 0.95
-        """Relative error at or above which a near-useless option is dropped whenever a much
-        better one costs that layer under the slack, the slack not shared with others."""
+        """Relative error at or above which a near-useless option sends nothing a layer can
+        train on: its drop gets the shared slack first, the worst first."""
         dwell_max_loss: float = 0.1
         """Dwell locks are dropped when the locked plan's predicted progress per second falls
         this fraction below the plan the search takes without them (the situation changed
-        too much for a lock that only guards against noise)."""
+        too much for a lock that only guards against noise), at the caller's second such
+        decision in a row (``release_locks``)."""
 
     def __init__(
         self,
@@ -155,6 +156,7 @@ class PolicyEngine:
         hold_reason: str | None = None,
         locked: Mapping[str, str] | None = None,
         warmup_done: bool | None = None,
+        release_locks: bool = True,
     ) -> PolicyDecision:
         """The plan for the next steps; see the module docstring.
 
@@ -172,10 +174,14 @@ class PolicyEngine:
                 layers the search would decide stay uncompressed (rule ``no_gain``).
             locked: layers that must keep their current spec (the caller's dwell rule),
                 honoured while that spec is still a candidate and the plan stays close to the
-                fastest one (see ``Config.dwell_slack``).
+                fastest one (see ``Config.dwell_max_loss``).
             warmup_done: overrides ``step < rules.warmup_steps`` (the adaptive loop ends the
                 warm-up early on a link much slower than the backward). In the warm-up only
                 options within ``rules.warmup_max_error`` are candidates.
+            release_locks: whether locks the unlocked plan outlearns by ``dwell_max_loss``
+                are dropped now; False holds them and only reports it
+                (``PolicyDecision.locks_outvoted``). The planner passes True only after one
+                such decision, so one window's noise cannot release them.
         """
         names = [layer.name for layer in layers]
         if len(set(names)) != len(names):
@@ -222,6 +228,7 @@ class PolicyEngine:
         latency_by_group = [per_bucket_latency * count for count in counted]
         solver = ""
         fastest_step: float | None = None
+        outvoted = False
         if pending and hold_reason is not None:
             for item in pending:
                 decisions[item.index] = self._none(item, hold_reason)
@@ -229,8 +236,8 @@ class PolicyEngine:
             solver = "held"
         required_gain, uncompressed_step = 0.0, None
         if pending:
-            solver, fastest_step = self._search(
-                pending, decisions, groups, latency_by_group, timing, locked or {}
+            solver, fastest_step, outvoted = self._search(
+                pending, decisions, groups, latency_by_group, timing, locked or {}, release_locks
             )
             pays, required_gain, uncompressed_step = self._compression_pays(
                 pending, decisions, groups, latency_by_group, timing, current
@@ -271,6 +278,7 @@ class PolicyEngine:
             uncompressed_step_seconds=uncompressed_step,
             contention_rate=groups.contention,
             predicted_contention_seconds=timeline.contention_s,
+            locks_outvoted=outvoted,
         )
         logger.debug(
             "step %d: predicted step %.4g s (compute %.4g, gap %.4g, fastest %s), overlap %.3f, "
@@ -332,8 +340,10 @@ class PolicyEngine:
         latency_by_group: Sequence[float],
         timing: StepTiming,
         locked: Mapping[str, str],
-    ) -> tuple[str, float]:
-        """Fill ``decisions`` for the pending layers; returns (solver, fastest step)."""
+        release_locks: bool,
+    ) -> tuple[str, float, bool]:
+        """Fill ``decisions`` for the pending layers; returns (solver, fastest step, whether
+        the unlocked plan outlearned the locked one by ``dwell_max_loss``)."""
         config = self._search_config()
         total_weight = math.fsum(self._weight(item.layer) for item in pending)
         if total_weight > 0:
@@ -353,14 +363,17 @@ class PolicyEngine:
         for item in held:
             with_held.add(groups.group_of[item.index], item.option(locked[item.layer.name]))
         result = None
+        outvoted = False
         if free or held:
-            if free:
-                result = search(free, groups, with_held, timing, config)
+            unlocked = None
             if held:
-                # Locks hold while the locked plan learns per second within dwell_max_loss of
-                # the plan the search takes without them.
+                # The search without the locks: the free layers' T* and slack are its own, and
+                # locks hold while the locked plan learns per second within dwell_max_loss of it.
                 unlocked_items = [self._copy(item) for item in pending]
                 unlocked = search(unlocked_items, groups, fixed, timing, config)
+            if free:
+                result = search(free, groups, with_held, timing, config, reference=unlocked)
+            if unlocked is not None:
                 added = (
                     result.timeline.added_s
                     if result is not None
@@ -375,7 +388,8 @@ class PolicyEngine:
                 free_rate = progress_rate(
                     timing.base + unlocked.timeline.added_s, unlocked_error, per_error
                 )
-                if locked_rate < (1.0 - self.config.dwell_max_loss) * free_rate:
+                outvoted = locked_rate < (1.0 - self.config.dwell_max_loss) * free_rate
+                if outvoted and release_locks:
                     held, free, result = [], unlocked_items, unlocked
         for item in held:
             option = item.option(locked[item.layer.name])
@@ -396,7 +410,7 @@ class PolicyEngine:
                 predicted_error=option.error,
             )
         if result is None:
-            return "dwell", timing.base
+            return "dwell", timing.base, outvoted
         for item, chosen, runner in zip(free, result.chosen, result.runner_ups, strict=True):
             decisions[item.index] = optimizer_decision(
                 item,
@@ -408,7 +422,7 @@ class PolicyEngine:
                 margin=config.switch_margin,
             )
         solver = result.method + (" (+dwell)" if held else "")
-        return solver, timing.base + result.fastest_added
+        return solver, timing.base + result.fastest_added, outvoted
 
     def _compression_pays(
         self,

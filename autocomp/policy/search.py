@@ -26,10 +26,10 @@ Two more rules keep the plan sensible and steady:
 - **No near-useless option when a much better one is affordable.** An option whose relative
   error is at least ``useless_error`` sends almost nothing of the gradient; it is dropped from
   a layer's choices when another option's error is ``much_better`` lower and costs that layer
-  at most ``time_slack`` x T* more; below ``hopeless_error`` the layers' extra costs are
-  summed within that one slack (cheapest first). The squared-error objective alone would
-  take it, because a layer with a small gradient norm weighs little, yet that layer would
-  then barely train.
+  at most ``time_slack`` x T* more, the layers' extra costs summed within that one slack
+  (options at ``hopeless_error`` or more first, the worst first; then the rest, cheapest
+  first). The squared-error objective alone would take it, because a layer with a small
+  gradient norm weighs little, yet that layer would then barely train.
   On a layer under ``useless_min_numel`` elements it is dropped whatever the alternatives
   cost: errors weighed by size count such a layer (a classifier head, a position table) for
   little, and the few bytes a near-useless option saves there do not pay for a layer that
@@ -73,8 +73,7 @@ class SearchConfig:
     """How much lower another option's relative error must be to replace a useless one."""
     hopeless_error: float = 0.95
     """Relative error at or above which a near-useless option sends nothing a layer can train
-    on: dropped whenever a much better one costs that layer under the slack, without sharing
-    the slack with other layers."""
+    on: such drops get the shared slack first, the worst first."""
     useless_min_numel: int = 0
     """Layers with fewer elements never take a near-useless option, affordable or not."""
     resolution: int = 2000
@@ -198,6 +197,8 @@ class SearchResult:
     timeline: Timeline
     fastest_added: float
     """What the fastest plan adds to the compute-only step (T* - compute)."""
+    open_fastest_added: float
+    """The same before near-useless options were dropped (what their allowance is taken of)."""
     budget_added: float
     """The most a plan may add and still count as fast: T* (1 + slack) - compute."""
     meets_target: bool
@@ -425,46 +426,68 @@ def _drop_useless(pending: Sequence[Pending], allowance: float, config: SearchCo
     """Remove near-useless options where a much better one is affordable, the slack spent
     once for the whole plan (see the module docstring).
 
-    A layer's drops cost the plan what they add to that layer's fastest option. Layers are
-    taken cheapest first while the sum stays within ``allowance``, those already off their
-    near-useless options before those on one (so the layers that share the slack do not
-    change from one decision to the next on measurement noise); the rest keep their
-    options. Charged per layer, every layer could spend the whole slack: twelve 128x128
-    output projections of a 12-layer GPT at 50 Mbit/s each lost PowerSGD rank 4 (measured
-    0.906) for int8 at 2 ms more, 24 ms together against a 9 ms slack, and the plan measured
-    10% slower than rank 4 everywhere, which learned more per second
-    (docs/benchmarks.md, "Held-out: a 12-layer GPT"). Two kinds of drop are not charged and
-    always hold: a small layer's, whatever they cost, and an option at ``hopeless_error`` or
-    more, which sends nothing the layer can train on (shared, the slack went to twelve cheap
-    layers at 0.92-1.04 while a 2048x512 MLP weight took rank 4 at 1.0, and the plan swung
-    back the next window: ``tests/test_stability.py``).
+    A layer's drops cost the plan what they add to that layer's fastest option, and all of
+    them together stay within ``allowance``. Charged per layer, every layer could spend the
+    whole slack: twelve 128x128 output projections of a 12-layer GPT at 50 Mbit/s each lost
+    PowerSGD rank 4 (measured 0.906) for int8 at 2 ms more, 24 ms together against a 9 ms
+    slack, and the plan measured 10% slower than rank 4 everywhere, which learned more per
+    second (docs/benchmarks.md, "Held-out: a 12-layer GPT").
+
+    The slack goes first to options at ``hopeless_error`` or more, which send nothing a
+    layer can train on, the worst first; then to the band below, cheapest first. Cheapest
+    first all the way up, it went to twelve cheap layers at 0.92-1.04 while a 2048x512 MLP
+    weight kept rank 4 at 1.0, and the plan swung back the next window
+    (``tests/test_stability.py``). Within each band the layers already off their
+    near-useless options come before those on one, so the layers that share the slack do
+    not change from one decision to the next on measurement noise; a layer's lower band is
+    only dropped once its hopeless options are. A small layer's drops are not charged and
+    always hold, whatever they cost.
     """
-    affordable: list[tuple[bool, float, int, Pending, dict[str, str]]] = []
+    hopeless: list[tuple[bool, float, float, int, Pending, dict[str, str]]] = []
+    shared: dict[int, tuple[bool, float, int, Pending, dict[str, str]]] = {}
     for position, item in enumerate(pending):
         drops = _useless_drops(item, allowance, config)
-        small = item.layer.numel < config.useless_min_numel
-        hopeless = {
-            key: why
-            for key, why in drops.items()
-            if small or item.rel_errors[key] >= config.hopeless_error
-        }
-        if hopeless:
-            item.dropped.update(hopeless)
-            item.options = [o for o in item.options if o.key not in hopeless]
-            drops = {key: why for key, why in drops.items() if key not in hopeless}
         if not drops:
             continue
-        kept = [o for o in item.options if o.key not in drops]
-        extra = _fastest(kept).seconds - _fastest(item.options).seconds
-        moves = item.current is not None and item.current in drops
-        affordable.append((moves, max(0.0, extra), position, item, drops))
-    spent = 0.0
-    for _, extra, _, item, drops in sorted(affordable, key=lambda entry: entry[:3]):
-        if extra > 0.0 and spent + extra > allowance * (1 + _TOLERANCE):
+        if item.layer.numel < config.useless_min_numel:
+            item.dropped.update(drops)
+            item.options = [o for o in item.options if o.key not in drops]
             continue
+        top = {k: why for k, why in drops.items() if item.rel_errors[k] >= config.hopeless_error}
+        band = {k: why for k, why in drops.items() if k not in top}
+        base = _fastest(item.options).seconds
+        after_top = [o for o in item.options if o.key not in top]
+        if top:
+            extra = max(0.0, _fastest(after_top).seconds - base)
+            worst = max(item.rel_errors[k] for k in top)
+            moves = item.current is not None and item.current in top
+            hopeless.append((moves, -worst, extra, position, item, top))
+        if band:
+            kept = [o for o in after_top if o.key not in band]
+            extra = max(0.0, _fastest(kept).seconds - _fastest(after_top).seconds)
+            moves = item.current is not None and item.current in band
+            shared[position] = (moves, extra, position, item, band)
+    spent = 0.0
+
+    def afford(extra: float) -> bool:
+        nonlocal spent
+        if extra > 0.0 and spent + extra > allowance * (1 + _TOLERANCE):
+            return False
         spent += extra
+        return True
+
+    blocked: set[int] = set()
+    for _, _, extra, position, item, drops in sorted(hopeless, key=lambda entry: entry[:4]):
+        if not afford(extra):
+            blocked.add(position)
+            continue
         item.dropped.update(drops)
         item.options = [o for o in item.options if o.key not in drops]
+    band_entries = [entry for position, entry in shared.items() if position not in blocked]
+    for _, extra, _, item, drops in sorted(band_entries, key=lambda entry: entry[:3]):
+        if afford(extra):
+            item.dropped.update(drops)
+            item.options = [o for o in item.options if o.key not in drops]
 
 
 def _discounted(item: Pending, margin: float) -> list[LayerOption]:
@@ -575,23 +598,40 @@ def search(
     fixed: GroupLoad,
     timing: StepTiming,
     config: SearchConfig,
+    reference: SearchResult | None = None,
 ) -> SearchResult:
     """The plan for the pending layers; ``fixed`` is what the rule-decided layers and the
-    per-bucket latency put on each group. See the module docstring."""
+    per-bucket latency put on each group. See the module docstring.
+
+    ``reference``: the search of the same decision with no layer held (the engine's dwell
+    locks put held layers in ``fixed``). Its fastest plans are T* here: held layers' extra
+    time spends this plan's slack, and their drops the near-useless allowance. Measured from
+    the held plan's own fastest step instead, each window's locks raised T* and the next
+    free layers got a fresh slack on top: on the held-out 12-layer GPT at 50 Mbit/s, int8
+    spread from 8 to 19 matrices in four windows, and the predicted step from 0.327 to
+    0.355 s with T* rising alongside (docs/benchmarks.md, "Held-out: a 12-layer GPT").
+    """
     problem = _Problem(pending, groups, fixed.copy())
     # Every plan's step starts from the compute-only step plus the measured per-step gap.
     compute = timing.base
     fastest = _fastest_plan(problem)
-    star = compute + problem.timeline(fastest).added_s
-    allowance = config.time_slack * star
+    open_added = problem.timeline(fastest).added_s
+    if reference is None:
+        raw_added, spent = open_added, 0.0
+    else:
+        raw_added = reference.open_fastest_added
+        spent = max(0.0, open_added - raw_added)
+    allowance = max(0.0, config.time_slack * (compute + raw_added) - spent)
     _drop_useless(pending, allowance, config)
     for item in pending:
         if item.current is not None and all(o.key != item.current for o in item.options):
             item.current = None
     fastest = _fastest_plan(problem)
     fastest_timeline = problem.timeline(fastest)
-    star = compute + fastest_timeline.added_s
-    budget = (1.0 + config.time_slack) * star - compute
+    star_added = fastest_timeline.added_s if reference is None else reference.fastest_added
+    star = compute + star_added
+    # Held layers past the slack leave the free ones their fastest options.
+    budget = max((1.0 + config.time_slack) * star - compute, fastest_timeline.added_s)
     optimizer = BudgetOptimizer(BudgetOptimizer.Config(resolution=config.resolution))
     counts = [0] * len(groups.groups)
     for item in pending:
@@ -658,7 +698,9 @@ def search(
         current = [item.option(item.current) for item in pending]  # type: ignore[arg-type]
         current_timeline = problem.timeline(current)
         # The plan in use gets twice the slack: noise in T* alone must not evict it.
-        keep_budget = (1.0 + 2.0 * config.time_slack) * star - compute
+        keep_budget = max(
+            (1.0 + 2.0 * config.time_slack) * star - compute, fastest_timeline.added_s
+        )
         acceptable = (
             current_timeline.added_s <= keep_budget * (1 + _TOLERANCE)
             or _meets_target(current_timeline, target)
@@ -678,7 +720,8 @@ def search(
         runner_ups=runner_ups,
         method=method,
         timeline=timeline,
-        fastest_added=fastest_timeline.added_s,
+        fastest_added=star_added,
+        open_fastest_added=raw_added,
         budget_added=budget,
         meets_target=_meets_target(timeline, target),
     )

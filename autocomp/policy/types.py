@@ -289,6 +289,9 @@ class PolicyDecision:
     ``exposure.simulate``)."""
     predicted_contention_seconds: float = 0.0
     """Of the predicted step: backward time this plan's transfers take (part of it)."""
+    locks_outvoted: bool = False
+    """The plan without the caller's dwell locks learns ``dwell_max_loss`` more per second
+    than the locked one (whether or not the locks were released)."""
 
     @property
     def plan(self) -> dict[str, str]:
@@ -329,5 +332,6 @@ class PolicyDecision:
             "uncompressed_step_seconds": self.uncompressed_step_seconds,
             "contention_rate": self.contention_rate,
             "predicted_contention_seconds": self.predicted_contention_seconds,
+            "locks_outvoted": self.locks_outvoted,
             "layers": [layer.to_dict() for layer in self.layers],
         }

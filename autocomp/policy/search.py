@@ -435,7 +435,7 @@ def _drop_useless(pending: Sequence[Pending], allowance: float, config: SearchCo
 
     The slack goes first to options at ``hopeless_error`` or more, which send nothing a
     layer can train on, the worst first; then to the band below, cheapest first. Cheapest
-    first all the way up, it went to twelve cheap layers at 0.92-1.04 while a 2048x512 MLP
+    first all the way up, it went to twelve cheap layers at 0.92-1.04 while a 192x768 MLP
     weight kept rank 4 at 1.0, and the plan swung back the next window
     (``tests/test_stability.py``). Within each band the layers already off their
     near-useless options come before those on one, so the layers that share the slack do

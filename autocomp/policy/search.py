@@ -107,6 +107,11 @@ class Pending:
     def option(self, key: str) -> LayerOption:
         return next(o for o in self.options if o.key == key)
 
+    def drop(self, drops: dict[str, str]) -> None:
+        """Remove these options (key -> why) from the layer's choices, noting why."""
+        self.dropped.update(drops)
+        self.options = [o for o in self.options if o.key not in drops]
+
 
 @dataclass(frozen=True, slots=True)
 class _Group:
@@ -443,51 +448,37 @@ def _drop_useless(pending: Sequence[Pending], allowance: float, config: SearchCo
     only dropped once its hopeless options are. A small layer's drops are not charged and
     always hold, whatever they cost.
     """
-    hopeless: list[tuple[bool, float, float, int, Pending, dict[str, str]]] = []
-    shared: dict[int, tuple[bool, float, int, Pending, dict[str, str]]] = {}
+    # (band, then the band's order, then position), extra, layer, its drops in that band
+    entries: list[tuple[tuple[float, ...], float, Pending, dict[str, str]]] = []
     for position, item in enumerate(pending):
         drops = _useless_drops(item, allowance, config)
         if not drops:
             continue
         if item.layer.numel < config.useless_min_numel:
-            item.dropped.update(drops)
-            item.options = [o for o in item.options if o.key not in drops]
+            item.drop(drops)
             continue
         top = {k: why for k, why in drops.items() if item.rel_errors[k] >= config.hopeless_error}
         band = {k: why for k, why in drops.items() if k not in top}
-        base = _fastest(item.options).seconds
         after_top = [o for o in item.options if o.key not in top]
         if top:
-            extra = max(0.0, _fastest(after_top).seconds - base)
+            extra = max(0.0, _fastest(after_top).seconds - _fastest(item.options).seconds)
             worst = max(item.rel_errors[k] for k in top)
             moves = item.current is not None and item.current in top
-            hopeless.append((moves, -worst, extra, position, item, top))
+            entries.append(((0, moves, -worst, extra, position), extra, item, top))
         if band:
             kept = [o for o in after_top if o.key not in band]
             extra = max(0.0, _fastest(kept).seconds - _fastest(after_top).seconds)
             moves = item.current is not None and item.current in band
-            shared[position] = (moves, extra, position, item, band)
+            entries.append(((1, moves, extra, position), extra, item, band))
     spent = 0.0
-
-    def afford(extra: float) -> bool:
-        nonlocal spent
-        if extra > 0.0 and spent + extra > allowance * (1 + _TOLERANCE):
-            return False
-        spent += extra
-        return True
-
-    blocked: set[int] = set()
-    for _, _, extra, position, item, drops in sorted(hopeless, key=lambda entry: entry[:4]):
-        if not afford(extra):
+    blocked: set[int] = set()  # layers whose top band did not fit: their lower band waits
+    for key, extra, item, drops in sorted(entries, key=lambda entry: entry[0]):
+        position = int(key[-1])
+        if position in blocked or (extra > 0.0 and spent + extra > allowance * (1 + _TOLERANCE)):
             blocked.add(position)
             continue
-        item.dropped.update(drops)
-        item.options = [o for o in item.options if o.key not in drops]
-    band_entries = [entry for position, entry in shared.items() if position not in blocked]
-    for _, extra, _, item, drops in sorted(band_entries, key=lambda entry: entry[:3]):
-        if afford(extra):
-            item.dropped.update(drops)
-            item.options = [o for o in item.options if o.key not in drops]
+        spent += extra
+        item.drop(drops)
 
 
 def _discounted(item: Pending, margin: float) -> list[LayerOption]:

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from autocomp.hook import BucketWork, autocomp_hook, exchange_now, on_stream
+from autocomp.hook import BucketWork, autocomp_hook, average_in_place, exchange_now, on_stream
 from autocomp.hook_layer import LayerSlot
 from autocomp.hook_state import BucketLayout, HookState
 from autocomp.timing import clock_for
@@ -239,7 +239,7 @@ def hierarchical_hook(
     profiler = state.profiler
     entered = profiler.hook_entered(bucket.index()) if profiler is not None else None
     buffer = bucket.buffer()
-    buffer.div_(state.world_size)
+    average_in_place(buffer, state.world_size)
     layout = state.layout(bucket)
     shard = hierarchy.shard_layout(bucket.index(), layout, buffer)
     chunk = shard.chunk

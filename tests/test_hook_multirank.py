@@ -179,6 +179,35 @@ def test_bucketing_does_not_change_the_result(tmp_path: Path) -> None:
     assert torch.equal(many[0]["params"], one[0]["params"])
 
 
+def _plain_against_ddp(rank: int, world_size: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for label in ("ddp", "autocomp"):
+        torch.manual_seed(0)
+        model = MultiBucketNet()
+        ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
+        ctl = autocomp.wrap(ddp, plan={"*": "none"}) if label == "autocomp" else None
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        for step in range(6):
+            x, y = classification_batch(rank, step)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+        out[label] = _flat_params(model)
+        if ctl is not None:
+            ctl.close()
+    return out
+
+
+def test_uncompressed_layers_get_plain_ddps_bits(tmp_path: Path) -> None:
+    """At 3 ranks, where dividing by 3 and multiplying by 1/3 differ in the last place: a plan
+    of ``none`` trains to the same bits as DDP without a hook, which scales each gradient by
+    ``1 / world`` as it copies it into the bucket. The hook scales the same way."""
+    results = run_ranks(_plain_against_ddp, 3, tmp_path)
+    for result in results:
+        assert torch.equal(result["autocomp"], result["ddp"])
+    assert torch.equal(results[0]["autocomp"], results[2]["autocomp"])
+
+
 def _wire_bytes_probe(rank: int, world_size: int) -> dict[str, Any]:
     """Record every collective the hook issues and compare with the compressors' reports."""
     handed: list[tuple[str, int]] = []

@@ -42,11 +42,15 @@ def _flat_params(model: torch.nn.Module) -> torch.Tensor:
 
 
 def _train(
-    rank: int, plan: dict[str, str] | list[tuple[str, str]], steps: int = STEPS, lr: float = 0.05
+    rank: int,
+    plan: dict[str, str] | list[tuple[str, str]],
+    steps: int = STEPS,
+    lr: float = 0.05,
+    bucket_view: bool = False,
 ) -> dict[str, Any]:
     torch.manual_seed(0)
     model = MultiBucketNet()
-    ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
+    ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB, gradient_as_bucket_view=bucket_view)
     ctl = autocomp.wrap(ddp, plan=plan)
     opt = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9)
     losses = []
@@ -99,20 +103,22 @@ def test_every_compressor_keeps_ranks_identical(world_size: int, tmp_path: Path)
             assert stats["compression_ratio"] > 1.5, (spec, stats["compression_ratio"])
 
 
+MIXED_PLAN = {
+    "conv.weight": "sign",
+    "fc1.weight": "powersgd:rank=4",
+    "fc1.bias": "fp16",
+    "norm.weight": "bf16",
+    "norm.bias": "none",
+    "fc2.weight": "topk:ratio=0.1",
+    "fc2.bias": "qsgd:levels=16",
+    "fc3.weight": "int8",
+    "fc3.bias": "randomk:ratio=0.5,unbiased=false",
+    "head.*": "randomk:ratio=0.5",
+}
+
+
 def _mixed(rank: int, world_size: int) -> dict[str, Any]:
-    plan = {
-        "conv.weight": "sign",
-        "fc1.weight": "powersgd:rank=4",
-        "fc1.bias": "fp16",
-        "norm.weight": "bf16",
-        "norm.bias": "none",
-        "fc2.weight": "topk:ratio=0.1",
-        "fc2.bias": "qsgd:levels=16",
-        "fc3.weight": "int8",
-        "fc3.bias": "randomk:ratio=0.5,unbiased=false",
-        "head.*": "randomk:ratio=0.5",
-    }
-    return _train(rank, plan, steps=40)
+    return _train(rank, MIXED_PLAN, steps=40)
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -123,6 +129,23 @@ def test_all_compressors_mixed_in_one_model(world_size: int, tmp_path: Path) -> 
     assert {v["compressor"].split(":")[0] for v in layers.values()} == {
         s.split(":")[0] for s in ALL_SPECS
     }
+
+
+def _bucket_views(rank: int, world_size: int) -> dict[str, Any]:
+    return {
+        view: _train(rank, MIXED_PLAN, steps=12, bucket_view=view)["params"]
+        for view in (False, True)
+    }
+
+
+def test_gradients_as_bucket_views_train_alike(tmp_path: Path) -> None:
+    """``DDP(gradient_as_bucket_view=True)`` makes each ``.grad`` a view of its bucket, so the
+    hook's in-place scaling and write-back land in the gradients directly: every compressor
+    (PowerSGD's two rounds across buckets included) must give the bits it gives on copies."""
+    results = run_ranks(_bucket_views, 2, tmp_path)
+    for result in results:
+        assert torch.equal(result[True], result[False])
+    assert torch.equal(results[0][True], results[1][True])
 
 
 def _train_bucketed(

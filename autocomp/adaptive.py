@@ -178,7 +178,10 @@ class AdaptiveLoop:
         Empty: this loop's planner is the only one."""
         self.runlog = runlog
         """Rank 0's run log (one record per window, operator overrides), or None."""
-        self.ddp = ddp
+        # No reference to ``ddp`` itself: DDP's C++ reducer holds ``state``, whose step listener
+        # is this loop, so a reference back would be a cycle the garbage collector cannot see,
+        # and the model (buckets, reducer, process group) would live until interpreter exit.
+        self._times_forwards = ddp is not None
         self.state = state
         self.config = config
         self.rules = rules
@@ -352,7 +355,7 @@ class AdaptiveLoop:
         self.profiler.begin_step(sample=sample)
         opening = step == 0 and not self._opened
         self._opened = self._opened or opening
-        opening = opening and self.config.opening and self.ddp is not None
+        opening = opening and self.config.opening and self._times_forwards
         boundary = self.is_boundary(step) and step != self._last_boundary
         if not (opening or boundary):
             return

@@ -294,6 +294,40 @@ def test_sparse_embedding_gradients_are_sent_as_ddp_sends_them(tmp_path: Path) -
     assert untouched.any()
 
 
+def _freed_when_dropped(rank: int, world_size: int) -> dict[str, bool]:
+    import gc
+    import weakref
+
+    freed: dict[str, bool] = {}
+    for mode in ("static", "adaptive"):
+        torch.manual_seed(0)
+        ddp = DDP(MultiBucketNet())
+        if mode == "static":
+            ctl = autocomp.wrap(ddp, plan={"*": "int8"}, run_dir=False)
+        else:
+            ctl = autocomp.wrap(ddp, target_overlap=0.9, run_dir=False)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        for step in range(3):
+            x, y = classification_batch(rank, step)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+        model_ref, controller_ref = weakref.ref(ddp), weakref.ref(ctl)
+        del ddp, ctl, opt
+        gc.collect()
+        freed[mode] = model_ref() is None and controller_ref() is None
+    return freed
+
+
+def test_a_dropped_model_is_freed_without_close(tmp_path: Path) -> None:
+    """Once the user drops the model and its controller (no ``close()``), a collection frees
+    them. The window loop used to hold the model while DDP's C++ reducer held the loop (hook
+    state -> step listener): a cycle the collector cannot see into, so an adaptive model,
+    its buckets and its reducer lived until the process exited."""
+    for freed in run_ranks(_freed_when_dropped, 2, tmp_path):
+        assert freed == {"static": True, "adaptive": True}
+
+
 def test_resume_is_bit_identical(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()

@@ -30,6 +30,21 @@ class MultiBucketNet(nn.Module):
         return self.head(h)
 
 
+EVERY_COMPRESSOR_PLAN: dict[str, str] = {
+    "conv.weight": "sign",
+    "fc1.weight": "powersgd:rank=4",
+    "fc1.bias": "fp16",
+    "norm.weight": "bf16",
+    "norm.bias": "none",
+    "fc2.weight": "topk:ratio=0.1",
+    "fc2.bias": "qsgd:levels=16",
+    "fc3.weight": "int8",
+    "fc3.bias": "randomk:ratio=0.5,unbiased=false",
+    "head.*": "randomk:ratio=0.5",
+}
+"""Every compressor family on one :class:`MultiBucketNet`, one per parameter."""
+
+
 def classification_batch(
     rank: int, step: int, batch: int = 32, features: int = 16, classes: int = 5
 ) -> tuple[torch.Tensor, torch.Tensor]:

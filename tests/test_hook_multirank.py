@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autocomp
-from tests.models import MultiBucketNet, classification_batch
+from tests.models import EVERY_COMPRESSOR_PLAN, MultiBucketNet, classification_batch
 from tests.multirank import run_ranks
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]
@@ -103,22 +103,8 @@ def test_every_compressor_keeps_ranks_identical(world_size: int, tmp_path: Path)
             assert stats["compression_ratio"] > 1.5, (spec, stats["compression_ratio"])
 
 
-MIXED_PLAN = {
-    "conv.weight": "sign",
-    "fc1.weight": "powersgd:rank=4",
-    "fc1.bias": "fp16",
-    "norm.weight": "bf16",
-    "norm.bias": "none",
-    "fc2.weight": "topk:ratio=0.1",
-    "fc2.bias": "qsgd:levels=16",
-    "fc3.weight": "int8",
-    "fc3.bias": "randomk:ratio=0.5,unbiased=false",
-    "head.*": "randomk:ratio=0.5",
-}
-
-
 def _mixed(rank: int, world_size: int) -> dict[str, Any]:
-    return _train(rank, MIXED_PLAN, steps=40)
+    return _train(rank, EVERY_COMPRESSOR_PLAN, steps=40)
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -133,7 +119,7 @@ def test_all_compressors_mixed_in_one_model(world_size: int, tmp_path: Path) -> 
 
 def _bucket_views(rank: int, world_size: int) -> dict[str, Any]:
     return {
-        view: _train(rank, MIXED_PLAN, steps=12, bucket_view=view)["params"]
+        view: _train(rank, EVERY_COMPRESSOR_PLAN, steps=12, bucket_view=view)["params"]
         for view in (False, True)
     }
 

@@ -23,23 +23,11 @@ import autocomp
 import autocomp.hook
 from autocomp.link_model import LinkEstimate
 from tests.gpu.cuda import GPU_MARKS
-from tests.models import MultiBucketNet, classification_batch
+from tests.models import EVERY_COMPRESSOR_PLAN, MultiBucketNet, classification_batch
 from tests.multirank import run_ranks
 
 pytestmark = [*GPU_MARKS, pytest.mark.multirank, pytest.mark.timeout(400)]
 
-STATIC_PLAN = {
-    "conv.weight": "sign",
-    "fc1.weight": "powersgd:rank=4",
-    "fc1.bias": "fp16",
-    "norm.weight": "bf16",
-    "norm.bias": "none",
-    "fc2.weight": "topk:ratio=0.1",
-    "fc2.bias": "qsgd:levels=16",
-    "fc3.weight": "int8",
-    "fc3.bias": "randomk:ratio=0.5,unbiased=false",
-    "head.*": "randomk:ratio=0.5",
-}
 WINDOW = 4
 POLICY = """
 version = 1
@@ -75,7 +63,7 @@ def train(rank: int, world_size: int, device_name: str, mode: str, policy: str) 
     device_ids = [device.index] if device.type == "cuda" else None
     ddp = DDP(model, device_ids=device_ids, bucket_cap_mb=0.02)
     if mode == "static":
-        ctl = autocomp.wrap(ddp, plan=STATIC_PLAN)
+        ctl = autocomp.wrap(ddp, plan=EVERY_COMPRESSOR_PLAN)
     else:
         ctl = autocomp.wrap(ddp, target_overlap=0.9, policy=policy, window=WINDOW)
         assert ctl.adaptive is not None
@@ -148,7 +136,7 @@ def coding_streams(rank: int, world_size: int) -> dict[str, Any]:
     torch.manual_seed(0)
     model = MultiBucketNet().cuda()
     ddp = DDP(model, device_ids=[0], bucket_cap_mb=0.02)
-    autocomp.wrap(ddp, plan=STATIC_PLAN)
+    autocomp.wrap(ddp, plan=EVERY_COMPRESSOR_PLAN)
     seen: dict[str, set[int]] = {"encode": set(), "decode": set()}
     encode, decode = autocomp.hook.encode_bucket, autocomp.hook.decode_into
 

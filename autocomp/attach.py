@@ -19,6 +19,7 @@ import gc
 import glob
 import logging
 import warnings
+import weakref
 import zlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -416,28 +417,40 @@ class AutocompState:
     It binds to the model at the hook's first call (finding the DDP model it was registered
     on), or when :meth:`bind` is called; ``controller`` is the model's
     :class:`~autocomp.controller.Controller` from then on.
+
+    The state refers to its controller weakly, and the bound model holds it (as ``wrap`` marks
+    the models it wraps): DDP's C++ reducer holds this state, and a strong state -> controller
+    -> model -> reducer chain is a cycle the garbage collector cannot see into, which kept a
+    dropped model alive until the process exited.
     """
 
     def __init__(self, config: AutocompConfig, process_group: dist.ProcessGroup | None) -> None:
         self.config = config
         self.resolved = config.resolve()  # bad settings fail here, not mid-backward
         self.process_group = process_group
-        self.controller: Controller | None = None
+        self._controller: weakref.ref[Controller] | None = None
+
+    @property
+    def controller(self) -> Controller | None:
         """The bound model's controller (None until the first backward or :meth:`bind`)."""
+        return None if self._controller is None else self._controller()
 
     def bind(self, model: torch.nn.Module) -> Controller:
         """Bind to ``model`` (the DDP model, or the module whose parameters it reduces) now.
 
         A collective: call it on every rank, before the first backward.
         """
-        if self.controller is not None:
-            return self.controller
+        controller = self.controller
+        if controller is not None:
+            return controller
         _require_distributed()
         group = self.process_group
         if group is None and isinstance(model, DistributedDataParallel):
             group = model.process_group
-        self.controller = bind(model, self.resolved, group)
-        return self.controller
+        controller = bind(model, self.resolved, group)
+        setattr(model, _WRAPPED_ATTR, controller)  # the model keeps its controller alive
+        self._controller = weakref.ref(controller)
+        return controller
 
     def _find_model(self) -> DistributedDataParallel | None:
         """The DDP model this state was registered on (one scan of the GC's objects)."""

@@ -299,19 +299,25 @@ def _freed_when_dropped(rank: int, world_size: int) -> dict[str, bool]:
     import weakref
 
     freed: dict[str, bool] = {}
-    for mode in ("static", "adaptive"):
+    for mode in ("static", "adaptive", "make_hook"):
         torch.manual_seed(0)
         ddp = DDP(MultiBucketNet())
         if mode == "static":
             ctl = autocomp.wrap(ddp, plan={"*": "int8"}, run_dir=False)
-        else:
+        elif mode == "adaptive":
             ctl = autocomp.wrap(ddp, target_overlap=0.9, run_dir=False)
+        else:  # a framework's comm-hook slot: the state binds at the first backward
+            state, hook = autocomp.make_hook(autocomp.AutocompConfig(target_overlap=0.9))
+            ddp.register_comm_hook(state, hook)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
         for step in range(3):
             x, y = classification_batch(rank, step)
             opt.zero_grad()
             torch.nn.functional.cross_entropy(ddp(x), y).backward()
             opt.step()
+        if mode == "make_hook":
+            ctl = state.controller
+            del state, hook  # what a framework drops with its strategy
         model_ref, controller_ref = weakref.ref(ddp), weakref.ref(ctl)
         del ddp, ctl, opt
         gc.collect()
@@ -322,10 +328,11 @@ def _freed_when_dropped(rank: int, world_size: int) -> dict[str, bool]:
 def test_a_dropped_model_is_freed_without_close(tmp_path: Path) -> None:
     """Once the user drops the model and its controller (no ``close()``), a collection frees
     them. The window loop used to hold the model while DDP's C++ reducer held the loop (hook
-    state -> step listener): a cycle the collector cannot see into, so an adaptive model,
-    its buckets and its reducer lived until the process exited."""
+    state -> step listener), and ``make_hook``'s state held its controller, which holds the
+    model: cycles the collector cannot see into, so the model, its buckets and its reducer
+    lived until the process exited."""
     for freed in run_ranks(_freed_when_dropped, 2, tmp_path):
-        assert freed == {"static": True, "adaptive": True}
+        assert freed == {"static": True, "adaptive": True, "make_hook": True}
 
 
 def test_resume_is_bit_identical(tmp_path: Path) -> None:

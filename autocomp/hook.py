@@ -52,6 +52,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from autocomp import callbacks
 from autocomp.compressors import Collective
 from autocomp.hook_layer import (
     Encoding,
@@ -191,7 +192,7 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
         if is_last:
             state.step += 1
             state._in_step = False
-        return fut.then(lambda f: f.value()[0])
+        return callbacks.then(fut, lambda f: f.value()[0])
 
     work = BucketWork(
         step=state.step,
@@ -473,7 +474,7 @@ def complete_when_done(state: HookState, work: BucketWork) -> None:
             if not result.done():
                 result.set_exception(err)
 
-    torch.futures.collect_all(work.futures).add_done_callback(finish)
+    callbacks.add_done_callback(torch.futures.collect_all(work.futures), finish)
 
 
 def _finish(state: HookState, work: BucketWork) -> torch.Tensor:

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from autocomp import callbacks
 from autocomp.hook import BucketWork, autocomp_hook, average_in_place, exchange_now, on_stream
 from autocomp.hook_layer import LayerSlot
 from autocomp.hook_state import BucketLayout, HookState
@@ -197,7 +198,7 @@ class HierarchicalReduce:
         def done(_: Any) -> None:
             entry[2] = clock.stamp()
 
-        fut.add_done_callback(done)
+        callbacks.add_done_callback(fut, done)
         with self._intra_lock:
             self._intra.append(entry)
 

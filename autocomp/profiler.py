@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from autocomp import callbacks
 from autocomp.compressors import Collective
 from autocomp.exposure import compute_seconds, measured_exposed, overlap
 from autocomp.timing import Clock, HostClock, Stamp
@@ -293,7 +294,7 @@ class StepProfiler:
             # collective, so the event completes with the transfer, not its enqueue.
             record.done = clock.stamp()
 
-        future.add_done_callback(mark)
+        callbacks.add_done_callback(future, mark)
 
     def controller_work(self, started: Stamp) -> None:
         """The controller worked on this step from ``started`` until now (the opening's probes,

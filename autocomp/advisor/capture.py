@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from autocomp import callbacks
 from autocomp.advisor.costs import eligible
 from autocomp.advisor.profile import BucketInfo, LayerInfo, ModelProfile, Timing
 from autocomp.attach import sparse_gradient_names
@@ -283,7 +284,7 @@ class ModelCapture:
             if step is not None:
                 step.layouts[bucket.index()] = layout
             first = len(self.steps) == 1
-            future.add_done_callback(functools.partial(self._sample, layout, first))
+            callbacks.add_done_callback(future, functools.partial(self._sample, layout, first))
             if bucket.is_last():
                 self._in_step = False
                 if step is not None:

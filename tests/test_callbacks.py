@@ -1,0 +1,106 @@
+"""Tier 1 (pure unit) and tier 1.5 (one gloo rank in a subprocess): callbacks on collective
+futures finish before the interpreter does.
+
+- :func:`autocomp.callbacks.pending` counts a callback from its registration until it
+  returns, raised or not, for ``add_done_callback`` and ``then``.
+- A callback that releases the main thread (it completes the future the main thread waits on,
+  as a bucket's result does for DDP) and still has Python to run finishes before the process
+  exits. With a plain ``add_done_callback`` the interpreter's finalization ends the worker
+  thread and its work is lost (or, unwinding through PyTorch's C++ frames, the process aborts).
+- The exit's wait is bounded: a future that never completes does not hold it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from autocomp import callbacks
+
+_LATE_CALLBACK = """
+import sys, time
+import torch, torch.distributed as dist
+from autocomp import callbacks
+
+store = dist.FileStore(sys.argv[1], 1)
+dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+held = dist.group.WORLD  # a DDP model keeps its group (and its worker threads) alive
+fut = dist.all_reduce(torch.ones(4), async_op=True).get_future()
+released = torch.futures.Future()
+
+def callback(_):
+    released.set_result(None)  # the main thread may go on from here
+    time.sleep(0.3)  # the worker thread still has Python to run
+    open(sys.argv[2], "w").write("finished")
+
+if sys.argv[3] == "autocomp":
+    callbacks.add_done_callback(fut, callback)
+else:
+    fut.add_done_callback(callback)
+released.wait()
+dist.destroy_process_group()
+"""
+
+
+def _run(tmp_path: Path, code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(code))
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+
+
+def test_pending_counts_from_registration_until_return() -> None:
+    base = callbacks.pending()
+    future: torch.futures.Future[int] = torch.futures.Future()
+    seen: list[int] = []
+    callbacks.add_done_callback(future, lambda f: seen.append(f.value()))
+    chained = callbacks.then(future, lambda f: f.value() + 1)
+
+    def fails(_: torch.futures.Future[int]) -> None:
+        raise RuntimeError("a callback that raises still returns")
+
+    callbacks.add_done_callback(future, fails)
+    assert callbacks.pending() == base + 3  # registered, not yet run
+    future.set_result(41)
+    assert seen == [41]
+    assert chained.wait() == 42
+    assert callbacks.pending() == base
+
+
+@pytest.mark.timeout(120)
+def test_a_late_callback_finishes_before_exit(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    out = _run(tmp_path, _LATE_CALLBACK, str(tmp_path / "store"), str(marker), "autocomp")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert marker.read_text() == "finished"
+
+
+@pytest.mark.timeout(120)
+def test_the_exit_does_not_wait_forever_for_a_future_that_never_completes(
+    tmp_path: Path,
+) -> None:
+    code = """
+    import logging, torch
+    from autocomp import callbacks
+
+    logging.basicConfig()
+    callbacks.EXIT_WAIT_SECONDS = 0.5
+    never = torch.futures.Future()  # nobody completes it
+    callbacks.add_done_callback(never, lambda f: None)
+    """
+    started = time.monotonic()
+    out = _run(tmp_path, code)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert time.monotonic() - started < 30
+    assert "1 collective callback(s) had not run" in out.stderr

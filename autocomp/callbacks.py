@@ -86,14 +86,24 @@ def add_done_callback(
     future: torch.futures.Future, callback: Callable[[torch.futures.Future], None]
 ) -> None:
     """``future.add_done_callback(callback)``, finished before the interpreter exits."""
-    future.add_done_callback(_counted(callback))
+    counted = _counted(callback)
+    try:
+        future.add_done_callback(counted)
+    except BaseException:
+        _returned()  # never registered: nothing to wait for
+        raise
 
 
 def then(
     future: torch.futures.Future, callback: Callable[[torch.futures.Future], Any]
 ) -> torch.futures.Future:
     """``future.then(callback)``, finished before the interpreter exits."""
-    return future.then(_counted(callback))
+    counted = _counted(callback)
+    try:
+        return future.then(counted)
+    except BaseException:
+        _returned()
+        raise
 
 
 def _finish_before_exit() -> None:

@@ -78,6 +78,25 @@ def test_pending_counts_from_registration_until_return() -> None:
     assert callbacks.pending() == base
 
 
+class _RefusingFuture:
+    """A future whose registration fails (as a torch future can, given the wrong arguments)."""
+
+    def add_done_callback(self, callback: object) -> None:
+        raise RuntimeError("refused")
+
+    def then(self, callback: object) -> None:
+        raise RuntimeError("refused")
+
+
+def test_a_failed_registration_is_not_waited_for() -> None:
+    base = callbacks.pending()
+    with pytest.raises(RuntimeError, match="refused"):
+        callbacks.add_done_callback(_RefusingFuture(), lambda f: None)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="refused"):
+        callbacks.then(_RefusingFuture(), lambda f: None)  # type: ignore[arg-type]
+    assert callbacks.pending() == base
+
+
 @pytest.mark.timeout(120)
 def test_a_late_callback_finishes_before_exit(tmp_path: Path) -> None:
     marker = tmp_path / "marker"

@@ -15,6 +15,7 @@ rank before any collective could be left waiting for it.
 
 from __future__ import annotations
 
+import copy
 import gc
 import glob
 import logging
@@ -54,6 +55,20 @@ logger = logging.getLogger(__name__)
 __all__ = ["AutocompState", "autocomp_comm_hook", "bind", "make_hook", "wrap"]
 
 _WRAPPED_ATTR = "_autocomp_controller"
+
+
+class _ControllerLink:
+    """A model's strong reference to its controller, left by ``wrap`` and
+    :meth:`AutocompState.bind`. It copies and pickles as None: a copy of the model (an EMA
+    copy, ``torch.save(model)``) is not bound to autocomp and must not carry a controller."""
+
+    __slots__ = ("controller",)
+
+    def __init__(self, controller: Controller) -> None:
+        self.controller = controller
+
+    def __reduce__(self) -> tuple[type[None], tuple[()]]:
+        return (type(None), ())
 
 
 def layer_seed(base_seed: int, name: str) -> int:
@@ -108,22 +123,45 @@ def _open_run_log(
     return log
 
 
+class _JoinGuard:
+    """Stands in for a wrapped DDP model's ``join`` and ``join_hook``.
+
+    DDP's join() shadows a finished rank's all-reduces with plain ones of each bucket's full
+    size; the compressed hook issues other collectives, so they would mismatch. Once the
+    controller is closed (the hook then sends each bucket with one plain all-reduce), and on a
+    copy of the model (``copy.deepcopy``, ``torch.save``: a copy has no autocomp hook), it is
+    DDP's own method. A class, not a closure, so the model still pickles.
+    """
+
+    __slots__ = ("_model", "_name")
+
+    def __init__(self, model: DistributedDataParallel | None, name: str) -> None:
+        self._model = weakref.ref(model) if model is not None else None
+        self._name = name
+
+    def __reduce__(self) -> tuple[type[_JoinGuard], tuple[Any, str]]:
+        return (_JoinGuard, (self._model() if self._model is not None else None, self._name))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        model = self._model() if self._model is not None else None
+        if model is None:
+            raise RuntimeError("autocomp: join() on a DDP model that no longer exists")
+        link = getattr(model, _WRAPPED_ATTR, None)
+        if link is not None and not link.controller.closed:
+            raise RuntimeError(
+                "DDP join() (uneven inputs) cannot be used with autocomp: a rank that has "
+                "joined shadows the others' gradient all-reduces with uncompressed ones of "
+                "each bucket's size, which do not match the compressed collectives. Give every "
+                "rank the same number of batches (e.g. DistributedSampler(drop_last=True)), or "
+                "close() the controller on every rank before join()."
+            )
+        return getattr(DistributedDataParallel, self._name)(model, *args, **kwargs)
+
+
 def _refuse_join(ddp: torch.nn.Module) -> None:
-    """DDP's join() shadows a finished rank's all-reduces with plain ones of each bucket's
-    full size; the compressed hook issues other collectives, so they would mismatch."""
-
-    def refused(*_: Any, **__: Any) -> Any:
-        raise RuntimeError(
-            "DDP join() (uneven inputs) cannot be used with autocomp: a rank that has joined "
-            "shadows the others' gradient all-reduces with uncompressed ones of each bucket's "
-            "size, which do not match the compressed collectives. Give every rank the same "
-            "number of batches (e.g. DistributedSampler(drop_last=True)), or close() the "
-            "controller before join()."
-        )
-
     if isinstance(ddp, DistributedDataParallel):
-        ddp.join = refused  # type: ignore[method-assign]
-        ddp.join_hook = refused  # type: ignore[method-assign]
+        ddp.join = _JoinGuard(ddp, "join")  # type: ignore[method-assign]
+        ddp.join_hook = _JoinGuard(ddp, "join_hook")  # type: ignore[method-assign]
 
 
 def bind(
@@ -407,7 +445,7 @@ def wrap(
             "could not register autocomp's comm hook: this DDP model already has a comm hook "
             f"(DDP allows only one). Remove the other register_comm_hook call. ({err})"
         ) from None
-    setattr(ddp, _WRAPPED_ATTR, controller)
+    setattr(ddp, _WRAPPED_ATTR, _ControllerLink(controller))
     return controller
 
 
@@ -435,6 +473,16 @@ class AutocompState:
         """The bound model's controller (None until the first backward or :meth:`bind`)."""
         return None if self._controller is None else self._controller()
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> AutocompState:
+        """An unbound state with the same settings and group (a framework may copy its
+        strategy's configuration before registering the hook)."""
+        return AutocompState(copy.deepcopy(self.config, memo), self.process_group)
+
+    def __reduce__(self) -> tuple[type[AutocompState], tuple[AutocompConfig, None]]:
+        """Pickles unbound, without its group (not serializable): on load it uses the DDP
+        model's group, as PyTorch's ``PowerSGDState`` falls back to the default group."""
+        return (AutocompState, (self.config, None))
+
     def bind(self, model: torch.nn.Module) -> Controller:
         """Bind to ``model`` (the DDP model, or the module whose parameters it reduces) now.
 
@@ -448,7 +496,7 @@ class AutocompState:
         if group is None and isinstance(model, DistributedDataParallel):
             group = model.process_group
         controller = bind(model, self.resolved, group)
-        setattr(model, _WRAPPED_ATTR, controller)  # the model keeps its controller alive
+        setattr(model, _WRAPPED_ATTR, _ControllerLink(controller))  # keeps it alive
         self._controller = weakref.ref(controller)
         return controller
 

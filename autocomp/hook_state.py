@@ -78,6 +78,12 @@ class HookState:
         """CUDA only: (checks covered, pinned host flag, event) per decoded bucket."""
         self._checked_step = 0
 
+    def __reduce__(self) -> tuple[type[None], tuple[()]]:
+        """Copies and pickles as None: a copy of a wrapped DDP model (``copy.deepcopy``,
+        ``torch.save``) is plain DDP, since PyTorch registers no comm hook on a DDP copy; its
+        copy of the hook list must not drag along this state, its process group included."""
+        return (type(None), ())
+
     @property
     def link_group(self) -> dist.ProcessGroup | None:
         """The group whose link the compressed collectives cross (the policy's link)."""

@@ -5,7 +5,7 @@
   parameters as ``wrap`` with the same settings), or earlier with ``state.bind``;
   ``AutocompConfig.from_toml`` reads a policy file with an ``[autocomp]`` table.
 - DDP ``join()`` is refused with a clear error on every rank (its shadow all-reduces could not
-  match compressed collectives).
+  match compressed collectives), and works after ``close()``.
 - A run log rank 0 cannot create fails on every rank at ``wrap``, within a short timeout.
 - ``ctl.summary()`` works before the first window.
 """
@@ -139,6 +139,28 @@ def _join(rank: int, world: int) -> str:
 def test_join_is_refused_on_every_rank(tmp_path: Path) -> None:
     for message in run_ranks(_join, 2, tmp_path, timeout=60):
         assert "join() (uneven inputs) cannot be used with autocomp" in message
+
+
+def _join_after_close(rank: int, world: int) -> int:
+    torch.manual_seed(0)
+    ddp = DDP(MultiBucketNet(), bucket_cap_mb=0.02)
+    ctl = autocomp.wrap(ddp, plan=PLAN)
+    _train(ddp, rank, steps=3)
+    ctl.close()  # every rank, between the same two steps: plain all-reduces from here
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    steps = 4 + rank  # uneven inputs: rank 0 joins early
+    with ddp.join():
+        for step in range(steps):
+            x, y = classification_batch(rank, 10 + step)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+    return steps
+
+
+def test_join_works_after_close(tmp_path: Path) -> None:
+    """The refusal's message says close() makes join() usable; it does (no hang, no error)."""
+    assert run_ranks(_join_after_close, 2, tmp_path, timeout=120) == [4, 5]
 
 
 def _unwritable_run_log(rank: int, world: int, blocker: str) -> None:

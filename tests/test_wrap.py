@@ -335,6 +335,68 @@ def test_a_dropped_model_is_freed_without_close(tmp_path: Path) -> None:
         assert freed == {"static": True, "adaptive": True, "make_hook": True}
 
 
+def _copies(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
+    import copy
+    import io
+
+    out: dict[str, dict[str, Any]] = {}
+    for how in ("wrap", "make_hook", "make_hook_bound_to_module"):
+        torch.manual_seed(0)
+        module = MultiBucketNet()
+        ddp = DDP(module)
+        plan = {"*": "int8"}
+        if how == "wrap":
+            ctl = autocomp.wrap(ddp, plan=plan, run_dir=False)
+        else:
+            state, hook = autocomp.make_hook(autocomp.AutocompConfig(plan=plan, run_dir=False))
+            if how == "make_hook_bound_to_module":
+                state.bind(module)  # an EMA copy of this module must not carry a controller
+            ddp.register_comm_hook(state, hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        for step in range(2):
+            x, y = classification_batch(rank, step)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+        if how != "wrap":
+            ctl = state.controller
+        buffer = io.BytesIO()
+        torch.save(ddp, buffer)
+        buffer.seek(0)
+        copies = {
+            "deepcopy(ddp)": copy.deepcopy(ddp),
+            "deepcopy(module)": copy.deepcopy(module),
+            "torch.save(ddp)": torch.load(buffer, weights_only=False),
+        }
+        carried = {
+            name: getattr(c, "_autocomp_controller", None) is not None
+            or getattr(getattr(c, "module", None), "_autocomp_controller", None) is not None
+            for name, c in copies.items()
+        }
+        # A DDP copy has no comm hook (PyTorch registers none on a copy): wrap it again.
+        again = autocomp.wrap(copies["deepcopy(ddp)"], plan=plan, run_dir=False)
+        x, y = classification_batch(rank, 5)
+        torch.nn.functional.cross_entropy(copies["deepcopy(ddp)"](x), y).backward()
+        out[how] = {"carried": carried, "again": again.plan, "original": ctl.plan}
+    return out
+
+
+def test_copies_of_a_wrapped_model_carry_no_controller(tmp_path: Path) -> None:
+    """``copy.deepcopy`` and ``torch.save`` of a wrapped DDP model work as they do for plain
+    DDP (they failed on the process group autocomp's state holds), and neither a copy of the
+    DDP model nor of its module (an EMA copy) drags the controller along; a DDP copy, hookless
+    as PyTorch makes it, can be wrapped again."""
+    for out in run_ranks(_copies, 2, tmp_path):
+        for how, result in out.items():
+            assert result["carried"] == {
+                "deepcopy(ddp)": False,
+                "deepcopy(module)": False,
+                "torch.save(ddp)": False,
+            }, how
+            assert set(result["again"].values()) == {"int8:chunk=256,ef=true"}, how
+            assert result["again"] == result["original"], how
+
+
 def test_resume_is_bit_identical(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()

@@ -17,7 +17,8 @@ Every Python callback autocomp puts on a future goes through :func:`add_done_cal
 :func:`then`. They count callbacks registered and not yet returned, and an ``atexit`` handler
 (run while the interpreter is fully alive) waits for that count to reach zero, within
 ``EXIT_WAIT_SECONDS`` for futures that never complete, then sleeps ``RELEASE_SECONDS`` with the
-GIL released so the workers can drop their references.
+GIL released so the workers can drop their references. The count costs about 0.7 µs a
+callback (registration and run, 1.6 against 2.3 µs; a few callbacks per bucket).
 """
 
 from __future__ import annotations

@@ -467,6 +467,9 @@ class AutocompState:
         self.resolved = config.resolve()  # bad settings fail here, not mid-backward
         self.process_group = process_group
         self._controller: weakref.ref[Controller] | None = None
+        self._on_ddp = False
+        """Whether the DDP model refuses join() and holds the controller (bound to it, or
+        found at the hook's first call after :meth:`bind` was given its inner module)."""
 
     @property
     def controller(self) -> Controller | None:
@@ -498,7 +501,18 @@ class AutocompState:
         controller = bind(model, self.resolved, group)
         setattr(model, _WRAPPED_ATTR, _ControllerLink(controller))  # keeps it alive
         self._controller = weakref.ref(controller)
+        self._on_ddp = isinstance(model, DistributedDataParallel)
         return controller
+
+    def mark_registered(self, controller: Controller) -> None:
+        """After :meth:`bind` was given the inner module: make the DDP model that registered
+        this state refuse join() and hold the controller, as a DDP-bound state's model does
+        (one scan, at the hook's first call; a model not found is left as it is)."""
+        self._on_ddp = True
+        model = self._find_model()
+        if model is not None:
+            _refuse_join(model)
+            setattr(model, _WRAPPED_ATTR, _ControllerLink(controller))
 
     def _find_model(self) -> DistributedDataParallel | None:
         """The DDP model this state was registered on (one scan of the GC's objects)."""
@@ -533,6 +547,8 @@ def autocomp_comm_hook(state, bucket):  # type: ignore[no-untyped-def]
     controller = state.controller
     if controller is None:
         controller = state.bind_registered()
+    elif not state._on_ddp:
+        state.mark_registered(controller)
     return comm_hook_for(controller._state)(controller._state, bucket)
 
 

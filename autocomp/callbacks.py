@@ -14,11 +14,13 @@ On a 2-rank gloo script that trains 40 steps and exits, 8 of 80 rank exits abort
 destructor or from ``Future.set_result``, the main thread in ``Py_FinalizeEx``).
 
 Every Python callback autocomp puts on a future goes through :func:`add_done_callback` or
-:func:`then`. They count callbacks registered and not yet returned, and an ``atexit`` handler
-(run while the interpreter is fully alive) waits for that count to reach zero, within
-``EXIT_WAIT_SECONDS`` for futures that never complete, then sleeps ``RELEASE_SECONDS`` with the
-GIL released so the workers can drop their references. The count costs about 0.7 µs a
-callback (registration and run, 1.6 against 2.3 µs; a few callbacks per bucket).
+:func:`then`, and every job the hierarchical hook hands its worker threads (which complete the
+bucket's future the same way, from a daemon thread) through :func:`tracked`. They count what
+was registered and has not returned yet, and an ``atexit`` handler (run while the interpreter
+is fully alive) waits for that count to reach zero, within ``EXIT_WAIT_SECONDS`` for futures
+that never complete, then sleeps ``RELEASE_SECONDS`` with the GIL released so the workers can
+drop their references. The count costs about 0.7 µs a callback (registration and run, 1.6
+against 2.3 µs; a few callbacks per bucket).
 """
 
 from __future__ import annotations
@@ -28,13 +30,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EXIT_WAIT_SECONDS", "RELEASE_SECONDS", "add_done_callback", "pending", "then"]
+__all__ = [
+    "EXIT_WAIT_SECONDS",
+    "RELEASE_SECONDS",
+    "add_done_callback",
+    "pending",
+    "then",
+    "tracked",
+]
 
 EXIT_WAIT_SECONDS = 5.0
 """The longest the exit waits for callbacks still to run (a future that never completes, such
@@ -44,6 +53,7 @@ RELEASE_SECONDS = 0.05
 more to drop the function, right after the callback returns."""
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 _lock = threading.Lock()
 _pending = 0
@@ -71,12 +81,14 @@ def _returned() -> None:
         _pending -= 1
 
 
-def _counted(callback: Callable[[torch.futures.Future], T]) -> Callable[[torch.futures.Future], T]:
+def tracked(function: Callable[P, T]) -> Callable[P, T]:
+    """``function``, waited for at exit from now until one call of it returns (call it once:
+    a callback, or a job for a worker thread)."""
     _started_waiting()
 
-    def run(future: torch.futures.Future) -> T:
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
-            return callback(future)
+            return function(*args, **kwargs)
         finally:
             _returned()
 
@@ -87,7 +99,7 @@ def add_done_callback(
     future: torch.futures.Future, callback: Callable[[torch.futures.Future], None]
 ) -> None:
     """``future.add_done_callback(callback)``, finished before the interpreter exits."""
-    counted = _counted(callback)
+    counted = tracked(callback)
     try:
         future.add_done_callback(counted)
     except BaseException:
@@ -99,7 +111,7 @@ def then(
     future: torch.futures.Future, callback: Callable[[torch.futures.Future], Any]
 ) -> torch.futures.Future:
     """``future.then(callback)``, finished before the interpreter exits."""
-    counted = _counted(callback)
+    counted = tracked(callback)
     try:
         return future.then(counted)
     except BaseException:

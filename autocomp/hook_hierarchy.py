@@ -106,7 +106,9 @@ class _OrderedWorker:
         self._thread.start()
 
     def submit(self, job: Callable[[], None]) -> None:
-        self._jobs.put(job)
+        # Tracked: a job completes its bucket's future, after which DDP may let the program
+        # end while this thread still needs the GIL (autocomp.callbacks).
+        self._jobs.put(callbacks.tracked(job))
 
     def _run(self) -> None:
         while True:

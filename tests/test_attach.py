@@ -125,9 +125,16 @@ def test_config_from_toml_reads_the_policy_and_an_autocomp_table(tmp_path: Path)
         autocomp.AutocompConfig.from_toml(bad)
 
 
-def _join(rank: int, world: int) -> str:
-    ddp = DDP(MultiBucketNet())
-    autocomp.wrap(ddp, plan=PLAN)
+def _join(rank: int, world: int, how: str) -> str:
+    module = MultiBucketNet()
+    ddp = DDP(module)
+    if how == "wrap":
+        autocomp.wrap(ddp, plan=PLAN)
+    else:  # bound to the inner module: the DDP model is found at the hook's first call
+        state, hook = autocomp.make_hook(autocomp.AutocompConfig(plan=PLAN))
+        state.bind(module)
+        ddp.register_comm_hook(state, hook)
+        _train(ddp, rank, steps=1)
     try:
         with ddp.join():
             pass
@@ -136,8 +143,9 @@ def _join(rank: int, world: int) -> str:
     return "no error"
 
 
-def test_join_is_refused_on_every_rank(tmp_path: Path) -> None:
-    for message in run_ranks(_join, 2, tmp_path, timeout=60):
+@pytest.mark.parametrize("how", ["wrap", "make_hook_bound_to_module"])
+def test_join_is_refused_on_every_rank(tmp_path: Path, how: str) -> None:
+    for message in run_ranks(_join, 2, tmp_path, how, timeout=60):
         assert "join() (uneven inputs) cannot be used with autocomp" in message
 
 

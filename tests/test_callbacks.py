@@ -2,7 +2,8 @@
 futures finish before the interpreter does.
 
 - :func:`autocomp.callbacks.pending` counts a callback from its registration until it
-  returns, raised or not, for ``add_done_callback`` and ``then``.
+  returns, raised or not, for ``add_done_callback``, ``then`` and ``tracked`` (the
+  hierarchical hook's worker jobs).
 - A callback that releases the main thread (it completes the future the main thread waits on,
   as a bucket's result does for DDP) and still has Python to run finishes before the process
   exits. With a plain ``add_done_callback`` the interpreter's finalization ends the worker
@@ -71,10 +72,13 @@ def test_pending_counts_from_registration_until_return() -> None:
         raise RuntimeError("a callback that raises still returns")
 
     callbacks.add_done_callback(future, fails)
-    assert callbacks.pending() == base + 3  # registered, not yet run
+    job = callbacks.tracked(lambda a, b=0: a + b)  # a worker thread's job
+    assert callbacks.pending() == base + 4  # registered, not yet run
     future.set_result(41)
     assert seen == [41]
     assert chained.wait() == 42
+    assert callbacks.pending() == base + 1
+    assert job(1, b=2) == 3
     assert callbacks.pending() == base
 
 

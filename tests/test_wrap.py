@@ -310,11 +310,7 @@ def _freed_when_dropped(rank: int, world_size: int) -> dict[str, bool]:
             state, hook = autocomp.make_hook(autocomp.AutocompConfig(target_overlap=0.9))
             ddp.register_comm_hook(state, hook)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-        for step in range(3):
-            x, y = classification_batch(rank, step)
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(ddp(x), y).backward()
-            opt.step()
+        _steps(rank, ddp, opt, 0, 3)
         if mode == "make_hook":
             ctl = state.controller
             del state, hook  # what a framework drops with its strategy
@@ -352,12 +348,7 @@ def _copies(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
             if how == "make_hook_bound_to_module":
                 state.bind(module)  # an EMA copy of this module must not carry a controller
             ddp.register_comm_hook(state, hook)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-        for step in range(2):
-            x, y = classification_batch(rank, step)
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(ddp(x), y).backward()
-            opt.step()
+        _steps(rank, ddp, torch.optim.SGD(ddp.parameters(), lr=0.05), 0, 2)
         if how != "wrap":
             ctl = state.controller
         buffer = io.BytesIO()

@@ -21,6 +21,19 @@ is fully alive) waits for that count to reach zero, within ``EXIT_WAIT_SECONDS``
 that never complete, then sleeps ``RELEASE_SECONDS`` with the GIL released so the workers can
 drop their references. The count costs about 0.7 µs a callback (registration and run, 1.6
 against 2.3 µs; a few callbacks per bucket).
+
+What a callback's function refers to is never released on the thread that ran it. A bucket's
+decode holds the hook state, and through it the process group; once the main thread has moved
+on, dropped the model and destroyed the group, that function can hold the group's last
+reference. Released on the group's own gloo worker, the group's destructor joins that very
+thread, and the process aborts ("terminate called after throwing an instance of
+'std::system_error' what(): Resource deadlock avoided"; CI, 2026-11-27, a Lightning example
+that frees its trainer before ``destroy_process_group``; ``tests/test_callbacks.py``
+reproduces it every time, with PyTorch's own ``add_done_callback`` too). So each function is
+handed, once it has returned, to a queue that the next registration outside any callback
+empties (the hook's thread: main or autograd, never a collective's worker), and the exit
+empties it last, on the main thread, where PyTorch's group destructor releases the GIL as it
+joins its workers.
 """
 
 from __future__ import annotations
@@ -29,6 +42,7 @@ import atexit
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -41,6 +55,7 @@ __all__ = [
     "RELEASE_SECONDS",
     "add_done_callback",
     "pending",
+    "release_finished",
     "then",
     "tracked",
 ]
@@ -58,6 +73,10 @@ P = ParamSpec("P")
 _lock = threading.Lock()
 _pending = 0
 _exit_handler_registered = False
+_finished: deque[Callable[..., Any]] = deque()
+"""Functions that have run, held until a thread that runs no callback releases them."""
+_running = threading.local()
+"""``depth``: callbacks this thread is inside (a ``then`` on a completed future nests)."""
 
 
 def pending() -> int:
@@ -66,8 +85,26 @@ def pending() -> int:
         return _pending
 
 
+def release_finished() -> None:
+    """Drop what the callbacks that have run referred to, on this thread.
+
+    Called at every registration made outside a callback, at ``close()`` and at exit; a no-op
+    inside a callback (on a collective's worker). Not under ``_lock``: the last reference to
+    a process group joins its workers, which may be about to return from a callback and take
+    the lock.
+    """
+    if getattr(_running, "depth", 0):
+        return
+    while _finished:
+        try:
+            _finished.popleft()
+        except IndexError:  # another thread took the last one
+            return
+
+
 def _started_waiting() -> None:
     global _pending, _exit_handler_registered
+    release_finished()
     with _lock:
         _pending += 1
         if not _exit_handler_registered:
@@ -83,13 +120,23 @@ def _returned() -> None:
 
 def tracked(function: Callable[P, T]) -> Callable[P, T]:
     """``function``, waited for at exit from now until one call of it returns (call it once:
-    a callback, or a job for a worker thread)."""
+    a callback, or a job for a worker thread); what it refers to is released later, by
+    :func:`release_finished`, not on the thread that called it."""
     _started_waiting()
+    held = [function]
 
     def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        if not held:
+            raise RuntimeError("autocomp: a tracked callback was called a second time")
+        call = held.pop()
+        depth = getattr(_running, "depth", 0)
+        _running.depth = depth + 1
         try:
-            return function(*args, **kwargs)
+            return call(*args, **kwargs)
         finally:
+            _running.depth = depth
+            _finished.append(call)
+            del call
             _returned()
 
     return run
@@ -132,3 +179,4 @@ def _finish_before_exit() -> None:
             return
         time.sleep(0.001)
     time.sleep(RELEASE_SECONDS)
+    release_finished()  # the main thread: a group's last reference may go here

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from autocomp import callbacks
 from autocomp.adaptive import AdaptiveLoop, WindowRecord
 from autocomp.checkpoint import export_state, import_state
 from autocomp.distributed import collective_device, raise_together
@@ -221,6 +222,7 @@ class Controller:
         self._stop_dashboard()
         self._state.disable()
         self._closed = True
+        callbacks.release_finished()  # the last steps' decodes hold the state and its group
 
     @property
     def closed(self) -> bool:

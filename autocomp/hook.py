@@ -125,6 +125,19 @@ class BucketWork:
         if self.stream is None and self.buffer.is_cuda:
             self.stream = torch.cuda.current_stream(self.buffer.device)
 
+    def release_payloads(self) -> None:
+        """Free what was sent and received once decoded: the decode's function is released
+        later, off the worker thread (:mod:`autocomp.callbacks`), and must not keep a
+        bucket's payloads alive through the next forward."""
+        self.futures = []
+        self.reduce_groups = []
+        self.gather_parts = []
+        self.gathered = None
+        self.round_parts = []
+        self.round_flat = None
+        self.round_future = None
+        self.final_flat = None
+
 
 def average_in_place(buffer: torch.Tensor, world: int) -> None:
     """Scale a bucket so that the all-reduce's sum is the ranks' mean, as DDP does without a
@@ -469,7 +482,10 @@ def complete_when_done(state: HookState, work: BucketWork) -> None:
             # 2026-11-26: the two nodes' owners of a layer decoded different values in 5 of 30
             # hierarchy runs, and 4 runs died of a device-side assert on a corrupted index.)
             with on_stream(work.stream):
-                result.set_result(_finish(state, work))
+                try:
+                    result.set_result(_finish(state, work))
+                finally:
+                    work.release_payloads()
         except BaseException as err:  # never leave DDP waiting on a future nobody completes
             if not result.done():
                 result.set_exception(err)

@@ -9,6 +9,10 @@ futures finish before the interpreter does.
   exits. With a plain ``add_done_callback`` the interpreter's finalization ends the worker
   thread and its work is lost (or, unwinding through PyTorch's C++ frames, the process aborts).
 - The exit's wait is bounded: a future that never completes does not hold it.
+- What a callback refers to is released by the next registration outside a callback or at
+  exit, never on the thread that ran it: a callback holding a process group's last reference
+  would otherwise destroy the group on the group's own gloo worker, which aborts the process
+  ("Resource deadlock avoided"; two gloo ranks in subprocesses).
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -46,6 +52,50 @@ else:
     fut.add_done_callback(callback)
 released.wait()
 dist.destroy_process_group()
+"""
+
+# Rank 0 holds a group's last reference in a callback that runs on the group's gloo worker
+# (rank 1 joins the collective late, so the callback is registered before it completes). The
+# main thread destroys the group and lets go of it while the callback runs; the exit releases
+# what the callback held, on the main thread.
+_LAST_REFERENCE = """
+import subprocess, sys, threading, time
+import torch, torch.distributed as dist
+from autocomp import callbacks
+
+store_path, rank = sys.argv[1], int(sys.argv[2])
+if rank == 0:
+    peer = subprocess.Popen([sys.executable, __file__, store_path, "1"])
+dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
+group = dist.new_group([0, 1])
+if rank == 1:
+    time.sleep(0.5)
+    dist.all_reduce(torch.ones(4), group=group)
+    dist.destroy_process_group(group)
+    del group
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.exit(0)
+
+running, let_go = threading.Event(), threading.Event()
+
+def register(future, group):
+    def callback(_):
+        running.set()
+        let_go.wait(10)
+        assert group is not None  # the closure holds the group
+
+    callbacks.add_done_callback(future, callback)
+
+register(dist.all_reduce(torch.ones(4), group=group, async_op=True).get_future(), group)
+running.wait(10)
+dist.destroy_process_group(group)
+del group  # the callback's closure holds the group's last reference from here
+let_go.set()
+time.sleep(0.3)  # the worker returns from the callback and lets go of it
+dist.barrier()
+dist.destroy_process_group()
+sys.exit(peer.wait())
 """
 
 
@@ -127,3 +177,48 @@ def test_the_exit_does_not_wait_forever_for_a_future_that_never_completes(
     assert out.returncode == 0, out.stderr[-2000:]
     assert time.monotonic() - started < 30
     assert "1 collective callback(s) had not run" in out.stderr
+
+
+def test_a_callbacks_references_are_released_off_its_thread() -> None:
+    future: torch.futures.Future[None] = torch.futures.Future()
+    freed_on: list[int] = []
+
+    class Held:  # stands for the hook state and its process group
+        pass
+
+    held = Held()
+    weakref.finalize(held, lambda: freed_on.append(threading.get_ident()))
+    released_inside: list[bool] = []
+
+    def register(obj: Held) -> None:
+        def callback(_: torch.futures.Future[None]) -> None:
+            callbacks.release_finished()  # a no-op inside a callback (a worker thread)
+            released_inside.append(obj is not None)
+
+        callbacks.add_done_callback(future, callback)
+
+    register(held)
+    del held
+    worker = threading.Thread(target=future.set_result, args=(None,))  # runs the callback
+    worker.start()
+    worker.join()
+    assert released_inside == [True]
+    assert freed_on == []  # the worker did not release it
+    callbacks.release_finished()
+    assert freed_on == [threading.get_ident()]
+
+
+def test_a_tracked_function_runs_once() -> None:
+    job = callbacks.tracked(lambda: 1)
+    assert job() == 1
+    with pytest.raises(RuntimeError, match="called a second time"):
+        job()
+
+
+@pytest.mark.timeout(120)
+def test_a_groups_last_reference_in_a_callback_is_released_on_the_main_thread(
+    tmp_path: Path,
+) -> None:
+    out = _run(tmp_path, _LAST_REFERENCE, str(tmp_path / "store"), "0")
+    assert "Resource deadlock avoided" not in out.stderr, out.stderr[-2000:]
+    assert out.returncode == 0, out.stderr[-2000:]

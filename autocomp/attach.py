@@ -71,6 +71,11 @@ class _ControllerLink:
         return (type(None), ())
 
 
+def _hold_controller(model: torch.nn.Module, controller: Controller) -> None:
+    """Make ``model`` keep ``controller`` alive (the mark ``wrap`` checks for a second wrap)."""
+    setattr(model, _WRAPPED_ATTR, _ControllerLink(controller))
+
+
 def layer_seed(base_seed: int, name: str) -> int:
     """Seed shared by all ranks for one parameter (crc32: stable across processes)."""
     return (base_seed * 0x9E3779B1 + zlib.crc32(name.encode())) % (1 << 62)
@@ -445,7 +450,7 @@ def wrap(
             "could not register autocomp's comm hook: this DDP model already has a comm hook "
             f"(DDP allows only one). Remove the other register_comm_hook call. ({err})"
         ) from None
-    setattr(ddp, _WRAPPED_ATTR, _ControllerLink(controller))
+    _hold_controller(ddp, controller)
     return controller
 
 
@@ -499,7 +504,7 @@ class AutocompState:
         if group is None and isinstance(model, DistributedDataParallel):
             group = model.process_group
         controller = bind(model, self.resolved, group)
-        setattr(model, _WRAPPED_ATTR, _ControllerLink(controller))  # keeps it alive
+        _hold_controller(model, controller)
         self._controller = weakref.ref(controller)
         self._on_ddp = isinstance(model, DistributedDataParallel)
         return controller
@@ -512,7 +517,7 @@ class AutocompState:
         model = self._find_model()
         if model is not None:
             _refuse_join(model)
-            setattr(model, _WRAPPED_ATTR, _ControllerLink(controller))
+            _hold_controller(model, controller)
 
     def _find_model(self) -> DistributedDataParallel | None:
         """The DDP model this state was registered on (one scan of the GC's objects)."""

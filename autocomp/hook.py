@@ -157,6 +157,11 @@ def average_in_place(buffer: torch.Tensor, world: int) -> None:
         buffer.mul_(1.0 / world)
 
 
+def _bucket_tensor(fut: torch.futures.Future) -> torch.Tensor:
+    """The all-reduced bucket: the value a DDP comm hook's future must carry."""
+    return fut.value()[0]
+
+
 def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook applying each parameter's compressor; see the module docstring."""
     state.enter_hook()
@@ -195,17 +200,29 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
                 grad = buffer if sparse else buffer[offset : offset + slot.numel]
                 sample_plain(slot, grad, profiler)
         fut = dist.all_reduce(buffer, group=group, async_op=True).get_future()
+        record = None
         if profiler is not None:
             # A sparse all-reduce gathers every rank's indices and values: not an all-reduce
             # of its bytes, so the link meter does not see it (the step still times it).
             if not sparse:
                 nbytes = buffer.numel() * buffer.element_size()
-                profiler.collective(Collective.ALL_REDUCE, nbytes, fut)
+                record = profiler.launched(Collective.ALL_REDUCE, nbytes)
             profiler.hook_exited(entered)
         if is_last:
             state.step += 1
             state._in_step = False
-        return callbacks.then(fut, lambda f: f.value()[0])
+        if record is None or profiler is None:
+            return callbacks.then(fut, _bucket_tensor)
+        clock = profiler.clock
+
+        def stamped(f: torch.futures.Future) -> torch.Tensor:
+            # The collective's end, stamped in the one callback DDP needs anyway (on CUDA,
+            # on a stream that waits for the transfer): a second callback for the stamp
+            # would cost gloo's worker another turn of the GIL per bucket.
+            record.done = clock.stamp()
+            return f.value()[0]
+
+        return callbacks.then(fut, stamped)
 
     work = BucketWork(
         step=state.step,

@@ -282,11 +282,10 @@ class StepProfiler:
     def collective(
         self, kind: Collective, payload_bytes: int, future: torch.futures.Future
     ) -> None:
-        step = self._current
-        if step is None:
+        """Record a collective just launched; a callback on ``future`` stamps its end."""
+        record = self.launched(kind, payload_bytes)
+        if record is None:
             return
-        record = CollectiveRecord(kind, payload_bytes, self.clock.stamp())
-        step.collectives.append(record)
         clock = self.clock
 
         def mark(_: torch.futures.Future) -> None:
@@ -295,6 +294,17 @@ class StepProfiler:
             record.done = clock.stamp()
 
         callbacks.add_done_callback(future, mark)
+
+    def launched(self, kind: Collective, payload_bytes: int) -> CollectiveRecord | None:
+        """Record a collective just launched, for a caller that stamps its end itself
+        (``record.done = profiler.stamp()``) in a callback it already puts on the future:
+        each Python callback costs the worker thread a turn of the GIL. None outside a step."""
+        step = self._current
+        if step is None:
+            return None
+        record = CollectiveRecord(kind, payload_bytes, self.clock.stamp())
+        step.collectives.append(record)
+        return record
 
     def controller_work(self, started: Stamp) -> None:
         """The controller worked on this step from ``started`` until now (the opening's probes,

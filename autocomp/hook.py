@@ -220,7 +220,7 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
             # on a stream that waits for the transfer): a second callback for the stamp
             # would cost gloo's worker another turn of the GIL per bucket.
             record.done = clock.stamp()
-            return f.value()[0]
+            return _bucket_tensor(f)
 
         return callbacks.then(fut, stamped)
 

@@ -55,9 +55,9 @@ dist.destroy_process_group()
 """
 
 # Rank 0 holds a group's last reference in a callback that runs on the group's gloo worker
-# (rank 1 joins the collective late, so the callback is registered before it completes). The
-# main thread destroys the group and lets go of it while the callback runs; the exit releases
-# what the callback held, on the main thread.
+# (rank 1 joins the collective only once rank 0 has registered the callback, so it runs when
+# the collective completes, on the worker). The main thread destroys the group and lets go of
+# it while the callback runs; the exit releases what the callback held, on the main thread.
 _LAST_REFERENCE = """
 import subprocess, sys, threading, time
 import torch, torch.distributed as dist
@@ -66,10 +66,11 @@ from autocomp import callbacks
 store_path, rank = sys.argv[1], int(sys.argv[2])
 if rank == 0:
     peer = subprocess.Popen([sys.executable, __file__, store_path, "1"])
-dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
+store = dist.FileStore(store_path, 2)
+dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
 group = dist.new_group([0, 1])
 if rank == 1:
-    time.sleep(0.5)
+    store.wait(["registered"])
     dist.all_reduce(torch.ones(4), group=group)
     dist.destroy_process_group(group)
     del group
@@ -88,6 +89,7 @@ def register(future, group):
     callbacks.add_done_callback(future, callback)
 
 register(dist.all_reduce(torch.ones(4), group=group, async_op=True).get_future(), group)
+store.set("registered", "1")
 running.wait(10)
 dist.destroy_process_group(group)
 del group  # the callback's closure holds the group's last reference from here

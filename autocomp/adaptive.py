@@ -720,9 +720,10 @@ class AdaptiveLoop:
         """Say so (once, rank 0) when the link inside a node is not much faster than the one
         between nodes: the hierarchy then sends uncompressed over a slow link."""
         node, cross = record.node_link_bytes_per_s, record.bandwidth_bytes_per_s
+        hierarchy = self.state.hierarchy
         if self._node_link_warned or self.state.rank != 0 or node is None or cross is None:
             return
-        if node < NODE_LINK_MIN_ADVANTAGE * cross:
+        if hierarchy is not None and node < hierarchy.min_advantage * cross:
             self._node_link_warned = True
             logger.warning(
                 "autocomp: the link inside a node (%.0f Mbit/s) is not much faster than the one "
@@ -818,10 +819,6 @@ def combine_link_busy(
     if node is not None:
         dist.all_reduce(busy, op=dist.ReduceOp.MAX, group=node)
     dist.all_reduce(busy, op=dist.ReduceOp.MIN, group=group)
-
-
-NODE_LINK_MIN_ADVANTAGE = 4.0
-"""Below this ratio of node to cross-node link bandwidth, the hierarchy is questioned."""
 
 
 def _node_link_rate(hierarchy: HierarchicalReduce) -> float | None:

@@ -45,10 +45,16 @@ from autocomp.hook import autocomp_hook
 from autocomp.hook_hierarchy import HierarchicalReduce, hierarchical_hook
 from autocomp.hook_layer import LayerSlot, is_identity
 from autocomp.hook_state import HookState
+from autocomp.level_probe import agreed_min_advantage, measure_levels
 from autocomp.plan import Plan, assignment_digest
 from autocomp.policy.rules import PolicyRules
 from autocomp.runlog import RunLog, default_run_dir, new_run_id
-from autocomp.topology import build_hierarchy_groups, detect_topology, resolve_hierarchy
+from autocomp.topology import (
+    build_hierarchy_groups,
+    detect_topology,
+    release_hierarchy_groups,
+    resolve_hierarchy,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -242,7 +248,8 @@ def bind(
         check_wire_bytes=AUTOCOMP_CHECK_WIRE_BYTES.get(),
     )
     state.assign(assignment)
-    state.hierarchy = _hierarchy(source.hierarchy, process_group, sparse)
+    dense_bytes = sum(p.numel() * p.element_size() for n, p in params.items() if n not in sparse)
+    state.hierarchy = _hierarchy(source.hierarchy, process_group, sparse, dense_bytes)
     if not resolved.adaptive and resolved.warmup_steps:
         for slot in slots.values():
             slot.uncompressed_until = resolved.warmup_steps
@@ -293,11 +300,18 @@ def sparse_pins(names: Iterable[str]) -> list[tuple[str, str]]:
 
 
 def _hierarchy(
-    setting: str | bool, group: dist.ProcessGroup | None, sparse: list[str] | None = None
+    setting: str | bool,
+    group: dist.ProcessGroup | None,
+    sparse: list[str] | None = None,
+    dense_bytes: int = 0,
 ) -> HierarchicalReduce | None:
     """The two-level reduce's runtime when ``setting`` asks for it and the job has the nodes
     (collective; the same answer, or the same error, on every rank). The two-level reduce
-    stages dense buckets; a model with sparse gradients stays flat (``True``: an error)."""
+    stages dense buckets; a model with sparse gradients stays flat (``True``: an error).
+
+    ``"auto"`` also times both links (:mod:`autocomp.level_probe`, probes up to
+    ``dense_bytes``, the gradients' size) and stays flat unless the link inside a node is
+    ``AUTOCOMP_NODE_LINK_MIN_ADVANTAGE`` times faster than the one between nodes."""
     if setting is False:
         return None
     if sparse and setting is True:  # every rank has the same model (checked): same error
@@ -332,7 +346,28 @@ def _hierarchy(
                 ", ".join(sparse),
             )
         return None
-    return HierarchicalReduce(build_hierarchy_groups(topology), dist.get_rank(group))
+    groups = build_hierarchy_groups(topology)
+    min_advantage = agreed_min_advantage(group)
+    rates = None
+    if setting == "auto" and min_advantage > 0:
+        rates = measure_levels(groups, dense_bytes, group)
+        if not rates.pays(min_advantage):
+            if dist.get_rank(group) == 0:
+                logger.info(
+                    "autocomp: %s, flat reduce: the link inside a node is not %gx faster than "
+                    "the one between nodes (%s), so staging inside the node would cost about "
+                    "what it saves; every rank's traffic is compressed instead",
+                    topology.describe(),
+                    min_advantage,
+                    rates.describe(),
+                )
+            release_hierarchy_groups(groups)
+            return None
+        if dist.get_rank(group) == 0:
+            logger.info("autocomp: %s, two-level reduce: %s", topology.describe(), rates.describe())
+    return HierarchicalReduce(
+        groups, dist.get_rank(group), min_advantage=min_advantage, opening_rates=rates
+    )
 
 
 def comm_hook_for(state: HookState) -> Any:

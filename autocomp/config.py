@@ -80,7 +80,9 @@ class AutocompConfig:
     this many seconds apart instead of every window (adaptive; 0: every window)."""
     hierarchy: str | bool = "auto"
     """Reduce at full precision inside each node and compress only across nodes: ``"auto"``
-    (when the job spans several nodes of more than one rank each), True or False."""
+    (when the job spans several nodes of more than one rank each and the link inside a node
+    times ``AUTOCOMP_NODE_LINK_MIN_ADVANTAGE`` x faster than the one between them at wrap),
+    True or False."""
 
     @property
     def adaptive(self) -> bool:

@@ -58,6 +58,13 @@ AUTOCOMP_CHECK_WIRE_BYTES = EnvVar(
 AUTOCOMP_RUN_DIR = EnvVar(
     "AUTOCOMP_RUN_DIR", "", "Parent directory of run logs (default ./autocomp-runs)."
 )
+AUTOCOMP_NODE_LINK_MIN_ADVANTAGE = EnvVar(
+    "AUTOCOMP_NODE_LINK_MIN_ADVANTAGE",
+    4.0,
+    "hierarchy='auto' reduces in two levels only when the link inside a node measures at least "
+    "this many times faster than the one between nodes (timed at wrap); 0 decides on the "
+    "topology alone. The adaptive loop warns at the same ratio later in the run.",
+)
 AUTOCOMP_TOKEN = EnvVar(
     "AUTOCOMP_TOKEN", "", "Bearer token for the sidecar's overrides (default: generated)."
 )

@@ -48,6 +48,7 @@ from autocomp import callbacks
 from autocomp.hook import BucketWork, autocomp_hook, average_in_place, exchange_now, on_stream
 from autocomp.hook_layer import LayerSlot
 from autocomp.hook_state import BucketLayout, HookState
+from autocomp.level_probe import LevelRates
 from autocomp.timing import clock_for
 from autocomp.topology import HierarchyGroups
 
@@ -125,8 +126,19 @@ class _OrderedWorker:
 class HierarchicalReduce:
     """The hierarchical hook's runtime: groups, shard layouts, threads, intra-node timings."""
 
-    def __init__(self, groups: HierarchyGroups, rank: int) -> None:
+    def __init__(
+        self,
+        groups: HierarchyGroups,
+        rank: int,
+        *,
+        min_advantage: float = 0.0,
+        opening_rates: LevelRates | None = None,
+    ) -> None:
         self.groups = groups
+        self.min_advantage = min_advantage
+        """Node-to-cross-node bandwidth ratio below which the run warns (0: never)."""
+        self.opening_rates = opening_rates
+        """Both links as ``hierarchy="auto"`` timed them at wrap (None: not timed)."""
         self.topology = groups.topology
         self.rank = rank
         self._layouts: dict[int, _ShardLayout] = {}

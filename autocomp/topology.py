@@ -31,7 +31,13 @@ import torch.distributed as dist
 
 from autocomp.distributed import collective_device, gather_digests
 
-__all__ = ["HierarchyGroups", "Topology", "build_hierarchy_groups", "detect_topology"]
+__all__ = [
+    "HierarchyGroups",
+    "Topology",
+    "build_hierarchy_groups",
+    "detect_topology",
+    "release_hierarchy_groups",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -191,3 +197,10 @@ def build_hierarchy_groups(topology: Topology) -> HierarchyGroups:
     if topology.rank == 0:
         logger.info("autocomp: hierarchical reduce over %s", topology.describe())
     return HierarchyGroups(topology, mine["intra"], mine["intra_gather"], mine["cross"])
+
+
+def release_hierarchy_groups(groups: HierarchyGroups) -> None:
+    """Destroy this rank's groups of a two-level reduce that will not run (every rank calls it
+    for its own groups, so no group is left half torn down); each gloo group holds threads."""
+    for group in (groups.intra, groups.intra_gather, groups.cross):
+        dist.destroy_process_group(group)

@@ -1,7 +1,7 @@
 """Hierarchical reduce: full precision inside a node, compression across nodes.
 
-Tier 1 (pure unit): how buckets are cut into per-local-rank runs, the topology arithmetic and
-the ``hierarchy`` setting's resolution.
+Tier 1 (pure unit): how buckets are cut into per-local-rank runs, the topology arithmetic, the
+measured link figures' arithmetic and the ``hierarchy`` setting's resolution.
 Tier 2 (4 local gloo ranks as 2 "nodes" of 2, set through torchrun's ``GROUP_RANK`` and
 ``LOCAL_WORLD_SIZE``; 6 ranks as 2 nodes of 3 once): the two-level reduce equals the flat
 average with no compression;
@@ -11,13 +11,20 @@ link and reports the node link; a non-finite average seen by other ranks' layers
 0's guards, and the reset layers go out uncompressed on both nodes alike (no collective
 mismatch); bad settings fail on every rank, and an ambiguous node table
 makes ``auto`` flat; ``close()`` falls back to a flat all-reduce; a checkpoint restores each
-owner's residuals and the resumed ranks stay identical. (The shaped two-node benchmark is
-``autocomp-bench hier``.)
+owner's residuals and the resumed ranks stay identical; ``auto`` times both links, agrees the
+figures and goes two-level only above its threshold (a bad or mismatched threshold fails on
+every rank).
+Tier 3 (root + iproute2, skipped otherwise): two network namespaces of two ranks, 200 Mbit/s
+between them: ``auto`` reads the slow link and goes two-level. (The shaped two-node benchmark
+is ``autocomp-bench hier``.)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -29,9 +36,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autocomp
 from autocomp.hook_hierarchy import split_runs
+from autocomp.level_probe import LevelRates
 from autocomp.topology import Topology, resolve_hierarchy
 from tests.models import MultiBucketNet, classification_batch
 from tests.multirank import run_ranks
+from tests.test_shaped_link import needs_shaped_link
 
 BUCKET_CAP_MB = 0.02
 
@@ -68,6 +77,19 @@ def test_topology_arithmetic() -> None:
     assert not Topology(rank=0, node_of=(0, 0, 0, 0)).worth_it()  # one node
     assert not Topology(rank=0, node_of=(0, 1, 2, 3)).worth_it()  # one rank per node
     assert not Topology(rank=0, node_of=(0, 0, 0, 1)).uniform
+
+
+def test_level_rates_arithmetic() -> None:
+    rates = LevelRates(
+        node_bytes_per_s=1e9,
+        cross_bytes_per_s=25e6,
+        node_payload_bytes=32 << 20,
+        cross_payload_bytes=64 << 10,
+    )
+    assert rates.advantage == pytest.approx(40.0)
+    assert rates.pays(4.0) and rates.pays(40.0) and not rates.pays(41.0)
+    assert "8.00 Gbit/s" in rates.describe() and "(40.0x)" in rates.describe()
+    assert LevelRates(1.0, 0.0, 1, 1).advantage == math.inf
 
 
 def test_resolve_hierarchy_settings() -> None:
@@ -225,6 +247,9 @@ def _adaptive(rank: int, world_size: int) -> dict[str, Any]:
     torch.manual_seed(0)
     model = MultiBucketNet(width=128)
     ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
+    # Loopback "nodes" have no faster link inside: auto would time both and stay flat
+    # (test_auto_times_both_links). Decide on the topology alone here.
+    os.environ["AUTOCOMP_NODE_LINK_MIN_ADVANTAGE"] = "0"
     ctl = autocomp.wrap(ddp, window=4, warmup_steps=4, run_dir=False, hierarchy="auto")
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     for step in range(14):
@@ -303,7 +328,13 @@ def _nonfinite_everywhere(rank: int, world_size: int) -> dict[str, Any]:
     model = MultiBucketNet(width=128)
     ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
     ctl = autocomp.wrap(
-        ddp, {"*weight": "int8"}, target_overlap=0.9, window=4, warmup_steps=4, run_dir=False
+        ddp,
+        {"*weight": "int8"},
+        target_overlap=0.9,
+        window=4,
+        warmup_steps=4,
+        run_dir=False,
+        hierarchy=True,  # loopback nodes: "auto" would time no faster link inside and stay flat
     )
     poison_step = 9
     state = {"step": 0}
@@ -411,7 +442,8 @@ def test_slow_node_link_is_reported_once(caplog: pytest.LogCaptureFixture) -> No
             node_link_bytes_per_s=node,
         )
 
-    loop = SimpleNamespace(_node_link_warned=False, state=SimpleNamespace(rank=0))
+    state = SimpleNamespace(rank=0, hierarchy=SimpleNamespace(min_advantage=4.0))
+    loop = SimpleNamespace(_node_link_warned=False, state=state)
     with caplog.at_level("WARNING", logger="autocomp.adaptive"):
         AdaptiveLoop._check_node_link(loop, record(5e9, 25e6))  # type: ignore[arg-type]
         assert not caplog.records  # 200x faster inside the node: as it should be
@@ -453,6 +485,132 @@ def test_auto_falls_back_to_flat_when_nodes_are_ambiguous(tmp_path: Path) -> Non
     for result in results:
         assert not result["hierarchical"]
         assert "cannot tell the nodes apart" in result["forced"], result
+
+
+def _auto_measured(rank: int, world_size: int) -> dict[str, Any]:
+    """``hierarchy="auto"`` at a threshold any link pays, then at one none does."""
+    from torch.distributed.distributed_c10d import _world
+
+    _as_node(rank)
+    out: dict[str, Any] = {}
+    for threshold in ("1e-9", "1e9"):
+        os.environ["AUTOCOMP_NODE_LINK_MIN_ADVANTAGE"] = threshold
+        torch.manual_seed(0)
+        ddp = DDP(MultiBucketNet(width=128), bucket_cap_mb=BUCKET_CAP_MB)
+        groups = len(_world.pg_map)
+        ctl = autocomp.wrap(ddp, plan={"*": "none"})
+        x, y = classification_batch(rank, 0)
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        hierarchy = ctl._state.hierarchy
+        rates = None if hierarchy is None else hierarchy.opening_rates
+        out[threshold] = {
+            "hierarchical": hierarchy is not None,
+            "rates": None if rates is None else list(dataclasses.astuple(rates)),
+            "new_groups": len(_world.pg_map) - groups,
+            "grads": torch.cat([p.grad.reshape(-1) for p in ddp.parameters()]),
+        }
+        ctl.close()
+    return out
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(240)
+def test_auto_times_both_links(tmp_path: Path) -> None:
+    """auto times the link inside a node and the one between nodes on every rank, agrees the
+    figures, and reduces in two levels only when the first is the threshold's times faster;
+    the groups of a hierarchy that will not run are destroyed again."""
+    results = run_ranks(_auto_measured, 4, tmp_path, timeout=200)
+    pays, not_worth = (results[0][key] for key in ("1e-9", "1e9"))
+    assert pays["hierarchical"] and not not_worth["hierarchical"]
+    assert pays["new_groups"] == 3  # intra, intra_gather and cross, kept
+    assert not_worth["new_groups"] == 0  # built, timed, destroyed
+    node_rate, cross_rate, node_bytes, cross_bytes = pays["rates"]
+    assert node_rate > 0 and cross_rate > 0
+    assert node_bytes >= 64 << 10 and cross_bytes >= 64 << 10
+    for result in results[1:]:
+        assert result["1e-9"]["rates"] == pays["rates"]  # the same figures on every rank
+        assert not result["1e9"]["hierarchical"]
+        for key in ("1e-9", "1e9"):  # either way the ranks hold the same averaged gradients
+            assert torch.allclose(result[key]["grads"], results[0][key]["grads"])
+
+
+def _threshold_disagrees(rank: int, world_size: int, case: str) -> str:
+    _as_node(rank)
+    typo = "four" if rank == 1 else "4"
+    os.environ["AUTOCOMP_NODE_LINK_MIN_ADVANTAGE"] = typo if case == "typo" else str(4 + rank)
+    return _error(lambda: autocomp.wrap(DDP(MultiBucketNet()), plan={"*": "none"}))
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("case", ["typo", "differs"])
+def test_auto_threshold_problems_fail_on_every_rank(case: str, tmp_path: Path) -> None:
+    results = run_ranks(_threshold_disagrees, 4, tmp_path, case, timeout=150)
+    if case == "typo":
+        assert "expected float" in results[1], results
+        others = [r for i, r in enumerate(results) if i != 1]
+        assert all("another rank" in r for r in others), results
+    else:
+        assert all("differs between ranks (4.0 to 7.0)" in r for r in results), results
+
+
+_AUTO_ACROSS_NAMESPACES = """
+import datetime, json, sys
+sys.path.insert(0, sys.argv[1])
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+import autocomp
+from tests.models import MultiBucketNet
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+torch.manual_seed(0)
+ctl = autocomp.wrap(DDP(MultiBucketNet(width=256)), plan={"*": "none"})  # hierarchy="auto"
+hierarchy = ctl._state.hierarchy
+rates = None if hierarchy is None else hierarchy.opening_rates
+figures = None if rates is None else [rates.node_bytes_per_s, rates.cross_bytes_per_s]
+print("result " + json.dumps({"rank": dist.get_rank(), "rates": figures}), flush=True)
+ctl.close()
+dist.destroy_process_group()
+"""
+
+
+@needs_shaped_link
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+def test_auto_goes_two_level_across_a_slow_link() -> None:
+    """Two network namespaces as nodes of two ranks, 200 Mbit/s between them: auto times the
+    loopback inside each node far faster than the veth between them and reduces in two
+    levels (the loopback nodes of the tier-2 tests stay flat at the default threshold)."""
+    import subprocess
+    import sys
+
+    from autocomp_bench.hier import rank_env
+    from autocomp_bench.shaped_link import ShapedLink
+
+    root = str(Path(__file__).resolve().parents[1])
+    threshold = {"AUTOCOMP_NODE_LINK_MIN_ADVANTAGE": "4"}
+    with ShapedLink(ShapedLink.Config(hosts=2, rate_mbit=200.0)) as link:
+        procs = [
+            link.popen(
+                rank // 2,
+                [sys.executable, "-c", _AUTO_ACROSS_NAMESPACES, root],
+                env={**rank_env(rank, link.addresses, link.interfaces, 29531, 2), **threshold},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for rank in range(4)
+        ]
+        outputs = [proc.communicate(timeout=90)[0] for proc in procs]
+    results = []
+    for proc, out in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, out
+        line = next(line for line in out.splitlines() if line.startswith("result "))
+        results.append(json.loads(line.removeprefix("result ")))
+    node, cross = results[0]["rates"]
+    assert node > 4 * cross, results
+    # tbf at 200 Mbit/s: a node's two shard flows share 25 MB/s (TCP and framing take some).
+    assert 10e6 < cross < 30e6, results
+    assert all(result["rates"] == results[0]["rates"] for result in results)
 
 
 def _resume(rank: int, world_size: int, path: str) -> dict[str, Any]:

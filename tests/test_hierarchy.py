@@ -488,7 +488,7 @@ def test_auto_falls_back_to_flat_when_nodes_are_ambiguous(tmp_path: Path) -> Non
 
 
 def _auto_measured(rank: int, world_size: int) -> dict[str, Any]:
-    """``hierarchy="auto"`` at a threshold any link pays, then at one none does."""
+    """``hierarchy="auto"`` (adaptive) at a threshold any link pays, then at one none does."""
     from torch.distributed.distributed_c10d import _world
 
     _as_node(rank)
@@ -498,7 +498,7 @@ def _auto_measured(rank: int, world_size: int) -> dict[str, Any]:
         torch.manual_seed(0)
         ddp = DDP(MultiBucketNet(width=128), bucket_cap_mb=BUCKET_CAP_MB)
         groups = len(_world.pg_map)
-        ctl = autocomp.wrap(ddp, plan={"*": "none"})
+        ctl = autocomp.wrap(ddp, run_dir=False)  # adaptive: its opening runs at step 0
         x, y = classification_batch(rank, 0)
         torch.nn.functional.cross_entropy(ddp(x), y).backward()
         hierarchy = ctl._state.hierarchy
@@ -506,6 +506,7 @@ def _auto_measured(rank: int, world_size: int) -> dict[str, Any]:
         out[threshold] = {
             "hierarchical": hierarchy is not None,
             "rates": None if rates is None else list(dataclasses.astuple(rates)),
+            "opening_node_link": [r.node_link_bytes_per_s for r in ctl.history],
             "new_groups": len(_world.pg_map) - groups,
             "grads": torch.cat([p.grad.reshape(-1) for p in ddp.parameters()]),
         }
@@ -526,6 +527,9 @@ def test_auto_times_both_links(tmp_path: Path) -> None:
     assert not_worth["new_groups"] == 0  # built, timed, destroyed
     node_rate, cross_rate, node_bytes, cross_bytes = pays["rates"]
     assert node_rate > 0 and cross_rate > 0
+    # The opening's record carries the timed node link (the dashboard shows it from step 0).
+    assert pays["opening_node_link"] == [node_rate]
+    assert not_worth["opening_node_link"] == [None]
     assert node_bytes >= 64 << 10 and cross_bytes >= 64 << 10
     for result in results[1:]:
         assert result["1e-9"]["rates"] == pays["rates"]  # the same figures on every rank

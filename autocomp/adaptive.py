@@ -691,9 +691,6 @@ class AdaptiveLoop:
             Collective.ALL_REDUCE, probe[0], self.state.link_world_size
         ) / max(probe[1], 1e-12)
         record.changes = changes
-        if hierarchy is not None and hierarchy.opening_rates is not None:
-            # What hierarchy="auto" timed at wrap: the node link before any window measures it.
-            record.node_link_bytes_per_s = hierarchy.opening_rates.node_bytes_per_s
         self._remember(record)
         if self.runlog is not None:
             self.runlog.append_window(record.to_dict())

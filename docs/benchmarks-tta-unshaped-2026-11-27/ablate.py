@@ -24,7 +24,10 @@ for _ in range(rounds):
         torch.manual_seed(0)
         model = task.build_model()
         H.average_in_place = (lambda b, w: None) if method == "static-nomul" else orig_avg
-        if method in ("static-none", "static-nomul"):
+        if method.startswith("static:"):  # static:NAME=SPEC, one parameter's compressor
+            name, spec = method.removeprefix("static:").split("=", 1)
+            att = attach("static", model, {"plan": {name: spec}, "seed": 0})
+        elif method in ("static-none", "static-nomul"):
             att = attach("static", model, {"plan": {"*": "none"}, "seed": 0})
         elif method in ("minimal", "minimal_nomul", "pt_allreduce"):
             att = attach("allreduce", model, {})

@@ -34,13 +34,15 @@ from autocomp.compressors import Collective
 from autocomp.distributed import collective_device, raise_together
 from autocomp.env import AUTOCOMP_NODE_LINK_MIN_ADVANTAGE
 from autocomp.link_model import link_bytes
-from autocomp.opening import OPENING_PROBE_MAX_BYTES, OPENING_PROBE_SECONDS, ProbeRunner
+from autocomp.opening import (
+    OPENING_PROBE_MAX_BYTES,
+    OPENING_PROBE_SECONDS,
+    OPENING_PROBE_START_BYTES,
+    ProbeRunner,
+)
 from autocomp.topology import HierarchyGroups
 
 __all__ = ["LevelRates", "agreed_min_advantage", "measure_levels"]
-
-LEVEL_PROBE_START_BYTES = 64 * 1024
-"""First size of each level's probe (per-rank all-reduce payload): 50 ms at 10 Mbit/s."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,9 +116,11 @@ def _grow(
     """(payload, seconds) of one level's probe, the same on every rank of ``everyone``.
 
     A flow's time is its group's MIN (the rank that arrived last did not wait, so it is free
-    of skew); the level's is its slowest flow (MAX over ``everyone``)."""
-    cap = max(LEVEL_PROBE_START_BYTES, min(cap_bytes, OPENING_PROBE_MAX_BYTES))
-    size = LEVEL_PROBE_START_BYTES
+    of skew); the level's is its slowest flow (MAX over ``everyone``). The sizes are the
+    opening probe's (:meth:`ProbeRunner.opening`), whose agreement also carries the forward
+    time and stops early on a plainly fast link, neither of which a level needs."""
+    cap = max(OPENING_PROBE_START_BYTES, min(cap_bytes, OPENING_PROBE_MAX_BYTES))
+    size = OPENING_PROBE_START_BYTES
     while True:
         seconds = torch.tensor([runner.time_all_reduce(size, device, level)], dtype=torch.float64)
         seconds = seconds.to(device)

@@ -606,10 +606,13 @@ def test_auto_goes_two_level_across_a_slow_link() -> None:
         assert proc.returncode == 0, out
         line = next(line for line in out.splitlines() if line.startswith("result "))
         results.append(json.loads(line.removeprefix("result ")))
+    assert results[0]["rates"] is not None, outputs[0]  # rank 0's log says why it stayed flat
     node, cross = results[0]["rates"]
     assert node > 4 * cross, results
-    # tbf at 200 Mbit/s: a node's two shard flows share 25 MB/s (TCP and framing take some).
-    assert 10e6 < cross < 30e6, results
+    # tbf at 200 Mbit/s: a node's two shard flows share 25 MB/s. Each rank keeps its fastest
+    # pass, which may start on a full tbf bucket (100 KB): 512 KB a direction then cross in
+    # the time of 412 KB, 1.24x the rate (31 MB/s read).
+    assert 10e6 < cross < 35e6, results
     assert all(result["rates"] == results[0]["rates"] for result in results)
 
 

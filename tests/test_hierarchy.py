@@ -487,8 +487,10 @@ def test_auto_falls_back_to_flat_when_nodes_are_ambiguous(tmp_path: Path) -> Non
         assert "cannot tell the nodes apart" in result["forced"], result
 
 
-def _auto_measured(rank: int, world_size: int) -> dict[str, Any]:
-    """``hierarchy="auto"`` (adaptive) at a threshold any link pays, then at one none does."""
+def _auto_measured(rank: int, world_size: int, device: str = "cpu") -> dict[str, Any]:
+    """``hierarchy="auto"`` (adaptive) at a threshold any link pays, then at one none does.
+
+    ``device``: where the model lives; ``tests/gpu`` runs this on ``cuda:0``."""
     from torch.distributed.distributed_c10d import _world
 
     _as_node(rank)
@@ -496,30 +498,25 @@ def _auto_measured(rank: int, world_size: int) -> dict[str, Any]:
     for threshold in ("1e-9", "1e9"):
         os.environ["AUTOCOMP_NODE_LINK_MIN_ADVANTAGE"] = threshold
         torch.manual_seed(0)
-        ddp = DDP(MultiBucketNet(width=128), bucket_cap_mb=BUCKET_CAP_MB)
+        ddp = DDP(MultiBucketNet(width=128).to(device), bucket_cap_mb=BUCKET_CAP_MB)
         groups = len(_world.pg_map)
         ctl = autocomp.wrap(ddp, run_dir=False)  # adaptive: its opening runs at step 0
         x, y = classification_batch(rank, 0)
-        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        torch.nn.functional.cross_entropy(ddp(x.to(device)), y.to(device)).backward()
         hierarchy = ctl._state.hierarchy
         rates = None if hierarchy is None else hierarchy.opening_rates
         out[threshold] = {
             "hierarchical": hierarchy is not None,
             "rates": None if rates is None else list(dataclasses.astuple(rates)),
             "new_groups": len(_world.pg_map) - groups,
-            "grads": torch.cat([p.grad.reshape(-1) for p in ddp.parameters()]),
+            "grads": torch.cat([p.grad.reshape(-1) for p in ddp.parameters()]).cpu(),
         }
         ctl.close()
     return out
 
 
-@pytest.mark.multirank
-@pytest.mark.timeout(240)
-def test_auto_times_both_links(tmp_path: Path) -> None:
-    """auto times the link inside a node and the one between nodes on every rank, agrees the
-    figures, and reduces in two levels only when the first is the threshold's times faster;
-    the groups of a hierarchy that will not run are destroyed again."""
-    results = run_ranks(_auto_measured, 4, tmp_path, timeout=200)
+def check_auto_measured(results: list[dict[str, Any]]) -> None:
+    """What :func:`_auto_measured` must show on every rank, on any device."""
     pays, not_worth = (results[0][key] for key in ("1e-9", "1e9"))
     assert pays["hierarchical"] and not not_worth["hierarchical"]
     assert pays["new_groups"] == 3  # intra, intra_gather and cross, kept
@@ -532,6 +529,15 @@ def test_auto_times_both_links(tmp_path: Path) -> None:
         assert not result["1e9"]["hierarchical"]
         for key in ("1e-9", "1e9"):  # either way the ranks hold the same averaged gradients
             assert torch.allclose(result[key]["grads"], results[0][key]["grads"])
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(240)
+def test_auto_times_both_links(tmp_path: Path) -> None:
+    """auto times the link inside a node and the one between nodes on every rank, agrees the
+    figures, and reduces in two levels only when the first is the threshold's times faster;
+    the groups of a hierarchy that will not run are destroyed again."""
+    check_auto_measured(run_ranks(_auto_measured, 4, tmp_path, timeout=200))
 
 
 def _threshold_disagrees(rank: int, world_size: int, case: str) -> str:

@@ -9,6 +9,8 @@ futures) are checked with a world of one:
 - ``wrap_fsdp`` on a 2x2 (replicate, shard) mesh of CUDA shards: every replica of a shard stays
   bit-identical, the loss falls, and the bytes across the replicate dimension are what the
   compressors report, as ``tests/test_fsdp.py`` checks on CPU;
+- ``hierarchy="auto"`` on CUDA gradients: the level probe's figures agree on every rank and
+  decide two-level or flat by the threshold, as on CPU;
 - a NaN in one rank's gradient: every rank flags the layer's average at the next step and
   sends it uncompressed once (the flags reach the host through pinned copies and events);
 - ``wrap_fsdp`` under NCCL on a (1, 1) mesh in adaptive mode: FSDP2's hooks run on its CUDA
@@ -36,7 +38,7 @@ from tests.models import MultiBucketNet, classification_batch
 from tests.multirank import run_ranks
 from tests.test_fsdp import MIXED_PLAN as FSDP_PLAN
 from tests.test_fsdp import _net, _shard, _train
-from tests.test_hierarchy import MIXED_PLAN
+from tests.test_hierarchy import MIXED_PLAN, _auto_measured, check_auto_measured
 
 pytestmark = [*GPU_MARKS, pytest.mark.multirank, pytest.mark.timeout(400)]
 
@@ -86,6 +88,13 @@ def test_hierarchy_on_cuda_keeps_ranks_identical(tmp_path: Path) -> None:
     losses = reference["losses"]
     assert sum(losses[-5:]) / 5 < 0.9 * sum(losses[:3]) / 3, losses
     assert reference["residual_devices"] == ["cuda:0"], reference["residual_devices"]
+
+
+def test_auto_hierarchy_times_both_links_on_cuda(tmp_path: Path) -> None:
+    """``hierarchy="auto"`` with the gradients on ``cuda:0``: the adaptive opening probes the
+    CUDA buffers, the level probe times the gloo groups, and both thresholds decide alike on
+    every rank."""
+    check_auto_measured(run_ranks(_auto_measured, 4, tmp_path, "cuda", timeout=300))
 
 
 POISON_STEP = 3

@@ -74,6 +74,17 @@ HALF_SUM_MAX_LINK_SECONDS_PER_ELEMENT = 50e-9
 """A float32 probe slower than this per element is a link too slow for the sum of halves to
 count: half its time is 25 ns an element, and a sum 20% over that (5 ns) is 4-5x what gloo's
 CPU sum of halves costs beyond its bytes here (0.94-1.13 ns). About 640 Mbit/s for 2 ranks."""
+HALF_SUM_PROBE_ELEMENTS = 1 << 19
+"""Elements summed by the sums-of-halves probe (2 MB of float32), or the gradients' count if
+smaller. The opening's own probe often stops at 64 KB on a fast link, where 1-2 ns an element
+is 16-32 us, under the timing's jitter: on a 1 Gbit/s tbf link 16K-element passes read
+float16 at 10-210 ns an element beyond its bytes, and the policy priced fp16 above sending
+nothing (GPT LM, 2026-11-27). At 512K elements a 20% excess is about 0.15 ms on loopback and
+1.7 ms at 1 Gbit/s."""
+HALF_SUM_ROUNDS = 3
+"""Timed rounds of the sums-of-halves probe, after a priming pass of each type. Each round
+times float32 and then every half type; a half's excess is its least over the rounds, so that
+one pass that met an empty token bucket or a descheduled peer does not read as a CPU cost."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +200,7 @@ class ProbeRunner:
             )
             if -least >= OPENING_PROBE_SECONDS or size >= cap or fast:
                 contention = self.contention(size, -least, device, group, node)
-                halves = self.half_sums(size, -least, device, group, node)
+                halves = self.half_sums(size, -least, device, group, node, gradient_bytes=raw_bytes)
                 return OpeningProbe(
                     size, -least, slowest_forward, missing != 0.0, contention, halves
                 )
@@ -264,38 +275,52 @@ class ProbeRunner:
         device: torch.device,
         group: dist.ProcessGroup | None,
         node: dist.ProcessGroup | None = None,
+        gradient_bytes: int = 0,
     ) -> tuple[float, ...]:
         """Per type of ``cost_model.HALF_DTYPES`` (float16, bfloat16): seconds per element an
-        all-reduce of halves costs beyond half the float32 probe's time, agreed as the
-        fastest rank's (like the probe).
+        all-reduce of halves costs beyond half of a float32 one, agreed as the fastest
+        rank's (like the probe).
 
         The link model prices an all-reduce by its bytes, but gloo sums on the CPU, and it
         sums halves slowly: on loopback the n-gram table's 8.5M elements took 25.9 ms in
         float32, 23.2 ms in float16 and 18.7 ms in bfloat16, where bytes alone say 13 ms.
         The policy then put the table on fp16, predicted 5.5% faster, and it measured 7%
-        slower. Same element count as the probe, ``PROBE_PASSES`` passes each. A half that
-        costs under 20% more than its bytes reads as 0 (noise), and so does every GPU
-        (NCCL sums halves on the device at bandwidth). Not timed on a link slower than
-        ``HALF_SUM_MAX_LINK_SECONDS_PER_ELEMENT``, where it would read 0: its four transfers
-        cost 84-105 ms of the first step at 10-200 Mbit/s. Every rank has the same float
-        time (agreed), so all skip alike.
+        slower. The probe sums ``HALF_SUM_PROBE_ELEMENTS`` (or ``gradient_bytes``' count if
+        smaller, or the opening probe's if larger) in float32 and in each half type,
+        ``HALF_SUM_ROUNDS`` times, and each round compares a half with the float32 pass
+        just before it, so both met the same link. A half that costs under 20% more than
+        its bytes reads as 0 (noise), and so does every GPU (NCCL sums halves on the device
+        at bandwidth). Not timed on a link slower than
+        ``HALF_SUM_MAX_LINK_SECONDS_PER_ELEMENT`` (by the opening probe's ``payload_bytes``
+        and ``float_seconds``), where it would read 0: its transfers would cost a large
+        part of the first step at 10-200 Mbit/s. Every rank has the same float time
+        (agreed), so all skip alike.
         """
-        numel = max(1, payload_bytes // 4)
-        slow_link = float_seconds > HALF_SUM_MAX_LINK_SECONDS_PER_ELEMENT * numel
+        probe_numel = max(1, payload_bytes // 4)
+        slow_link = float_seconds > HALF_SUM_MAX_LINK_SECONDS_PER_ELEMENT * probe_numel
         if device.type != "cpu" or float_seconds <= 0 or slow_link:
             return (0.0,) * len(HALF_DTYPES)
-        local = [
-            -_timed_all_reduce(torch.zeros(numel, dtype=dtype, device=device), group)
-            for dtype in HALF_DTYPES
-        ]
-        agreed = torch.tensor(local, dtype=torch.float64)
+        numel = max(probe_numel, min(gradient_bytes // 4, HALF_SUM_PROBE_ELEMENTS))
+        whole = self._view(numel * 4, device)
+        halves = [torch.zeros(numel, dtype=dtype, device=device) for dtype in HALF_DTYPES]
+        for tensor in (whole, *halves):
+            _pass_seconds(tensor, group)  # primes each type's path (and drains a shaper)
+        fastest_whole = math.inf
+        excess = [math.inf] * len(HALF_DTYPES)
+        for _ in range(HALF_SUM_ROUNDS):
+            float32 = _pass_seconds(whole, group)
+            fastest_whole = min(fastest_whole, float32)
+            for index, tensor in enumerate(halves):
+                excess[index] = min(excess[index], _pass_seconds(tensor, group) - float32 / 2)
+        # MAX of the negated figures is each one's least over the ranks.
+        agreed = torch.tensor([-fastest_whole, *(-e for e in excess)], dtype=torch.float64)
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
         if node is not None:  # the node's slowest flow, as for the float32 probe
             agreed = -agreed
             dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=node)
             agreed = -agreed
-        bytes_only = float_seconds / 2
-        extras = [seconds - bytes_only for seconds in (-agreed).tolist()]
+        whole_seconds, *extras = (-agreed).tolist()
+        bytes_only = whole_seconds / 2
         return tuple(e / numel if e > 0.2 * bytes_only else 0.0 for e in extras)
 
 

@@ -7,13 +7,15 @@ histories agree on step and size, the plans and parameters stay identical), the 
 the real loopback speed, the estimate rises by orders of magnitude and the policy's fast-link
 rule lifts the compression on its own.
 
-Tier 2 also: the opening's contention probe agrees on one reading on every rank. Tier 1: on a
-link too slow for it to matter, the opening does not time sums of halves at all.
+Tier 2 also: the opening's contention probe agrees on one reading on every rank; its sums of
+halves (scripted pass times, one rank) keep each half's least excess at a resolvable size.
+Tier 1: on a link too slow for it to matter, the opening does not time sums of halves at all.
 
 Tier 3 (root + iproute2, skipped otherwise; ~20 s): two ranks on a tbf-shaped veth start at
 50 Mbit/s, where the policy compresses with PowerSGD and the steps fall below what the meter
 can identify; the test raises the link to 1000 Mbit/s mid-window, and the next probe makes
-the estimate jump and the plan go uncompressed within the following boundary or two.
+the estimate jump and the plan go uncompressed within the following boundary or two. And at
+1 Gbit/s the opening's sums of halves read no cost from tbf's token bucket.
 """
 
 from __future__ import annotations
@@ -118,6 +120,46 @@ def test_no_sum_of_halves_is_timed_on_a_slow_link(mbit: float) -> None:
     assert float_seconds > HALF_SUM_MAX_LINK_SECONDS_PER_ELEMENT * (payload // 4)
     halves = ProbeRunner().half_sums(payload, float_seconds, torch.device("cpu"), None)
     assert halves == (0.0, 0.0)
+
+
+def _scripted_half_sums(rank: int, world: int) -> dict[str, Any]:
+    """``half_sums`` on one rank with scripted pass times (ms) per type, first the primes."""
+    import autocomp.opening as opening
+
+    script = {
+        torch.float32: iter([2.0, 2.0, 2.0, 2.0]),
+        torch.float16: iter([3.0, 9.0, 1.5, 1.6]),  # one pass met an empty token bucket
+        torch.bfloat16: iter([3.0, 1.1, 9.0, 1.05]),  # within 20% of its bytes at best
+    }
+    sizes: set[int] = set()
+
+    def scripted(tensor: torch.Tensor, group: Any) -> float:
+        sizes.add(tensor.numel())
+        return next(script[tensor.dtype]) / 1e3
+
+    opening._pass_seconds = scripted
+    halves = opening.ProbeRunner().half_sums(
+        1 << 16, 1e-4, torch.device("cpu"), None, None, 8 << 20
+    )
+    return {"halves": halves, "sizes": sorted(sizes)}
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(60)
+def test_sum_of_halves_reads_its_least_excess_at_a_resolvable_size(tmp_path: Path) -> None:
+    """The opening's probe may stop at 64 KB, where a pass that meets an empty token bucket
+    dwarfs gloo's cost of summing halves. The sums are timed at ``HALF_SUM_PROBE_ELEMENTS``
+    (the gradients are larger) and each half is compared with the float32 pass beside it, its
+    least excess over the rounds kept: one slow pass is not a CPU cost, and a half within 20%
+    of its bytes reads 0."""
+    from autocomp.opening import HALF_SUM_PROBE_ELEMENTS, HALF_SUM_ROUNDS
+
+    assert HALF_SUM_ROUNDS == 3  # the script above has a prime and three rounds
+    (result,) = run_ranks(_scripted_half_sums, 1, tmp_path / "ranks")
+    assert result["sizes"] == [HALF_SUM_PROBE_ELEMENTS]
+    float16, bfloat16 = result["halves"]
+    assert float16 == pytest.approx(0.5e-3 / HALF_SUM_PROBE_ELEMENTS)  # 1.5 - 2.0 / 2 ms
+    assert bfloat16 == 0.0
 
 
 def _opening(rank: int, world: int) -> dict[str, Any]:
@@ -382,3 +424,58 @@ def test_shaped_link_getting_faster_lightens_the_plan(tmp_path: Path) -> None:
 
 def _logs(paths: list[Path]) -> str:
     return "\n".join(f"--- {p.name} ---\n{p.read_text()[-3000:]}" for p in paths if p.exists())
+
+
+_HALF_SUMS_ACROSS_NAMESPACES = """
+import datetime, json, sys
+sys.path.insert(0, sys.argv[1])
+import torch, torch.distributed as dist
+from autocomp.opening import ProbeRunner
+torch.set_num_threads(1)
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+readings = []
+for _ in range(3):
+    # A 30 ms forward with the opening's ratio: the probe stops at 64-256 KB on this link.
+    probe = ProbeRunner().opening(5_600_000, 0.03, torch.device("cpu"), None, opening_ratio=5.0)
+    readings.append([probe.payload_bytes, *probe.half_sum_seconds_per_element])
+print("result " + json.dumps(readings), flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.shaped
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"ShapedLink unavailable: {_UNAVAILABLE}")
+def test_sum_of_halves_reads_no_token_bucket_at_1_gbit(tmp_path: Path) -> None:
+    """At 1 Gbit/s a half's bytes take 16 ns an element and gloo's CPU sum adds about 1 ns,
+    under the 20% that counts, so the opening reads 0 or a few ns. Timed at the opening
+    probe's 16K elements, with one pass per type, it read 10-210 ns (2026-11-27), and the
+    policy priced fp16 above sending nothing on the GPT LM."""
+    logs = [tmp_path / f"rank{r}.log" for r in range(2)]
+    with ShapedLink(ShapedLink.Config(hosts=2, rate_mbit=FAST_MBIT)) as link:
+        procs = []
+        for host in range(2):
+            with logs[host].open("w") as log:
+                procs.append(
+                    link.popen(
+                        host,
+                        [sys.executable, "-c", _HALF_SUMS_ACROSS_NAMESPACES, str(ROOT)],
+                        env=link.rank_env(host, world_size=2, master_port=29500),
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        cwd=ROOT,
+                    )
+                )
+        for proc in procs:
+            proc.wait(timeout=90)
+    assert [p.returncode for p in procs] == [0, 0], _logs(logs)
+    results = [
+        json.loads(line.removeprefix("result "))
+        for path in logs
+        for line in path.read_text().splitlines()
+        if line.startswith("result ")
+    ]
+    assert len(results) == 2 and results[0] == results[1], results  # agreed on every rank
+    for _payload, float16, bfloat16 in results[0]:
+        assert 0.0 <= float16 < 8e-9 and 0.0 <= bfloat16 < 8e-9, results[0]

@@ -79,8 +79,14 @@ HALF_SUM_PROBE_ELEMENTS = 1 << 19
 smaller. The opening's own probe often stops at 64 KB on a fast link, where 1-2 ns an element
 is 16-32 us, under the timing's jitter: on a 1 Gbit/s tbf link 16K-element passes read
 float16 at 10-210 ns an element beyond its bytes, and the policy priced fp16 above sending
-nothing (GPT LM, 2026-11-27). At 512K elements a 20% excess is about 0.15 ms on loopback and
-1.7 ms at 1 Gbit/s."""
+nothing (GPT LM, 2026-11-27). At 512K elements a 20% excess is about 0.15 ms on loopback."""
+HALF_SUM_PROBE_SECONDS = 0.01
+"""Bound on the sums-of-halves probe's float32 pass, at the opening probe's rate: fewer
+elements on a slower link, so that the probe's 12 passes stay under about 80 ms (at 1 Gbit/s a
+float32 pass of 1M elements, the opening probe's size there, took 34 ms). The opening probe's
+rate includes its latency, so on a fast link it understates what fits: at 5 ms, loopback's
+64 KB probe (20 ns an element) cut the sums to 240K elements and bfloat16 read up to 7 ns.
+At the slowest link timed (about 640 Mbit/s: 200K elements) a 20% excess is still 1 ms."""
 HALF_SUM_ROUNDS = 3
 """Timed rounds of the sums-of-halves probe, after a priming pass of each type. Each round
 times float32 and then every half type; a half's excess is its least over the rounds, so that
@@ -286,7 +292,8 @@ class ProbeRunner:
         float32, 23.2 ms in float16 and 18.7 ms in bfloat16, where bytes alone say 13 ms.
         The policy then put the table on fp16, predicted 5.5% faster, and it measured 7%
         slower. The probe sums ``HALF_SUM_PROBE_ELEMENTS`` (or ``gradient_bytes``' count if
-        smaller, or the opening probe's if larger) in float32 and in each half type,
+        smaller, or what a float32 pass moves in ``HALF_SUM_PROBE_SECONDS`` at the opening
+        probe's rate if that is fewer) in float32 and in each half type,
         ``HALF_SUM_ROUNDS`` times, and each round compares a half with the float32 pass
         just before it, so both met the same link. A half that costs under 20% more than
         its bytes reads as 0 (noise), and so does every GPU (NCCL sums halves on the device
@@ -300,7 +307,11 @@ class ProbeRunner:
         slow_link = float_seconds > HALF_SUM_MAX_LINK_SECONDS_PER_ELEMENT * probe_numel
         if device.type != "cpu" or float_seconds <= 0 or slow_link:
             return (0.0,) * len(HALF_DTYPES)
-        numel = max(probe_numel, min(gradient_bytes // 4, HALF_SUM_PROBE_ELEMENTS))
+        wanted = HALF_SUM_PROBE_ELEMENTS
+        if gradient_bytes > 0:
+            wanted = min(wanted, gradient_bytes // 4)
+        affordable = int(HALF_SUM_PROBE_SECONDS * probe_numel / float_seconds)
+        numel = max(1, min(wanted, affordable))
         whole = self._view(numel * 4, device)
         halves = [torch.zeros(numel, dtype=dtype, device=device) for dtype in HALF_DTYPES]
         for tensor in (whole, *halves):

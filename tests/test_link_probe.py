@@ -122,8 +122,9 @@ def test_no_sum_of_halves_is_timed_on_a_slow_link(mbit: float) -> None:
     assert halves == (0.0, 0.0)
 
 
-def _scripted_half_sums(rank: int, world: int) -> dict[str, Any]:
-    """``half_sums`` on one rank with scripted pass times (ms) per type, first the primes."""
+def _scripted_half_sums(rank: int, world: int, float_seconds: float) -> dict[str, Any]:
+    """``half_sums`` on one rank with scripted pass times (ms) per type, first the primes;
+    ``float_seconds``: the opening probe's 64 KB pass."""
     import autocomp.opening as opening
 
     script = {
@@ -139,26 +140,36 @@ def _scripted_half_sums(rank: int, world: int) -> dict[str, Any]:
 
     opening._pass_seconds = scripted
     halves = opening.ProbeRunner().half_sums(
-        1 << 16, 1e-4, torch.device("cpu"), None, None, 8 << 20
+        1 << 16, float_seconds, torch.device("cpu"), None, None, 8 << 20
     )
     return {"halves": halves, "sizes": sorted(sizes)}
 
 
 @pytest.mark.multirank
 @pytest.mark.timeout(60)
-def test_sum_of_halves_reads_its_least_excess_at_a_resolvable_size(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("float_seconds", "numel"),
+    [(1e-4, 1 << 19), (5e-4, 327_680)],  # 6 ns an element: the cap; 30 ns: 10 ms of float32
+)
+def test_sum_of_halves_reads_its_least_excess_at_a_resolvable_size(
+    float_seconds: float, numel: int, tmp_path: Path
+) -> None:
     """The opening's probe may stop at 64 KB, where a pass that meets an empty token bucket
     dwarfs gloo's cost of summing halves. The sums are timed at ``HALF_SUM_PROBE_ELEMENTS``
-    (the gradients are larger) and each half is compared with the float32 pass beside it, its
-    least excess over the rounds kept: one slow pass is not a CPU cost, and a half within 20%
-    of its bytes reads 0."""
-    from autocomp.opening import HALF_SUM_PROBE_ELEMENTS, HALF_SUM_ROUNDS
+    (the gradients are larger), or at what a float32 pass moves in ``HALF_SUM_PROBE_SECONDS``
+    on a slower link, and each half is compared with the float32 pass beside it, its least
+    excess over the rounds kept: one slow pass is not a CPU cost, and a half within 20% of its
+    bytes reads 0."""
+    from autocomp.opening import HALF_SUM_PROBE_ELEMENTS, HALF_SUM_PROBE_SECONDS, HALF_SUM_ROUNDS
 
     assert HALF_SUM_ROUNDS == 3  # the script above has a prime and three rounds
-    (result,) = run_ranks(_scripted_half_sums, 1, tmp_path / "ranks")
-    assert result["sizes"] == [HALF_SUM_PROBE_ELEMENTS]
+    assert numel == min(
+        HALF_SUM_PROBE_ELEMENTS, int(HALF_SUM_PROBE_SECONDS * 16384 / float_seconds)
+    )
+    (result,) = run_ranks(_scripted_half_sums, 1, tmp_path / "ranks", float_seconds)
+    assert result["sizes"] == [numel]
     float16, bfloat16 = result["halves"]
-    assert float16 == pytest.approx(0.5e-3 / HALF_SUM_PROBE_ELEMENTS)  # 1.5 - 2.0 / 2 ms
+    assert float16 == pytest.approx(0.5e-3 / numel)  # 1.5 - 2.0 / 2 ms
     assert bfloat16 == 0.0
 
 

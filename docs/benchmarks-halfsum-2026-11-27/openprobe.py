@@ -15,6 +15,7 @@ dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 for trial in range(6):
     if trial % 2:
         time.sleep(0.5)  # an idle spell: tbf's bucket refills
+    started = time.perf_counter()
     p = ProbeRunner().opening(
         int(sys.argv[2]) if len(sys.argv) > 2 else 5_586_000,
         0.03,
@@ -22,6 +23,7 @@ for trial in range(6):
         None,
         opening_ratio=float(sys.argv[1]),
     )
+    took = time.perf_counter() - started
     if dist.get_rank() == 0:
         print(
             trial,
@@ -31,6 +33,7 @@ for trial in range(6):
             p.contention_seconds_per_byte,
             "half ns/elem",
             [round(x * 1e9, 2) for x in p.half_sum_seconds_per_element],
+            "opening ms", round(took * 1e3, 1),
             flush=True,
         )
 dist.destroy_process_group()

@@ -381,19 +381,7 @@ def test_shaped_link_getting_faster_lightens_the_plan(tmp_path: Path) -> None:
     )
     logs = [tmp_path / f"rank{r}.log" for r in range(2)]
     with ShapedLink(ShapedLink.Config(hosts=2, rate_mbit=SLOW_MBIT)) as link:
-        procs = []
-        for host in range(2):
-            with logs[host].open("w") as log:
-                procs.append(
-                    link.popen(
-                        host,
-                        [sys.executable, "-c", code, str(policy), str(tmp_path)],
-                        env={**link.rank_env(host, world_size=2, master_port=29500)},
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        cwd=ROOT,
-                    )
-                )
+        procs = _launch_pair(link, [sys.executable, "-c", code, str(policy), str(tmp_path)], logs)
         deadline = time.monotonic() + 90
         while not (tmp_path / "reached").exists():
             failed = [p.returncode for p in procs if p.poll() not in (None, 0)]
@@ -433,6 +421,26 @@ def test_shaped_link_getting_faster_lightens_the_plan(tmp_path: Path) -> None:
     assert set(plans[max(plans)].values()) == {"none"}
 
 
+def _launch_pair(
+    link: ShapedLink, argv: list[str], logs: list[Path]
+) -> list[subprocess.Popen[Any]]:
+    """One rank in each of the link's two namespaces, each writing its own log."""
+    procs = []
+    for host in range(2):
+        with logs[host].open("w") as log:
+            procs.append(
+                link.popen(
+                    host,
+                    argv,
+                    env=link.rank_env(host, world_size=2, master_port=29500),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=ROOT,
+                )
+            )
+    return procs
+
+
 def _logs(paths: list[Path]) -> str:
     return "\n".join(f"--- {p.name} ---\n{p.read_text()[-3000:]}" for p in paths if p.exists())
 
@@ -465,19 +473,9 @@ def test_sum_of_halves_reads_no_token_bucket_at_1_gbit(tmp_path: Path) -> None:
     policy priced fp16 above sending nothing on the GPT LM."""
     logs = [tmp_path / f"rank{r}.log" for r in range(2)]
     with ShapedLink(ShapedLink.Config(hosts=2, rate_mbit=FAST_MBIT)) as link:
-        procs = []
-        for host in range(2):
-            with logs[host].open("w") as log:
-                procs.append(
-                    link.popen(
-                        host,
-                        [sys.executable, "-c", _HALF_SUMS_ACROSS_NAMESPACES, str(ROOT)],
-                        env=link.rank_env(host, world_size=2, master_port=29500),
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        cwd=ROOT,
-                    )
-                )
+        procs = _launch_pair(
+            link, [sys.executable, "-c", _HALF_SUMS_ACROSS_NAMESPACES, str(ROOT)], logs
+        )
         for proc in procs:
             proc.wait(timeout=90)
     assert [p.returncode for p in procs] == [0, 0], _logs(logs)

@@ -30,6 +30,17 @@ __all__ = [
 ]
 
 
+def float32_norm(tensor: torch.Tensor) -> torch.Tensor:
+    """L2 norm of ``tensor`` as a 0-d float32 tensor, without a host sync.
+
+    Half-precision values accumulate in float32 (their squares overflow fp16). A float64
+    gradient (a layer kept in double) is reduced in its own precision and then narrowed:
+    ``vector_norm`` refuses a ``dtype`` narrower than its input."""
+    if tensor.dtype == torch.float64:
+        return torch.linalg.vector_norm(tensor).float()
+    return torch.linalg.vector_norm(tensor, dtype=torch.float32)
+
+
 def is_identity(compressor: Compressor) -> bool:
     return type(compressor) is NoCompression
 
@@ -116,7 +127,7 @@ def begin_encoding(
     compressor = slot.compressor
     grad = grad.view(slot.shape)
     sampling = state.profiler is not None and state.profiler.sample_this_step
-    grad_norm = torch.linalg.vector_norm(grad, dtype=torch.float32) if sampling else 0.0
+    grad_norm = float32_norm(grad) if sampling else 0.0
     # With a residual, work in its own buffer: no allocation, one pass. Without one, only
     # error feedback needs a private float32 copy (it becomes the residual); every other
     # compressor reads the bucket slice itself (``compress`` must not modify its input).
@@ -203,7 +214,7 @@ def encode_locally(slot: LayerSlot, grad: torch.Tensor, state: Any) -> tuple[tor
 def sample_plain(slot: LayerSlot, grad: torch.Tensor, profiler: StepProfiler) -> None:
     if grad.is_sparse:  # repeated indices add up: the norm is of the coalesced values
         grad = grad.coalesce().values()
-    norm = torch.linalg.vector_norm(grad, dtype=torch.float32)
+    norm = float32_norm(grad)
     profiler.layer_sample(slot.name, slot.compressor.spec, grad_norm=norm)
 
 

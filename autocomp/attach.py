@@ -189,7 +189,8 @@ def bind(
     rank = dist.get_rank(process_group)
     world_size = dist.get_world_size(process_group)
     module = model.module if isinstance(model, DistributedDataParallel) else model
-    params = {n: p for n, p in module.named_parameters() if p.requires_grad}
+    ignored = ddp_ignored_names(model, module)
+    params = {n: p for n, p in module.named_parameters() if p.requires_grad and n not in ignored}
     sparse = sparse_gradient_names(module, params)
     rules = resolved.rules
     problem: Exception | None = None
@@ -277,6 +278,17 @@ def bind(
             detail,
         )
     return controller
+
+
+def ddp_ignored_names(model: torch.nn.Module, module: torch.nn.Module) -> set[str]:
+    """Parameters DDP never hands a comm hook: those set aside with
+    ``DDP._set_params_and_buffers_to_ignore_for_model`` and, on the DDP wrapper, its
+    ``delay_all_reduce_named_params`` (all-reduced by DDP itself after the backward). Left in,
+    they were planned and reported as if compressed, and the policy priced bytes that never
+    cross the link."""
+    if isinstance(model, DistributedDataParallel):
+        return set(getattr(model, "parameters_to_ignore", ()))
+    return set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
 
 
 def sparse_gradient_names(module: torch.nn.Module, params: Mapping[str, Any]) -> list[str]:

@@ -6,6 +6,8 @@ gradient ready with zeros, on one rank and not the other; a ``channels_last`` co
 its gradient into the bucket in its own memory order, which the hook's flat view of the bucket
 reads and writes back element for element. Each must leave the ranks bit-identical, and the
 options that only change DDP's bookkeeping must not change a single bit of the result.
+Parameters DDP is told to ignore never reach the hook, so autocomp must leave them out of its
+plan and statistics.
 """
 
 from __future__ import annotations
@@ -189,3 +191,49 @@ def test_channels_last_gradients_land_where_ddp_puts_them(tmp_path: Path) -> Non
     compressed = [r["powersgd:rank=2"] for r in results]
     assert torch.equal(compressed[0]["params"], compressed[1]["params"])
     _assert_learns_like(compressed[0]["losses"], results[0]["none"]["losses"])
+
+
+def _ignored(rank: int, world_size: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for mode in ("static", "adaptive"):
+        torch.manual_seed(0)
+        model = _BranchyNet()
+        DDP._set_params_and_buffers_to_ignore_for_model(model, ["side.weight", "side.bias"])
+        ddp = DDP(model)
+        if mode == "static":
+            ctl = autocomp.wrap(ddp, plan={"*.weight": "powersgd:rank=2", "*": "none"})
+        else:
+            ctl = autocomp.wrap(ddp, target_overlap=0.9, window=5, warmup_steps=5)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        for step in range(STEPS // 2):
+            x, y = classification_batch(rank, step)
+            opt.zero_grad()
+            nn.functional.cross_entropy(ddp(x, True), y).backward()
+            opt.step()
+        out[mode] = {
+            "plan": sorted(ctl.plan),
+            "stats": sorted(ctl.stats()["layers"]),
+            "synced": torch.cat(
+                [
+                    p.detach().reshape(-1)
+                    for p in (*model.trunk.parameters(), *model.head.parameters())
+                ]
+            ),
+            "side": _flat(model.side),
+        }
+        ctl.close()
+    return out
+
+
+def test_parameters_ddp_ignores_are_left_out(tmp_path: Path) -> None:
+    """Parameters set aside with ``DDP._set_params_and_buffers_to_ignore_for_model`` never
+    reach a comm hook, so they are not in the plan or the statistics (they were planned and
+    reported as compressed before); the others train identically on both ranks, and the
+    ignored ones stay each rank's own, as plain DDP leaves them."""
+    results = run_ranks(_ignored, 2, tmp_path)
+    for mode in ("static", "adaptive"):
+        expected = ["head.bias", "head.weight", "trunk.bias", "trunk.weight"]
+        assert results[0][mode]["plan"] == expected
+        assert results[0][mode]["stats"] == expected
+        assert torch.equal(results[0][mode]["synced"], results[1][mode]["synced"])
+        assert not torch.equal(results[0][mode]["side"], results[1][mode]["side"])

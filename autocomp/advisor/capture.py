@@ -48,7 +48,7 @@ from torch.nn.parallel import DistributedDataParallel
 from autocomp import callbacks
 from autocomp.advisor.costs import eligible
 from autocomp.advisor.profile import BucketInfo, LayerInfo, ModelProfile, Timing
-from autocomp.attach import sparse_gradient_names
+from autocomp.attach import ddp_ignored_names, sparse_gradient_names
 from autocomp.compressors import Collective
 from autocomp.hook import autocomp_hook, sparse_bytes
 from autocomp.hook_layer import LayerSlot
@@ -149,7 +149,10 @@ class ModelCapture:
         self.index = index
         self.session = session
         self.module_class = type(ddp.module).__name__
-        self.params = [(n, p) for n, p in ddp.module.named_parameters() if p.requires_grad]
+        ignored = ddp_ignored_names(ddp, ddp.module)
+        self.params = [
+            (n, p) for n, p in ddp.module.named_parameters() if p.requires_grad and n not in ignored
+        ]
         self.names = {id(p): n for n, p in self.params}
         self.profiler = StepProfiler()
         """This model's step timeline (one window per step: see :meth:`_step_started`)."""

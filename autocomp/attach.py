@@ -43,7 +43,7 @@ from autocomp.env import (
 )
 from autocomp.hook import autocomp_hook
 from autocomp.hook_hierarchy import HierarchicalReduce, hierarchical_hook
-from autocomp.hook_layer import LayerSlot, is_identity
+from autocomp.hook_layer import LayerSlot, bucket_shape, is_identity
 from autocomp.hook_state import HookState
 from autocomp.level_probe import agreed_min_advantage, measure_levels
 from autocomp.plan import Plan, assignment_digest
@@ -233,8 +233,8 @@ def bind(
     slots = {
         name: LayerSlot(
             name=name,
-            shape=p.shape,
-            dtype=p.dtype,
+            shape=bucket_shape(p)[0],
+            dtype=bucket_shape(p)[1],
             seed=layer_seed(base_seed, name),
             sparse=name in sparse,
         )

@@ -41,6 +41,15 @@ def float32_norm(tensor: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(tensor, dtype=torch.float32)
 
 
+def bucket_shape(param: torch.Tensor) -> tuple[torch.Size, torch.dtype]:
+    """Shape and dtype of ``param``'s gradient as it sits in DDP's bucket: a complex
+    gradient is bucketed as its real view (DDP's reducer), with a trailing dimension of 2
+    for the real and imaginary parts, so it is sent and compressed as real numbers."""
+    if param.is_complex():
+        return torch.Size((*param.shape, 2)), param.dtype.to_real()
+    return param.shape, param.dtype
+
+
 def is_identity(compressor: Compressor) -> bool:
     return type(compressor) is NoCompression
 

@@ -227,7 +227,7 @@ class HookState:
                 )
             slots.append(self.slots[name])
             offsets.append(offset)
-            offset += param.numel()
+            offset += self.slots[name].numel  # a complex gradient: its real view's elements
         if offset != bucket.buffer().numel():
             raise RuntimeError(
                 f"autocomp: bucket {bucket.index()} holds {bucket.buffer().numel()} elements but "

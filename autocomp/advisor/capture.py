@@ -51,7 +51,7 @@ from autocomp.advisor.profile import BucketInfo, LayerInfo, ModelProfile, Timing
 from autocomp.attach import ddp_ignored_names, sparse_gradient_names
 from autocomp.compressors import Collective
 from autocomp.hook import autocomp_hook, sparse_bytes
-from autocomp.hook_layer import LayerSlot
+from autocomp.hook_layer import LayerSlot, bucket_shape
 from autocomp.hook_state import HookState
 from autocomp.profiler import StepProfiler, StepTimes
 
@@ -229,8 +229,9 @@ class ModelCapture:
         assert ddp is not None  # released only after the script
         group = ddp.process_group
         slots = {
-            name: LayerSlot(name=name, shape=p.shape, dtype=p.dtype, seed=0)
+            name: LayerSlot(name=name, shape=shape, dtype=dtype, seed=0)
             for name, p in self.params
+            for shape, dtype in [bucket_shape(p)]
         }
         state = HookState(
             group,

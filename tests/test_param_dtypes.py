@@ -1,10 +1,13 @@
-"""Tier 2: float64 parameters through the comm hook, on 2 gloo ranks.
+"""Tier 1 and 2: float64 and complex parameters through the comm hook, on 2 gloo ranks.
 
-Scientific models keep some layers (or all) in double precision. DDP buckets them apart
-from the float32 ones, and the hook must send them as it sends any gradient. The first
-adaptive run on such a model raised in the backward's first bucket: the sampled gradient
-norm asked ``vector_norm`` for a float32 result, which it refuses for a float64 input
-(a narrowing). Checks:
+Scientific models keep some layers (or all) in double precision, and spectral ones (Fourier
+neural operators) hold complex weights. DDP buckets float64 apart from float32, and a complex
+gradient as its real view (twice the elements). The hook must send both as it sends any
+gradient.
+
+float64: the first adaptive run on such a model raised in the backward's first bucket: the
+sampled gradient norm asked ``vector_norm`` for a float32 result, which it refuses for a
+float64 input (a narrowing). Checks:
 
 - adaptive mode on a model with one float64 layer, with a slow link so that the policy
   compresses: the ranks stay bit-identical, the float64 layer is compressed at some step,
@@ -12,6 +15,12 @@ norm asked ``vector_norm`` for a float32 result, which it refuses for a float64 
 - a whole float64 model with every compressor family: a ``none`` plan gives plain DDP's
   bits, and the compressed plan keeps the ranks identical and learns as the uncompressed
   run does.
+
+complex: every use failed at the first backward ("bucket holds 8192 elements but its
+parameters add up to 4096"), since the hook sized each parameter's slice by its complex
+element count. Checks: a ``none`` plan gives DDP's bits, and compressors (which see the real
+view, real and imaginary parts side by side) keep the ranks identical and learn as the
+uncompressed run does; adaptive mode under a slow link compresses the complex layer.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autocomp
-from autocomp.hook_layer import float32_norm
+from autocomp.hook_layer import bucket_shape, float32_norm
 from autocomp.link_model import LinkEstimate
 from tests.models import EVERY_COMPRESSOR_PLAN, MultiBucketNet, classification_batch
 from tests.multirank import run_ranks
@@ -150,3 +159,82 @@ def test_every_compressor_on_a_float64_model(tmp_path: Path) -> None:
     start, end = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
     assert end < 0.95 * start, f"loss did not fall: {start:.3f} -> {end:.3f}"
     assert abs(end - sum(reference[-3:]) / 3) < 0.1, (end, reference[-3:])
+
+
+def test_bucket_shape_of_a_complex_parameter() -> None:
+    """Tier 1: a complex parameter is bucketed as its real view."""
+    param = torch.zeros(3, 4, dtype=torch.complex64)
+    assert bucket_shape(param) == (torch.Size((3, 4, 2)), torch.float32)
+    assert bucket_shape(torch.zeros(3, 4, dtype=torch.float64)) == ((3, 4), torch.float64)
+
+
+class _SpectralNet(nn.Module):
+    """A complex mixing matrix between real layers (as in a Fourier layer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(16, 64)
+        self.mix = nn.Parameter(torch.randn(64, 64, dtype=torch.complex64) / 8)
+        self.head = nn.Linear(64, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.fc1(x))
+        return self.head((h.to(torch.complex64) @ self.mix).real)
+
+
+def _complex_flat(model: nn.Module) -> torch.Tensor:
+    return torch.cat(
+        [
+            torch.view_as_real(p.detach()).reshape(-1) if p.is_complex() else p.detach().reshape(-1)
+            for p in model.parameters()
+        ]
+    )
+
+
+def _complex(rank: int, world_size: int, policy: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for plan in ("ddp", "none", "powersgd:rank=2", "int8", "topk:ratio=0.1", "adaptive"):
+        torch.manual_seed(0)
+        model = _SpectralNet()
+        ddp = DDP(model, bucket_cap_mb=0.01)
+        ctl = None
+        if plan == "adaptive":
+            ctl = autocomp.wrap(ddp, target_overlap=0.9, policy=policy, window=WINDOW)
+            assert ctl.adaptive is not None
+            if rank == 0:
+                ctl.adaptive.meter.end_window = lambda **_: SLOW_LINK  # type: ignore[method-assign]
+                ctl.adaptive.payoff.hold_reason = lambda *_: None  # type: ignore[method-assign]
+        elif plan != "ddp":
+            ctl = autocomp.wrap(ddp, plan={"mix": plan, "*": "none"})
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        losses, specs = [], []
+        for step in range(STEPS):
+            x, y = classification_batch(rank, step)
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(ddp(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            if ctl is not None:
+                specs.append(ctl.plan["mix"])
+        if ctl is not None:
+            ctl.close()
+        out[plan] = {"params": _complex_flat(model), "losses": losses, "specs": specs}
+    return out
+
+
+def test_complex_parameters(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    results = run_ranks(_complex, 2, tmp_path / "ranks", str(policy))
+    for result in results:
+        assert torch.equal(result["none"]["params"], result["ddp"]["params"])
+    reference = results[0]["none"]["losses"]
+    for plan in ("powersgd:rank=2", "int8", "topk:ratio=0.1", "adaptive"):
+        runs = [r[plan] for r in results]
+        assert torch.equal(runs[0]["params"], runs[1]["params"]), plan
+        losses = runs[0]["losses"]
+        start, end = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
+        assert end < 0.95 * start, (plan, start, end)
+        assert abs(end - sum(reference[-3:]) / 3) < 0.1, (plan, end, reference[-3:])
+    assert any(spec != "none" for spec in results[0]["adaptive"]["specs"])

@@ -233,12 +233,13 @@ def bind(
     slots = {
         name: LayerSlot(
             name=name,
-            shape=bucket_shape(p)[0],
-            dtype=bucket_shape(p)[1],
+            shape=shape,
+            dtype=dtype,
             seed=layer_seed(base_seed, name),
             sparse=name in sparse,
         )
         for name, p in params.items()
+        for shape, dtype in [bucket_shape(p)]
     }
     state = HookState(
         process_group,

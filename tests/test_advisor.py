@@ -957,6 +957,29 @@ def test_gradients_of_a_parameter_unused_in_the_first_step_are_sampled_later() -
     assert model.layer("0.weight").grad_norm == pytest.approx(expected, rel=1e-6)
 
 
+class _ComplexThenReal(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mix = torch.nn.Parameter(torch.zeros(4, 8, dtype=torch.complex64))
+        self.weight = torch.nn.Parameter(torch.zeros(4, 8))
+
+
+def test_a_complex_parameter_is_read_from_the_bucket_as_its_real_view() -> None:
+    # DDP buckets a complex gradient as its real view (twice the elements). Sliced by the
+    # complex element count, the parameter after it was read from the wrong offset.
+    session = CaptureSession(steps=10, rank=0, min_numel=16, progress=False)
+    capture = fake_capture(session, _ComplexThenReal())
+    flat = torch.cat([torch.full((64,), 1.0), torch.full((32,), 3.0)])
+    for _ in range(3):
+        run_forward(capture)
+        run_backward(capture, flat)
+    assert capture.grad_norms["mix"] == pytest.approx(8.0)  # sqrt(64)
+    assert capture.grad_norms["weight"] == pytest.approx(3.0 * 32**0.5)
+    model, _ = capture.profile()
+    assert model is not None
+    assert model.layer("mix").shape == (4, 8, 2) and model.layer("mix").dtype == "float32"
+
+
 def test_a_static_autocomp_hook_reports_to_the_capture_profiler_an_adaptive_one_is_timed() -> None:
     # One instrumentation stack: autocomp's own hook reports to the model's StepProfiler
     # (attached to its state); one whose state already has a profiler (adaptive mode) keeps

@@ -313,7 +313,7 @@ class ModelCapture:
         layout = BucketLayout(
             key=key,
             names=tuple(self.names.get(id(p), f"<unnamed {i}>") for i, p in enumerate(params)),
-            shapes=tuple(p.shape for p in params),
+            shapes=tuple(bucket_shape(p)[0] for p in params),  # complex: the real view
             nbytes=buffer.numel() * buffer.element_size(),
         )
         self._layouts[bucket.index()] = layout
@@ -487,8 +487,8 @@ class ModelCapture:
         layers = tuple(
             LayerInfo(
                 name=name,
-                shape=tuple(p.shape),
-                dtype=str(p.dtype).removeprefix("torch."),
+                shape=tuple(shape),
+                dtype=str(dtype).removeprefix("torch."),
                 bucket=bucket_of.get(name),
                 grad_norm=self.grad_norms.get(name, 0.0),
                 sparse_bytes=(
@@ -498,6 +498,7 @@ class ModelCapture:
                 ),
             )
             for name, p in self.params
+            for shape, dtype in [bucket_shape(p)]
         )
         missing = [layer.name for layer in layers if layer.bucket is None]
         if missing:

@@ -50,6 +50,15 @@ class LinkProbe:
     ``headroom`` times faster its transfer still stands clear of the latency. When the budget
     cannot buy that, the probe keeps its informative size and runs every few windows instead.
     Only blind windows (:attr:`~autocomp.link_model.BandwidthMeter.blind`) lead to probes.
+
+    One probe is not rationed: the first window under a new plan that comes back blind is
+    probed at once (:meth:`plan_changed`), warm-up or not. The decision that took the link out
+    of the meter's view may rest on a reading that was too low (an early step's, with one-off
+    costs in it), and nothing else can correct it: on the digits CNN on loopback two of three
+    runs put a layer on fp16 at steps 1-4 on readings of 178 and 272 MB/s, and with a 10 ms
+    step the budget bought the next probe 32 windows later, 1,400 steps of a slower plan
+    (docs/benchmarks.md, "The link estimate frozen by the plan it chose"). A switch costs at
+    most one such probe, and switches are rate-limited by the dwell rules.
     """
 
     @dataclass(kw_only=True, slots=True)
@@ -77,6 +86,8 @@ class LinkProbe:
     def __init__(self, config: Config | None = None) -> None:
         self.config = config or LinkProbe.Config()
         self._blind_windows = 0
+        self._unconfirmed = False
+        """The plan changed and no window under it has been closed yet."""
 
     def size(
         self, estimate: LinkEstimate, world_size: int, window_seconds: float
@@ -101,6 +112,11 @@ class LinkProbe:
         every = max(1, math.ceil(seconds / allowed - 1e-9))
         return ProbePlan(payload_bytes=payload, every_windows=every, seconds=seconds)
 
+    def plan_changed(self) -> None:
+        """The plan switched at this boundary: if the window it runs next comes back blind,
+        that window is probed at once (see the class docstring)."""
+        self._unconfirmed = True
+
     def next_window(
         self,
         *,
@@ -108,25 +124,35 @@ class LinkProbe:
         estimate: LinkEstimate | None,
         world_size: int,
         window_seconds: float,
+        warming: bool = False,
     ) -> int:
         """Payload bytes to probe at the next boundary, 0 for none; call once per window.
 
-        ``blind`` is whether the window just closed measured nothing by itself (and is not a
-        warm-up window): informative traffic resets the count, so probes never run while the
-        link is being measured anyway.
+        ``blind`` is whether the window just closed measured nothing by itself: informative
+        traffic resets the count, so probes never run while the link is being measured
+        anyway. ``warming``: a warm-up window, whose blindness comes from its few steps
+        rather than from compression, so only the probe after a switch may run.
         """
+        unconfirmed, self._unconfirmed = self._unconfirmed, False
         if not blind or estimate is None or self.config.budget <= 0:
             self._blind_windows = 0
             return 0
-        self._blind_windows += 1
         plan = self.size(estimate, world_size, window_seconds)
+        if unconfirmed and plan is not None:
+            self._blind_windows = 0
+            return plan.payload_bytes
+        if warming:
+            self._blind_windows = 0
+            return 0
+        self._blind_windows += 1
         if plan is None or self._blind_windows < plan.every_windows:
             return 0
         self._blind_windows = 0
         return plan.payload_bytes
 
     def state_dict(self) -> dict[str, int]:
-        return {"blind_windows": self._blind_windows}
+        return {"blind_windows": self._blind_windows, "unconfirmed": int(self._unconfirmed)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self._blind_windows = int(state.get("blind_windows", 0))
+        self._unconfirmed = bool(state.get("unconfirmed", 0))

@@ -283,10 +283,11 @@ class WindowPlanner:
         warmup_ended = warming and self.warmup_done
         settle = m.step >= self.config.window or warmup_ended
         probe_next = self.probe.next_window(
-            blind=self.meter.blind and self.warmup_done,
+            blind=self.meter.blind,
             estimate=estimate,
             world_size=world,
             window_seconds=m.timings["step_seconds"] * m.window_steps,
+            warming=not self.warmup_done,
         )
         if estimate is not None:
             self.cost_model.update_link(estimate)
@@ -361,6 +362,8 @@ class WindowPlanner:
         # the decision that ends the warm-up (``settle`` above).
         provisional = m.step < self.config.window or not self.warmup_done
         self.note_switches(plan, current, profiles, bandwidth, provisional=provisional)
+        if any(spec != current[name] for name, spec in zip(self.names, plan, strict=True)):
+            self.probe.plan_changed()
         timings = m.timings
         record = WindowRecord(
             step=m.step,
@@ -393,7 +396,12 @@ class WindowPlanner:
         """The opening: a plan for step 0 from a link probe run before its first collective
         (:func:`autocomp.opening.open_plan`), or None."""
         self._windows += 1
-        return open_plan(self, probe, forward_seconds, world, current)
+        update = open_plan(self, probe, forward_seconds, world, current)
+        if update is not None and any(
+            spec != current[name] for name, spec in zip(self.names, update.plan, strict=True)
+        ):
+            self.probe.plan_changed()
+        return update
 
     def note_switches(
         self,

@@ -385,6 +385,47 @@ def test_probe_schedule_follows_blindness() -> None:
         LinkProbe.Config(headroom=0.5)
 
 
+def test_a_switch_is_probed_at_its_first_blind_window_once() -> None:
+    probe = LinkProbe(LinkProbe.Config(budget=0.01))
+    every = probe.size(SLOW_50MBIT, 2, 1.0)
+    assert every is not None and every.every_windows > 3
+
+    def step(blind: bool, warming: bool = False) -> int:
+        return probe.next_window(
+            blind=blind, estimate=SLOW_50MBIT, world_size=2, window_seconds=1.0, warming=warming
+        )
+
+    # Rationed: nothing until the schedule's count. A switch: its first blind window at once,
+    # then the schedule again from zero.
+    assert [step(blind=True) for _ in range(every.every_windows - 1)] == [0] * (
+        every.every_windows - 1
+    )
+    probe.plan_changed()
+    assert step(blind=True) == every.payload_bytes
+    assert [step(blind=True) for _ in range(every.every_windows - 1)] == [0] * (
+        every.every_windows - 1
+    )
+    assert step(blind=True) == every.payload_bytes
+    # A switch whose first window measures the link needs no probe, nor does a later one.
+    probe.plan_changed()
+    assert step(blind=False) == 0 and step(blind=True) == 0
+    # In the warm-up only the confirming probe runs.
+    probe.plan_changed()
+    assert step(blind=True, warming=True) == every.payload_bytes
+    assert all(step(blind=True, warming=True) == 0 for _ in range(3 * every.every_windows))
+    # The pending confirmation survives a checkpoint; a budget of 0 turns it off too.
+    probe.plan_changed()
+    clone = LinkProbe(probe.config)
+    clone.load_state_dict(probe.state_dict())
+    assert (
+        clone.next_window(blind=True, estimate=SLOW_50MBIT, world_size=2, window_seconds=1.0)
+        == every.payload_bytes
+    )
+    off = LinkProbe(LinkProbe.Config(budget=0.0))
+    off.plan_changed()
+    assert off.next_window(blind=True, estimate=SLOW_50MBIT, world_size=2, window_seconds=1.0) == 0
+
+
 def _compressed_window(meter: BandwidthMeter, steps: int = 6) -> None:
     for _ in range(steps):
         meter.add_period(2, 20e3, 0.004)  # 20 kB in 4 ms: latency and overhead, not bandwidth

@@ -67,9 +67,14 @@ PROBE_BYTES = 1 << 20
 # The steps here take milliseconds, so 1% of a window buys no informative probe; a large
 # budget with a payload cap makes every blind window probe, always with PROBE_BYTES.
 GENEROUS = LinkProbe.Config(budget=1000.0, max_bytes=PROBE_BYTES)
+# The default budget, which at the stuck estimate buys one probe in hundreds of windows: only
+# the probe that confirms a switch runs.
+RATIONED = LinkProbe.Config(max_bytes=PROBE_BYTES)
 
 
-def _stuck_slow(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:
+def _stuck_slow(
+    rank: int, world_size: int, policy_path: str, probe: str = "generous"
+) -> dict[str, Any]:
     torch.manual_seed(0)
     model = MultiBucketNet()
     ddp = DDP(model, bucket_cap_mb=0.02)
@@ -85,7 +90,7 @@ def _stuck_slow(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:
     ctl = autocomp.wrap(ddp, config=config)
     loop = ctl.adaptive
     assert loop is not None
-    loop.probe = LinkProbe(GENEROUS)
+    loop.probe = LinkProbe(GENEROUS if probe == "generous" else RATIONED)
     # Rank 0's meter believes in a slow link it measured earlier; this model's transfers are
     # too small to ever correct that by themselves.
     state = loop.meter.state_dict()
@@ -107,6 +112,39 @@ def _stuck_slow(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:
         "params": torch.cat([p.detach().reshape(-1) for p in model.parameters()]),
         "blind": loop.meter.blind,
     }
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+def test_the_first_blind_window_after_a_switch_is_probed_whatever_the_budget(
+    tmp_path: Path,
+) -> None:
+    """At the default 1% budget these millisecond steps buy a probe every few hundred
+    windows, so before the confirmation probe the stuck estimate held the compressed plan for
+    the whole run (the digits CNN on loopback held fp16 for 1,400 steps that way). Now the
+    first window after the switch at the end of the warm-up (steps 4-7) comes back blind, so
+    the boundary at step 8 asks for a probe, which runs at the next one (step 12, as every
+    probe runs a boundary after it is asked for) and lifts the estimate there. The switch
+    back to ``none`` is checked once too (this model's steps are blind even uncompressed),
+    and after that the budget rations the probes again."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    ranks = run_ranks(_stuck_slow, 2, tmp_path / "ranks", str(policy), "rationed")
+    zero, one = ranks
+    probes = [[(r["step"], r["probe_bytes"]) for r in rank["records"]] for rank in ranks]
+    assert probes[0] == probes[1]
+    assert zero["plans"] == one["plans"] and torch.equal(zero["params"], one["params"])
+    fired = [s for s, b in probes[0] if b]
+    assert fired == [WARMUP + 2 * WINDOW, WARMUP + 4 * WINDOW], probes[0]
+    by_step = {r["step"]: r for r in zero["records"]}
+    assert by_step[WARMUP + WINDOW]["bandwidth_bytes_per_s"] == STUCK.bandwidth_bytes_per_s
+    lifted = by_step[WARMUP + 2 * WINDOW]
+    assert lifted["bandwidth_bytes_per_s"] > 20 * STUCK.bandwidth_bytes_per_s, lifted
+    plans = zero["plans"]
+    for step in range(WARMUP + 1, WARMUP + 2 * WINDOW + 1):
+        assert any(spec != "none" for spec in plans[step].values()), (step, plans[step])
+    assert set(plans[WARMUP + 2 * WINDOW + 1].values()) == {"none"}
+    assert set(plans[max(plans)].values()) == {"none"}
 
 
 @pytest.mark.parametrize("mbit", [10.0, 200.0])

@@ -284,6 +284,7 @@ class BandwidthMeter:
         self._blind = False
         self._latency_memory: float | None = None
         self._ignored = 0
+        self._windows_closed = 0
 
     # ---- input --------------------------------------------------------------------------------
 
@@ -354,6 +355,12 @@ class BandwidthMeter:
         return self._rate_changed
 
     @property
+    def windows_closed(self) -> int:
+        """Windows :meth:`end_window` has closed (its samples taken, fitted or found blind);
+        a call that left the window open for more samples does not count."""
+        return self._windows_closed
+
+    @property
     def blind(self) -> bool:
         """True when the last closed window's own periods were too small to show the bandwidth.
 
@@ -377,6 +384,7 @@ class BandwidthMeter:
             return self._estimate
         samples = list(self._window)
         self._window.clear()
+        self._windows_closed += 1
         own = sum(1 for s in samples if not s.probe and self._identifiable(s))
         self._blind = own < (1 if needed == 1 else max(2, needed // 2))
         if self._blind:

@@ -51,14 +51,14 @@ class LinkProbe:
     cannot buy that, the probe keeps its informative size and runs every few windows instead.
     Only blind windows (:attr:`~autocomp.link_model.BandwidthMeter.blind`) lead to probes.
 
-    One probe is not rationed: the first window under a new plan that comes back blind is
-    probed at once (:meth:`plan_changed`), warm-up or not. The decision that took the link out
-    of the meter's view may rest on a reading that was too low (an early step's, with one-off
-    costs in it), and nothing else can correct it: on the digits CNN on loopback two of three
-    runs put a layer on fp16 at steps 1-4 on readings of 178 and 272 MB/s, and with a 10 ms
-    step the budget bought the next probe 32 windows later, 1,400 steps of a slower plan
-    (docs/benchmarks.md, "The link estimate frozen by the plan it chose"). A switch costs at
-    most one such probe, and switches are rate-limited by the dwell rules.
+    One probe is not rationed: the first window the meter closes under a new plan, if it
+    comes back blind, is probed at once (:meth:`plan_changed`), warm-up or not. The decision
+    that took the link out of the meter's view may rest on a reading that was too low (an
+    early step's, with one-off costs in it), and nothing else can correct it: on the digits
+    CNN on loopback, runs put a layer on fp16 at steps 1-4 on readings of 178-272 MB/s, and
+    with a 10 ms step the budget bought the next probe 32 windows later, 1,400 steps of a
+    slower plan (docs/benchmarks.md, "The link estimate frozen by the plan it chose"). A
+    switch costs at most one such probe, and switches are rate-limited by the dwell rules.
     """
 
     @dataclass(kw_only=True, slots=True)
@@ -125,6 +125,7 @@ class LinkProbe:
         world_size: int,
         window_seconds: float,
         warming: bool = False,
+        measured: bool = True,
     ) -> int:
         """Payload bytes to probe at the next boundary, 0 for none; call once per window.
 
@@ -132,8 +133,13 @@ class LinkProbe:
         traffic resets the count, so probes never run while the link is being measured
         anyway. ``warming``: a warm-up window, whose blindness comes from its few steps
         rather than from compression, so only the probe after a switch may run.
+        ``measured``: whether the meter closed a window this time (it leaves one open until it
+        holds enough samples, and ``blind`` is then the last closed window's); a switch waits
+        for the first window that is.
         """
-        unconfirmed, self._unconfirmed = self._unconfirmed, False
+        unconfirmed = self._unconfirmed and measured
+        if measured:
+            self._unconfirmed = False
         if not blind or estimate is None or self.config.budget <= 0:
             self._blind_windows = 0
             return 0

@@ -274,6 +274,7 @@ class WindowPlanner:
         """
         self._windows += 1
         world = m.world_size
+        closed = self.meter.windows_closed
         estimate = self._update_link(m)
         warming = not self.warmup_done
         cut_short = self._first_look(m, peers_ended)
@@ -288,6 +289,7 @@ class WindowPlanner:
             world_size=world,
             window_seconds=m.timings["step_seconds"] * m.window_steps,
             warming=not self.warmup_done,
+            measured=self.meter.windows_closed > closed,
         )
         if estimate is not None:
             self.cost_model.update_link(estimate)

@@ -413,6 +413,24 @@ def test_a_switch_is_probed_at_its_first_blind_window_once() -> None:
     probe.plan_changed()
     assert step(blind=True, warming=True) == every.payload_bytes
     assert all(step(blind=True, warming=True) == 0 for _ in range(3 * every.every_windows))
+    # A window the meter left open for more samples (its ``blind`` is the last closed one's)
+    # keeps the confirmation pending until one is closed.
+    probe.plan_changed()
+    assert (
+        probe.next_window(
+            blind=False, estimate=SLOW_50MBIT, world_size=2, window_seconds=1.0, measured=False
+        )
+        == 0
+    )
+    assert step(blind=True) == every.payload_bytes
+    meter = BandwidthMeter(BandwidthMeter.Config(min_samples=4))
+    meter.add_period(2, 4e6, 0.64)
+    meter.end_window()
+    assert meter.windows_closed == 0  # one sample of four: the window stays open
+    for _ in range(3):
+        meter.add_period(2, 4e6, 0.64)
+    meter.end_window()
+    assert meter.windows_closed == 1
     # The pending confirmation survives a checkpoint; a budget of 0 turns it off too.
     probe.plan_changed()
     clone = LinkProbe(probe.config)

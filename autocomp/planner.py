@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -100,18 +99,9 @@ def _uncompressed_step(m: WindowMeasurement, compute: float) -> float:
     slower for 1,200 steps. When the warm-up's accurate options ran
     (fp16, int8), the exposed time is scaled by the bytes they saved: read as measured, an
     fp16 plan on HSDP across two nodes at 200 Mbit/s showed 1.4x where uncompressed steps
-    showed 1.7-2.0x, and the warm-up never ended early.
-
-    The exposed time is capped at the link's skew-free busy time (the MIN over ranks of each
-    step's busy period, median over the window): a rank that waits for a slower peer counts
-    the wait as exposed communication. After step 0 on loopback the digits CNN's glance read
-    0.11 s steps on 5.9 ms of compute, 18x, past ``dominance_ratio``, and ended the warm-up on
-    step 0's link reading (221-632 MB/s; 1-1.4 GB/s later), putting fc.weight on fp16 in 5
-    of 9 runs; the step's busy time on that link was about 5 ms."""
+    showed 1.7-2.0x, and the warm-up never ended early."""
     t = m.timings
     exposed = max(0.0, t["exposed_seconds"])
-    if m.busy_min:
-        exposed = min(exposed, statistics.median(m.busy_min))
     sent, raw = m.bytes_per_step, m.uncompressed_bytes_per_step
     if 0 < sent < raw:
         exposed *= raw / sent

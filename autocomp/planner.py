@@ -364,8 +364,7 @@ class WindowPlanner:
         # the decision that ends the warm-up (``settle`` above).
         provisional = m.step < self.config.window or not self.warmup_done
         self.note_switches(plan, current, profiles, bandwidth, provisional=provisional)
-        if any(spec != current[name] for name, spec in zip(self.names, plan, strict=True)):
-            self.probe.plan_changed()
+        self._confirm_if_moved(plan, current)
         timings = m.timings
         record = WindowRecord(
             step=m.step,
@@ -399,11 +398,15 @@ class WindowPlanner:
         (:func:`autocomp.opening.open_plan`), or None."""
         self._windows += 1
         update = open_plan(self, probe, forward_seconds, world, current)
-        if update is not None and any(
-            spec != current[name] for name, spec in zip(self.names, update.plan, strict=True)
-        ):
-            self.probe.plan_changed()
+        if update is not None:
+            self._confirm_if_moved(update.plan, current)
         return update
+
+    def _confirm_if_moved(self, plan: Sequence[str], current: dict[str, str]) -> None:
+        """A plan that moves any layer is checked by a probe if its first window is blind
+        (:meth:`~autocomp.link_probe.LinkProbe.plan_changed`)."""
+        if any(spec != current[name] for name, spec in zip(self.names, plan, strict=True)):
+            self.probe.plan_changed()
 
     def note_switches(
         self,

@@ -89,27 +89,45 @@ def _flat(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
 
 
-def _adaptive(rank: int, world_size: int, policy: str) -> dict[str, Any]:
-    torch.manual_seed(0)
-    model = _DoubleMiddleNet()
-    ddp = DDP(model, bucket_cap_mb=0.01)
+def _wrap_on_a_slow_link(ddp: DDP, rank: int, policy: str) -> autocomp.Controller:
+    """Adaptive mode with rank 0's link fit pinned to a slow link, so that the policy
+    compresses (as in ``tests/test_amp.py``)."""
     ctl = autocomp.wrap(ddp, target_overlap=0.9, policy=policy, window=WINDOW)
     assert ctl.adaptive is not None
     if rank == 0:
         ctl.adaptive.meter.end_window = lambda **_: SLOW_LINK  # type: ignore[method-assign]
         ctl.adaptive.payoff.hold_reason = lambda *_: None  # type: ignore[method-assign]
+    return ctl
+
+
+def _train(
+    ddp: DDP, rank: int, ctl: autocomp.Controller | None, layer: str
+) -> tuple[list[float], list[str]]:
+    """``STEPS`` SGD steps on the shared classification batches: the losses, and ``layer``'s
+    compressor at each step (none without a controller)."""
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    losses, plans = [], []
+    losses, specs = [], []
     for step in range(STEPS):
         x, y = classification_batch(rank, step)
         opt.zero_grad()
         loss = nn.functional.cross_entropy(ddp(x), y)
         loss.backward()
         opt.step()
-        ctl.observe_loss(loss.detach())
         losses.append(loss.item())
-        plans.append(ctl.plan["fc2.weight"])
-    ctl.close()
+        if ctl is not None:
+            ctl.observe_loss(loss.detach())
+            specs.append(ctl.plan[layer])
+    if ctl is not None:
+        ctl.close()
+    return losses, specs
+
+
+def _adaptive(rank: int, world_size: int, policy: str) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = _DoubleMiddleNet()
+    ddp = DDP(model, bucket_cap_mb=0.01)
+    ctl = _wrap_on_a_slow_link(ddp, rank, policy)
+    losses, plans = _train(ddp, rank, ctl, "fc2.weight")
     return {"params": _flat(model), "losses": losses, "plans": plans}
 
 
@@ -199,26 +217,10 @@ def _complex(rank: int, world_size: int, policy: str) -> dict[str, Any]:
         ddp = DDP(model, bucket_cap_mb=0.01)
         ctl = None
         if plan == "adaptive":
-            ctl = autocomp.wrap(ddp, target_overlap=0.9, policy=policy, window=WINDOW)
-            assert ctl.adaptive is not None
-            if rank == 0:
-                ctl.adaptive.meter.end_window = lambda **_: SLOW_LINK  # type: ignore[method-assign]
-                ctl.adaptive.payoff.hold_reason = lambda *_: None  # type: ignore[method-assign]
+            ctl = _wrap_on_a_slow_link(ddp, rank, policy)
         elif plan != "ddp":
             ctl = autocomp.wrap(ddp, plan={"mix": plan, "*": "none"})
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-        losses, specs = [], []
-        for step in range(STEPS):
-            x, y = classification_batch(rank, step)
-            opt.zero_grad()
-            loss = nn.functional.cross_entropy(ddp(x), y)
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-            if ctl is not None:
-                specs.append(ctl.plan["mix"])
-        if ctl is not None:
-            ctl.close()
+        losses, specs = _train(ddp, rank, ctl, "mix")
         out[plan] = {"params": _complex_flat(model), "losses": losses, "specs": specs}
     return out
 

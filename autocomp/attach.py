@@ -196,6 +196,8 @@ def bind(
     problem: Exception | None = None
     if not params:
         problem = ValueError("the model has no parameters that require gradients; nothing to wrap")
+    elif other_hook := foreign_comm_hook(model):
+        problem = RuntimeError(other_hook)
     elif pinned := sorted(n for n, c in rules.resolve(sparse).items() if not is_identity(c)):
         problem = ValueError(
             f"autocomp plan: {', '.join(pinned)} get sparse gradients (an embedding with "
@@ -279,6 +281,39 @@ def bind(
             detail,
         )
     return controller
+
+
+def foreign_comm_hook(model: torch.nn.Module) -> str | None:
+    """Why autocomp's hook cannot go on ``model``, when DDP already runs another comm hook.
+
+    DDP takes one hook per model and says so only when the second is registered, after
+    :func:`bind`'s collectives; found here, the refusal is raised on every rank together.
+    DDP's ``mixed_precision`` option is such a hook (it all-reduces in ``reduce_dtype`` and
+    upcasts into the float32 parameters), registered by DDP's constructor.
+    """
+    if not isinstance(model, DistributedDataParallel):
+        return None
+    if any(isinstance(state, AutocompState) for _, state in getattr(model, "_comm_hooks", ())):
+        # make_hook's pair, binding at its first call: DDP would have refused any other hook,
+        # and the logging data below waits on the reducer's lock, which the backward holds.
+        return None
+    if getattr(model, "mixed_precision", None) is not None:
+        return (
+            "autocomp cannot wrap a DDP model built with mixed_precision=: DDP reduces such a "
+            "model's gradients through its own comm hook, and takes one hook per model. "
+            "Train in mixed precision with torch.autocast instead (autocomp compresses the "
+            "float32 gradients), or leave this model unwrapped"
+        )
+    try:
+        name = model._get_ddp_logging_data().get("comm_hook")
+    except (AttributeError, RuntimeError):  # older torch, or a reducer not built
+        return None
+    if not name:
+        return None
+    return (
+        f"autocomp cannot wrap this DDP model: it already has a comm hook ({name}), and DDP "
+        "takes one hook per model. Remove the other register_comm_hook call"
+    )
 
 
 def ddp_ignored_names(model: torch.nn.Module, module: torch.nn.Module) -> set[str]:

@@ -7,7 +7,8 @@ its gradient into the bucket in its own memory order, which the hook's flat view
 reads and writes back element for element. Each must leave the ranks bit-identical, and the
 options that only change DDP's bookkeeping must not change a single bit of the result.
 Parameters DDP is told to ignore never reach the hook, so autocomp must leave them out of its
-plan and statistics.
+plan and statistics. DDP's newer options (``skip_all_reduce_unused_params``,
+``bucket_cap_mb_list``, ``batched_grad_copy``) are checked the same way.
 """
 
 from __future__ import annotations
@@ -237,3 +238,71 @@ def test_parameters_ddp_ignores_are_left_out(tmp_path: Path) -> None:
         assert results[0][mode]["stats"] == expected
         assert torch.equal(results[0][mode]["synced"], results[1][mode]["synced"])
         assert not torch.equal(results[0][mode]["side"], results[1][mode]["side"])
+
+
+NEWER_OPTIONS: dict[str, dict[str, Any]] = {
+    # A layer no rank ever uses is left unreduced (DDP asks that the set never changes).
+    "skip_all_reduce_unused_params": {
+        "find_unused_parameters": True,
+        "skip_all_reduce_unused_params": True,
+        "bucket_cap_mb": 0.005,
+    },
+    "bucket_cap_mb_list": {"bucket_cap_mb": 0.005, "bucket_cap_mb_list": [1, 1]},
+    "batched_grad_copy": {"batched_grad_copy": True, "bucket_cap_mb": 0.005},
+    "batched_grad_copy+view": {
+        "batched_grad_copy": True,
+        "gradient_as_bucket_view": True,
+        "bucket_cap_mb": 0.005,
+    },
+}
+
+
+COMPRESSED = {"trunk.weight": "powersgd:rank=2", "head.weight": "int8", "*": "fp16"}
+
+
+def _newer_options(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for option, kwargs in NEWER_OPTIONS.items():
+        use_side = not kwargs.get("skip_all_reduce_unused_params", False)
+        for plan in ("ddp", "none", "every"):
+            torch.manual_seed(0)
+            model = _BranchyNet()
+            ddp = DDP(model, **kwargs)
+            ctl = None
+            if plan != "ddp":
+                ctl = autocomp.wrap(ddp, plan={"*": "none"} if plan == "none" else COMPRESSED)
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+            losses = []
+            for step in range(STEPS // 2):
+                x, y = classification_batch(rank, step)
+                opt.zero_grad()
+                loss = nn.functional.cross_entropy(ddp(x, use_side), y)
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+            if ctl is not None:
+                ctl.close()
+            out[f"{option}/{plan}"] = {
+                "params": _flat(model),
+                "losses": losses,
+                "side_grad": model.side.weight.grad,
+            }
+    return out
+
+
+def test_newer_ddp_options(tmp_path: Path) -> None:
+    """DDP's newer options (skipping never-used parameters, per-bucket caps, batched copies
+    into the bucket) change how gradients reach the bucket, not what the hook sees: a
+    ``none`` plan gives plain DDP's bits, and compressors keep the ranks identical and learn
+    as the uncompressed run does. A layer DDP skips stays without a gradient, as without
+    autocomp (the hook never sees it)."""
+    results = run_ranks(_newer_options, 2, tmp_path)
+    for option in NEWER_OPTIONS:
+        for result in results:
+            ddp, none = result[f"{option}/ddp"], result[f"{option}/none"]
+            assert torch.equal(none["params"], ddp["params"]), option
+            if option == "skip_all_reduce_unused_params":
+                assert ddp["side_grad"] is None and none["side_grad"] is None
+        every = [r[f"{option}/every"] for r in results]
+        assert torch.equal(every[0]["params"], every[1]["params"]), option
+        _assert_learns_like(every[0]["losses"], results[0][f"{option}/none"]["losses"])

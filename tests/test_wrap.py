@@ -1,7 +1,8 @@
 """Tier 2: ``autocomp.wrap`` input checking and checkpointing on local gloo ranks.
 
 Every bad input gets a clear error, raised on every rank and never a hang: a model that is
-not DDP, wrapping twice, a foreign comm hook, bad specs, globs that match nothing, and plans
+not DDP, wrapping twice, a foreign comm hook (also on one rank only, and the one DDP's
+``mixed_precision`` option registers), bad specs, globs that match nothing, and plans
 or seeds that differ between ranks. ``state_dict``/``load_state_dict`` resume training
 bit-identically, refuse state from another rank or plan (on every rank), and resume at
 another world size with residuals started afresh.
@@ -16,9 +17,11 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.nn.parallel.distributed import _MixedPrecision
 
 import autocomp
 from tests.models import MultiBucketNet, classification_batch
@@ -59,6 +62,16 @@ def _bad_inputs(rank: int, world_size: int, plan_path: str) -> dict[str, str]:
     other = DDP(MultiBucketNet())
     other.register_comm_hook(None, default_hooks.allreduce_hook)
     out["foreign_hook"] = _error_of(lambda: autocomp.wrap(other))
+    # A hook on one rank only must still fail on both, before the ranks part ways.
+    one_sided = DDP(MultiBucketNet())
+    if rank == 0:
+        one_sided._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
+    out["one_sided_hook"] = _error_of(lambda: autocomp.wrap(one_sided))
+    # DDP's mixed_precision reduces through a hook of its own, registered by its constructor.
+    half = _MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    out["ddp_mixed_precision"] = _error_of(
+        lambda: autocomp.wrap(DDP(MultiBucketNet(), mixed_precision=half))
+    )
 
     # Rank-dependent plans and seeds must fail on every rank, not turn into a size mismatch.
     spec = "topk:ratio=0.1" if rank == 0 else "topk:ratio=0.2"
@@ -101,6 +114,14 @@ def test_bad_inputs_get_clear_errors_on_every_rank(tmp_path: Path) -> None:
         assert plan["fc1.weight"] == "powersgd:rank=2,ef=true" and plan["fc1.bias"] == "none"
         assert out["twice"].startswith("RuntimeError") and "already wrapped" in out["twice"]
         assert out["foreign_hook"].startswith("RuntimeError") and "comm hook" in out["foreign_hook"]
+        assert "(allreduce_hook)" in out["foreign_hook"]
+        one_sided = out["one_sided_hook"]
+        assert one_sided.startswith("RuntimeError"), one_sided
+        expected = "(BuiltinCommHookType.FP16_COMPRESS)" if rank == 0 else "on another rank"
+        assert expected in one_sided, one_sided
+        mixed = out["ddp_mixed_precision"]
+        assert mixed.startswith("RuntimeError") and "mixed_precision=" in mixed, mixed
+        assert "torch.autocast" in mixed
         for key in ("plan_mismatch", "seed_mismatch"):
             assert out[key].startswith("RuntimeError"), (rank, key, out[key])
             assert "differs between ranks" in out[key] and "[1]" in out[key]

@@ -41,6 +41,28 @@ def float32_norm(tensor: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(tensor, dtype=torch.float32)
 
 
+NONZERO_SAMPLE = 65_536
+"""Elements :func:`nonzero_share` reads at most: about 3% relative error on a share of 0.5%,
+for tens of microseconds on a 10M-element gradient, on sampled steps only."""
+
+
+def nonzero_share(tensor: torch.Tensor) -> torch.Tensor:
+    """The fraction of ``tensor``'s elements that are nonzero, as a 0-d float32 tensor,
+    estimated from an evenly strided sample (no host sync).
+
+    An embedding table's gradient is nonzero only in the rows of the batch's tokens (0.5% of
+    the hashed n-gram table's elements): top-k at a ratio above that share sends every
+    nonzero, which the dense-gradient priors cannot know. The stride is odd, so the sample
+    does not fall into the same columns of a row-major matrix every time."""
+    flat = tensor.reshape(-1)
+    numel = flat.numel()
+    if numel == 0:
+        return torch.ones((), dtype=torch.float32, device=tensor.device)
+    stride = max(1, numel // NONZERO_SAMPLE) | 1
+    sample = flat[::stride]
+    return torch.count_nonzero(sample).to(torch.float32) / sample.numel()
+
+
 def bucket_shape(param: torch.Tensor) -> tuple[torch.Size, torch.dtype]:
     """Shape and dtype of ``param``'s gradient as it sits in DDP's bucket: a complex
     gradient is bucketed as its real view (DDP's reducer), with a trailing dimension of 2
@@ -109,6 +131,8 @@ class Encoding:
     grad_norm: torch.Tensor | float = 0.0
     """Norm of this step's gradient alone (sampled steps only; a 0-d tensor, read by the
     profiler once per window)."""
+    nonzero: torch.Tensor | float = 1.0
+    """:func:`nonzero_share` of this step's gradient alone (sampled steps only)."""
 
     @property
     def settled(self) -> bool:
@@ -137,6 +161,7 @@ def begin_encoding(
     grad = grad.view(slot.shape)
     sampling = state.profiler is not None and state.profiler.sample_this_step
     grad_norm = float32_norm(grad) if sampling else 0.0
+    nonzero = nonzero_share(grad) if sampling else 1.0
     # With a residual, work in its own buffer: no allocation, one pass. Without one, only
     # error feedback needs a private float32 copy (it becomes the residual); every other
     # compressor reads the bucket slice itself (``compress`` must not modify its input).
@@ -157,7 +182,13 @@ def begin_encoding(
             "pipelines at most 2"
         )
     encoding = Encoding(
-        slot, x, compressor.compress(x, slot.state), False, rounds, grad_norm=grad_norm
+        slot,
+        x,
+        compressor.compress(x, slot.state),
+        False,
+        rounds,
+        grad_norm=grad_norm,
+        nonzero=nonzero,
     )
     if state.check_wire_bytes:
         _check_round_bytes(encoding)
@@ -202,6 +233,7 @@ def _settle(encoding: Encoding, state: Any) -> None:
             slot.name,
             compressor.spec,
             grad_norm=encoding.grad_norm,
+            nonzero=encoding.nonzero,
             residual_norm=error if slot.residual is not None else 0.0,
             error=error,
             x_norm=x_norm,
@@ -223,8 +255,11 @@ def encode_locally(slot: LayerSlot, grad: torch.Tensor, state: Any) -> tuple[tor
 def sample_plain(slot: LayerSlot, grad: torch.Tensor, profiler: StepProfiler) -> None:
     if grad.is_sparse:  # repeated indices add up: the norm is of the coalesced values
         grad = grad.coalesce().values()
+        nonzero: torch.Tensor | float = 1.0  # sent as DDP sends it, never compressed
+    else:
+        nonzero = nonzero_share(grad)
     norm = float32_norm(grad)
-    profiler.layer_sample(slot.name, slot.compressor.spec, grad_norm=norm)
+    profiler.layer_sample(slot.name, slot.compressor.spec, grad_norm=norm, nonzero=nonzero)
 
 
 def decode_into(slot: LayerSlot, received: Any, target: torch.Tensor) -> torch.Tensor:

@@ -242,6 +242,8 @@ class WindowPlanner:
         self.rel_errors: dict[str, dict[str, float]] = {name: {} for name in self.names}
         """Smoothed measured relative error per layer and spec."""
         self.grad_norms: dict[str, float] = {}
+        self.nonzero_shares: dict[str, float] = {}
+        """Smoothed nonzero share of each layer's gradient (top-k's prior reads it)."""
         self.last_decision: PolicyDecision | None = None
         self._locks_outvoted = False
         """The last decision found the dwell locks outvoted (``PolicyEngine.Config.
@@ -469,6 +471,12 @@ class WindowPlanner:
                 continue
             grad_norms[name] = layer.grad_norm
             residual_norms[name] = layer.residual_norm or 0.0
+            if layer.nonzero is not None and math.isfinite(layer.nonzero):
+                share = min(1.0, max(0.0, layer.nonzero))
+                old_share = self.nonzero_shares.get(name)
+                self.nonzero_shares[name] = (
+                    share if old_share is None else old_share + alpha * (share - old_share)
+                )
             running = self._running_since.get(name)
             if running is None or running[0] != layer.spec:
                 # First window with this spec: it ran from this window's first step at most.
@@ -575,6 +583,7 @@ class WindowPlanner:
                 dtype=self.dtypes[name],
                 grad_norm=self.grad_norms.get(name, 0.0),
                 rel_error=dict(self.rel_errors[name]),
+                nonzero_share=self.nonzero_shares.get(name, 1.0),
                 bucket=m.layers[name].bucket,
                 sparse_bytes=self.sparse_bytes.get(name),
             )
@@ -688,6 +697,7 @@ class WindowPlanner:
             "payoff": self.payoff.state_dict(),
             "rel_errors": {k: dict(v) for k, v in self.rel_errors.items()},
             "grad_norms": dict(self.grad_norms),
+            "nonzero_shares": dict(self.nonzero_shares),
             "force_none": self.force_none,
             "frozen": self.frozen,
             "operator_pins": [list(pin) for pin in self.operator_pins],
@@ -710,6 +720,7 @@ class WindowPlanner:
         self.payoff.load_state_dict(state.get("payoff", {}))
         self.rel_errors = {name: dict(state["rel_errors"].get(name, {})) for name in self.names}
         self.grad_norms = dict(state["grad_norms"])
+        self.nonzero_shares = {str(k): float(v) for k, v in state.get("nonzero_shares", {}).items()}
         self.force_none = bool(state["force_none"])
         self.frozen = bool(state["frozen"])
         self.operator_pins = [(str(g), str(spec)) for g, spec in state.get("operator_pins", [])]

@@ -60,6 +60,8 @@ class LayerSample:
     residual_norm: float
     rel_error: float | None
     spec: str
+    nonzero: float = 1.0
+    """Fraction of the gradient's elements that are nonzero (estimated from a sample)."""
 
 
 @dataclass(slots=True)
@@ -71,6 +73,7 @@ class _PendingSample:
     error: Norm
     """Norm of what the compressor lost (``x - estimate``); over ``x_norm`` the relative error."""
     x_norm: Norm
+    nonzero: Norm = 1.0
 
 
 @dataclass(slots=True)
@@ -164,6 +167,7 @@ def _mean_sample(samples: list[LayerSample]) -> LayerSample:
         residual_norm=(sum(s.residual_norm**2 for s in samples) / count) ** 0.5,
         rel_error=sum(errors) / len(errors) if errors else None,
         spec=samples[-1].spec,
+        nonzero=sum(s.nonzero for s in samples) / count,
     )
 
 
@@ -172,7 +176,7 @@ def _read_norms(pending: list[_PendingSample]) -> list[LayerSample]:
     tensors = [
         value
         for p in pending
-        for value in (p.grad_norm, p.residual_norm, p.error, p.x_norm)
+        for value in (p.grad_norm, p.residual_norm, p.error, p.x_norm, p.nonzero)
         if isinstance(value, torch.Tensor)
     ]
     read: Iterator[float] = iter(
@@ -184,13 +188,15 @@ def _read_norms(pending: list[_PendingSample]) -> list[LayerSample]:
 
     out = []
     for p in pending:
-        grad, residual, error, x_norm = (
+        grad, residual, error, x_norm, nonzero = (
             value(p.grad_norm),
             value(p.residual_norm),
             value(p.error),
             value(p.x_norm),
+            value(p.nonzero),
         )
-        out.append(LayerSample(grad, residual, error / x_norm if x_norm > 0 else 0.0, p.spec))
+        rel = error / x_norm if x_norm > 0 else 0.0
+        out.append(LayerSample(grad, residual, rel, p.spec, nonzero))
     return out
 
 
@@ -356,10 +362,13 @@ class StepProfiler:
         residual_norm: Norm = 0.0,
         error: Norm = 0.0,
         x_norm: Norm = 0.0,
+        nonzero: Norm = 1.0,
     ) -> None:
         """Record one sampled step's norms for a layer (device tensors are read at the window's
         end); the window reports their mean."""
-        self._samples.append(_PendingSample(name, spec, grad_norm, residual_norm, error, x_norm))
+        self._samples.append(
+            _PendingSample(name, spec, grad_norm, residual_norm, error, x_norm, nonzero)
+        )
 
     # ---- window ---------------------------------------------------------------------------
 

@@ -66,6 +66,9 @@ class LayerWindow:
     """DDP bucket index (None: not seen yet)."""
     bucket_hideable_seconds: float | None
     """Backward compute left once the layer's bucket was ready, mean over ranks."""
+    nonzero: float | None = None
+    """Mean over ranks of the gradient's nonzero share (None: not sampled, or a recording
+    from before it was measured)."""
 
 
 @dataclass(slots=True)
@@ -257,12 +260,12 @@ class WindowVector:
 
     A header (has a profile, the timing fields, bytes sent and their uncompressed size this
     window, loss sum, loss count), then per layer: grad norm^2, residual norm^2, has sample,
-    rel error, hook seconds, hideable seconds after the layer's bucket is ready, and the
+    rel error, hook seconds, hideable seconds after the layer's bucket is ready, the
     non-finite count (with a hierarchy only a layer's owners see it; summed, every rank's
-    count reaches rank 0's guards).
+    count reaches rank 0's guards), and the gradient's nonzero share.
     """
 
-    PER_LAYER = 7
+    PER_LAYER = 8
     HEADER = 1 + len(TIMING_FIELDS) + 4
 
     def __init__(self, names: Sequence[str]) -> None:
@@ -302,6 +305,7 @@ class WindowVector:
                     values[base + 1] = sample.residual_norm**2
                     values[base + 2] = 1.0
                     values[base + 3] = sample.rel_error or 0.0
+                    values[base + 7] = sample.nonzero
                 values[base + 4] = profile.layer_seconds.get(name, 0.0)
                 bucket = bucket_of.get(name)  # a bucket unseen this window: the whole H
                 values[base + 5] = bucket_hideable.get(
@@ -357,6 +361,7 @@ class WindowVector:
                 grad_norm=math.sqrt(float(combined[base]) / samples) if sampled else None,
                 residual_norm=math.sqrt(float(combined[base + 1]) / samples) if sampled else None,
                 rel_error=float(combined[base + 3]) / samples if sampled else None,
+                nonzero=float(combined[base + 7]) / samples if sampled else None,
                 hook_seconds=float(combined[base + 4]) / world,
                 bucket=bucket,
                 bucket_hideable_seconds=(

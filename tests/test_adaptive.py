@@ -530,3 +530,62 @@ def test_adaptive_arguments_are_validated(tmp_path: Path) -> None:
     assert out["window"].startswith("ValueError") and "window" in out["window"]
     assert out["warmup"].startswith("ValueError")
     assert out["policy"].startswith("ValueError") and "default" in out["policy"]
+
+
+class _TokenBag(torch.nn.Module):
+    """An embedding bag and a linear head: each step's gradient touches at most 32 of the
+    table's 4096 rows (0.8% of its elements)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Embedding(4096, 32)
+        self.head = torch.nn.Linear(32, 5)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.table(tokens).mean(dim=1))
+
+
+def _row_sparse(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:
+    torch.manual_seed(0)
+    ddp = DDP(_TokenBag())
+    config = autocomp.AutocompConfig(target_overlap=0.9, policy=policy_path, window=WINDOW)
+    ctl = autocomp.wrap(ddp, config=config)
+    assert ctl.adaptive is not None
+    if rank == 0:
+        ctl.adaptive.meter.end_window = lambda **_: SLOW_LINK  # type: ignore[method-assign]
+        ctl.adaptive.payoff.hold_reason = lambda *_: None  # type: ignore[method-assign]
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    rows = set()
+    for step in range(5 * WINDOW):
+        gen = torch.Generator().manual_seed(1000 * rank + step)
+        tokens = torch.randint(0, 4096, (8, 4), generator=gen)
+        rows |= {(step, int(t)) for t in tokens.reshape(-1)}
+        loss = torch.nn.functional.cross_entropy(ddp(tokens), tokens[:, 0] % 5)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    decision = ctl.last_decision
+    return {
+        "share": ctl.adaptive.planner.nonzero_shares.get("table.weight"),
+        "head_share": ctl.adaptive.planner.nonzero_shares.get("head.weight"),
+        "rows_per_step": len(rows) / (5 * WINDOW),
+        "plan": dict(ctl.plan),
+        "table_error": None if decision is None else decision.layer("table.weight").predicted_error,
+    }
+
+
+def test_an_embedding_tables_nonzero_share_reaches_the_policy(tmp_path: Path) -> None:
+    """The hook samples each gradient's nonzero share, the window carries it to rank 0 and
+    the planner hands it to the engine: an embedding table whose steps touch 0.8% of its
+    rows is seen as such (the head as dense), and top-1% is planned for it at no error, as
+    it sends every nonzero."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY.replace('"topk:ratio=0.1"', '"topk:ratio=0.01"'))
+    results = run_ranks(_row_sparse, 2, tmp_path / "ranks", str(policy))
+    out = results[0]
+    true_share = out["rows_per_step"] / 4096
+    assert out["share"] == pytest.approx(true_share, rel=0.1), out
+    assert out["head_share"] == pytest.approx(1.0)
+    assert out["plan"]["table.weight"].startswith("topk:ratio=0.01"), out
+    assert out["table_error"] == 0.0
+    assert results[1]["plan"] == out["plan"]

@@ -1277,3 +1277,56 @@ def test_progress_moves_never_trade_error_for_time_within_the_slack() -> None:
     assert decision.solver.startswith("target")  # type: ignore[attr-defined]
     compressed = decide(50)
     assert compressed.predicted_step_seconds < decision.predicted_step_seconds  # type: ignore[attr-defined]
+
+
+def test_top_k_of_a_row_sparse_gradient_is_priced_on_its_nonzeros() -> None:
+    """Top-k at ratio r of a gradient with nonzero share d is top-(r/d) of its nonzeros: free
+    of error once r >= d (an embedding table's gradient touches only the batch's rows), and
+    at the dense prior of r/d below that. Random-k picks blind and gains nothing; the
+    other families are unchanged."""
+    priors = ErrorPriors()
+    shape = torch.Size((131_072, 64))
+    topk = build_compressor("topk:ratio=0.01")
+    dense = priors.rel_error(topk, shape)
+    assert dense == pytest.approx(0.95)
+    assert priors.rel_error(topk, shape, nonzero_share=0.006) == 0.0
+    assert priors.rel_error(topk, shape, nonzero_share=0.01) == 0.0
+    at_a_tenth = priors.rel_error(build_compressor("topk:ratio=0.1"), shape)
+    assert priors.rel_error(topk, shape, nonzero_share=0.1) == pytest.approx(at_a_tenth)
+    for spec in ("randomk:ratio=0.01", "powersgd:rank=4", "int8"):
+        compressor = build_compressor(spec)
+        assert priors.rel_error(compressor, shape, 0.006) == priors.rel_error(compressor, shape)
+    # The floor under a measured one-step error follows the share too.
+    assert priors.in_use(topk, shape, 0.0) == pytest.approx(0.95)
+    assert priors.in_use(topk, shape, 0.0, nonzero_share=0.006) == 0.0
+    with pytest.raises(ValueError, match="nonzero_share"):
+        LayerProfile(name="e", shape=(4, 4), grad_norm=1.0, nonzero_share=1.5)
+
+
+def test_a_row_sparse_table_goes_to_top_k_on_a_slow_link() -> None:
+    """A hashed n-gram table (2^17 x 64, 0.6% of its gradient nonzero) beside small dense
+    layers at 10 Mbit/s. With the dense priors top-1% is priced near-useless there (0.95,
+    and top-k's error costs three times PowerSGD's); in the ``ngram`` task's run the progress
+    search then moved the table to PowerSGD rank 4, whose P factor alone is 2 MB a step, and
+    that plan stepped 2.16 s against 1.39 s with the table pinned to top-1%, at the same loss
+    per step. With the share measured, top-1% sends the table's every nonzero: no error."""
+    table = LayerProfile(name="table.weight", shape=(131_072, 64), grad_norm=1.0)
+    head = [
+        LayerProfile(name="mlp.0.weight", shape=(256, 64), grad_norm=1.0),
+        LayerProfile(name="mlp.2.weight", shape=(256, 256), grad_norm=1.0),
+    ]
+    # The trail's numbers: a 0.28 s compute step, 1.17 MB/s measured.
+    timing = StepTiming(
+        backward_seconds=0.2, hideable_seconds=0.15, step_seconds=0.28, compute_seconds=0.28
+    )
+    model = engine(9.3)
+    blind = model.decide([table, *head], timing, AFTER_WARMUP, 2).layer("table.weight")
+    assert blind.predicted_error > 0.5 * table.numel, blind
+    sparse = dataclasses.replace(table, nonzero_share=0.006)
+    seen = model.decide([sparse, *head], timing, AFTER_WARMUP, 2)
+    assert seen.plan["table.weight"].startswith("topk:ratio=0.01"), seen.layer("table.weight")
+    assert seen.layer("table.weight").predicted_error == 0.0
+    assert (
+        seen.plan["mlp.2.weight"]
+        == model.decide([table, *head], timing, AFTER_WARMUP, 2).plan["mlp.2.weight"]
+    )

@@ -5,7 +5,8 @@ hook work between them), collectives that queue behind each other, a decode call
 window summary must give the quantities docs/policy.md defines: backward and hideable time
 without the hook's own work, service times that do not charge queueing, exposed time after
 the last hook call, and per bucket the backward left once it was ready. A layer's cost is
-its hook work and its decode, per step the window closed.
+its hook work and its decode, per step the window closed. A gradient's sampled nonzero
+share (what top-k's prior reads) is estimated well on an embedding table's sparse rows.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from autocomp.compressors import Collective
+from autocomp.hook_layer import nonzero_share
 from autocomp.profiler import StepProfiler
 from autocomp.timing import HostClock
 
@@ -194,6 +196,7 @@ def test_norms_read_once_per_window() -> None:
         residual_norm=torch.tensor(1.0),
         error=torch.tensor(1.0),
         x_norm=torch.tensor(4.0),
+        nonzero=torch.tensor(0.25),
     )
     prof.layer_sample("b", "none", grad_norm=2.0)
     clock.t = 1.0
@@ -205,6 +208,26 @@ def test_norms_read_once_per_window() -> None:
     assert window.layer_samples["w"].rel_error == pytest.approx(0.25)
     assert window.layer_samples["b"].rel_error == pytest.approx(0.0)
     assert window.layer_samples["b"].spec == "none"
+    assert window.layer_samples["w"].nonzero == pytest.approx(0.25)
+    assert window.layer_samples["b"].nonzero == 1.0
+
+
+def test_nonzero_share_of_a_row_sparse_gradient() -> None:
+    """The nonzero share is estimated from a strided sample of at most ``NONZERO_SAMPLE``
+    elements: close to the true share of an embedding table's row-sparse gradient (rows of
+    64 touched at random), exact for dense, all-zero and small tensors."""
+    gen = torch.Generator().manual_seed(0)
+    grad = torch.zeros(131_072, 64)
+    rows = torch.randperm(131_072, generator=gen)[:800]
+    grad[rows] = torch.randn(800, 64, generator=gen)
+    share = nonzero_share(grad)
+    assert share.dtype == torch.float32 and share.dim() == 0
+    assert float(share) == pytest.approx(800 / 131_072, rel=0.15)
+    assert float(nonzero_share(torch.randn(300, 7, generator=gen))) == 1.0
+    assert float(nonzero_share(torch.zeros(1000))) == 0.0
+    assert float(nonzero_share(torch.tensor([0.0, 1.0, 0.0, 2.0]))) == 0.5
+    assert float(nonzero_share(torch.zeros(0))) == 1.0
+    assert float(nonzero_share(torch.ones(10, dtype=torch.float64))) == 1.0
 
 
 def test_layer_cost_is_per_closed_step_and_includes_the_decode() -> None:

@@ -51,7 +51,7 @@ from autocomp.advisor.profile import BucketInfo, LayerInfo, ModelProfile, Timing
 from autocomp.attach import ddp_ignored_names, sparse_gradient_names
 from autocomp.compressors import Collective
 from autocomp.hook import autocomp_hook, sparse_bytes
-from autocomp.hook_layer import LayerSlot, bucket_shape
+from autocomp.hook_layer import LayerSlot, bucket_shape, nonzero_share
 from autocomp.hook_state import HookState
 from autocomp.profiler import StepProfiler, StepTimes
 
@@ -167,6 +167,7 @@ class ModelCapture:
         self.backwards = 0
         """Completed backwards (last bucket handed to the hook): this model's steps."""
         self.grad_norms: dict[str, float] = {}
+        self.nonzero_shares: dict[str, float] = {}
         """Norm of each parameter's averaged gradient in the first step where it is not zero."""
         self._unseen: set[str] = set()
         self.samples: dict[tuple[int, ...], torch.Tensor] = {}
@@ -347,6 +348,7 @@ class ModelCapture:
                     continue
                 piece = flat[start : start + numel].detach()
                 norm = self._record_norm(name, piece)
+                self.nonzero_shares[name] = float(nonzero_share(piece))
                 key = tuple(shape)
                 if not self.session.keep_gradients or not eligible(key, self.session.min_numel):
                     continue
@@ -491,6 +493,7 @@ class ModelCapture:
                 dtype=str(dtype).removeprefix("torch."),
                 bucket=bucket_of.get(name),
                 grad_norm=self.grad_norms.get(name, 0.0),
+                nonzero_share=self.nonzero_shares.get(name, 1.0),
                 sparse_bytes=(
                     round(statistics.median(self.sparse_bytes[name]))
                     if self.sparse_bytes.get(name)

@@ -164,6 +164,9 @@ class LayerInfo:
     """DDP bucket index after DDP's first-iteration rebuild (None if never seen)."""
     grad_norm: float = 0.0
     """L2 norm of the averaged gradient, first non-zero step (weighs compression error)."""
+    nonzero_share: float = 1.0
+    """Fraction of the averaged gradient's elements that are nonzero, same step (an
+    embedding table's is small, which top-k's error depends on)."""
     sparse_bytes: int | None = None
     """For a sparse gradient (an embedding with ``sparse=True``): the median bytes of values
     and indices one rank contributed per step, which a sparse all-reduce gathers from every
@@ -198,6 +201,7 @@ class LayerInfo:
             "dtype": self.dtype,
             "bucket": self.bucket,
             "grad_norm": self.grad_norm,
+            **({} if self.nonzero_share == 1.0 else {"nonzero_share": self.nonzero_share}),
             **({} if self.sparse_bytes is None else {"sparse_bytes": self.sparse_bytes}),
         }
 
@@ -216,12 +220,16 @@ class LayerInfo:
                 f"{where}.sparse_bytes must be a non-negative integer or absent, "
                 f"got {sparse_bytes!r}"
             )
+        share = data.get("nonzero_share", 1.0)  # absent: dense, or a profile from before it
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
+            raise ProfileError(f"{where}.nonzero_share must be a number in [0, 1], got {share!r}")
         return cls(
             name=_text(data, "name", where),
             shape=_shape(data, where),
             dtype=dtype,
             bucket=bucket,
             grad_norm=_number(data, "grad_norm", where),
+            nonzero_share=float(share),
             sparse_bytes=sparse_bytes,
         )
 

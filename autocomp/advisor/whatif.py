@@ -436,8 +436,8 @@ class WhatIfModel:
         shape = torch.Size(layer.shape)
         measured = self.profile.measurement(compressor.spec, layer.shape)
         if measured is not None and measured.rel_error is not None:
-            return self._priors.in_use(compressor, shape, measured.rel_error)
-        return self._priors.rel_error(compressor, shape)
+            return self._priors.in_use(compressor, shape, measured.rel_error, layer.nonzero_share)
+        return self._priors.rel_error(compressor, shape, layer.nonzero_share)
 
     def offered(self, option: Option) -> bool:
         """Whether the policy could run ``option``: the adaptive plan, or a uniform option
@@ -458,7 +458,9 @@ class WhatIfModel:
             for item in self.profile.compressors:
                 if item.shape == layer.shape and item.rel_error is not None:
                     compressor = self.compressor(item.spec)
-                    errors[item.spec] = self._priors.in_use(compressor, shape, item.rel_error)
+                    errors[item.spec] = self._priors.in_use(
+                        compressor, shape, item.rel_error, layer.nonzero_share
+                    )
             norm = layer.grad_norm if math.isfinite(layer.grad_norm) else 0.0
             out.append(
                 LayerProfile(
@@ -467,6 +469,7 @@ class WhatIfModel:
                     dtype=layer.torch_dtype,
                     grad_norm=norm,
                     rel_error=errors,
+                    nonzero_share=layer.nonzero_share,
                     bucket=layer.bucket,
                     sparse_bytes=layer.sparse_bytes,
                 )

@@ -306,7 +306,7 @@ class PolicyEngine:
         return sorted(
             usable,
             key=lambda c: (
-                priors.rel_error(c, layer.shape),
+                priors.rel_error(c, layer.shape, layer.nonzero_share),
                 -c.wire_bytes(layer.shape, layer.dtype),
                 c.spec,
             ),

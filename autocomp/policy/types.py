@@ -97,6 +97,10 @@ class LayerProfile:
     rel_error: Mapping[str, float] = field(default_factory=dict)
     """Measured ||C(g) - g|| / ||g|| by spec (smoothed over windows by the caller); missing
     specs fall back to :class:`~autocomp.policy.priors.ErrorPriors`."""
+    nonzero_share: float = 1.0
+    """Fraction of the gradient's elements that are nonzero (measured on sampled steps; 1
+    before any). Top-k at ratio r of a gradient with nonzero share d acts as top-(r/d) of
+    its nonzeros: an embedding table's row-sparse gradient loses nothing to top-1%."""
     bucket: int | None = None
     """DDP bucket index when known (counts the per-bucket latency exactly)."""
     sparse_bytes: int | None = None
@@ -109,6 +113,8 @@ class LayerProfile:
             object.__setattr__(self, "shape", torch.Size(self.shape))
         if not math.isfinite(self.grad_norm) or self.grad_norm < 0:
             raise ValueError(f"{self.name}: grad_norm must be finite and >= 0")
+        if not 0.0 <= self.nonzero_share <= 1.0:
+            raise ValueError(f"{self.name}: nonzero_share must be in [0, 1]")
         if self.sparse_bytes is not None and self.sparse_bytes < 0:
             raise ValueError(f"{self.name}: sparse_bytes must be >= 0")
         for spec, value in self.rel_error.items():

@@ -433,6 +433,31 @@ def test_a_sparse_gradient_is_sent_as_ddp_sends_it_and_never_compressed() -> Non
         LayerInfo.from_dict({**layer.to_dict(), "sparse_bytes": -1}, "layer")
 
 
+def test_a_row_sparse_dense_gradient_prices_top_k_on_its_nonzeros() -> None:
+    """A dense embedding table whose profiled gradient was 0.6% nonzero: the what-if prices
+    top-1% on it at no error (it sends every nonzero), as the adaptive engine does, while a
+    table profiled before the share was recorded keeps the dense prior. The profile file
+    keeps the field only when it is below 1, and refuses values outside [0, 1]."""
+    profile = make_profile()
+    (model,) = profile.models
+    table = LayerInfo(name="table.weight", shape=(131_072, 64), bucket=2, grad_norm=0.2)
+    bucket = BucketInfo(index=2, params=("table.weight",), bytes=33_554_432, ready_s=0.029)
+    dense = dataclasses.replace(
+        model, layers=(*model.layers, table), buckets=(*model.buckets, bucket)
+    )
+    sparse_table = dataclasses.replace(table, nonzero_share=0.006)
+    sparse = dataclasses.replace(dense, layers=(*model.layers, sparse_table))
+    errors = {}
+    for key, variant in (("dense", dense), ("sparse", sparse)):
+        whatif = WhatIfModel(dataclasses.replace(profile, models=(variant,)))
+        errors[key] = whatif.rel_error("topk:ratio=0.01", whatif.layers["table.weight"])
+    assert errors == {"dense": pytest.approx(0.95), "sparse": 0.0}
+    assert "nonzero_share" not in table.to_dict()
+    assert LayerInfo.from_dict(sparse_table.to_dict(), "layer").nonzero_share == 0.006
+    with pytest.raises(ProfileError, match="nonzero_share"):
+        LayerInfo.from_dict({**table.to_dict(), "nonzero_share": 1.5}, "layer")
+
+
 def test_adaptive_plan_comes_from_the_policy_engine(whatif: WhatIfModel) -> None:
     slow = whatif.evaluate(scenario(0.1))
     assert slow.decision is not None

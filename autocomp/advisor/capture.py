@@ -167,8 +167,9 @@ class ModelCapture:
         self.backwards = 0
         """Completed backwards (last bucket handed to the hook): this model's steps."""
         self.grad_norms: dict[str, float] = {}
-        self.nonzero_shares: dict[str, float] = {}
         """Norm of each parameter's averaged gradient in the first step where it is not zero."""
+        self.nonzero_shares: dict[str, float] = {}
+        """The nonzero share of that same gradient (``hook_layer.nonzero_share``)."""
         self._unseen: set[str] = set()
         self.samples: dict[tuple[int, ...], torch.Tensor] = {}
         """One real averaged gradient per eligible shape (rank 0), for the compressor costs;

@@ -6,7 +6,8 @@ sign, topk, randomk, powersgd):
 - accuracy bounds of the casts and quantizers (fp16/bf16 relative error, int8 error within
   half a quantization step per chunk, sign decoding to the chunk's RMS, which keeps the
   chunk's norm);
-- topk keeps exactly the k largest magnitudes and zeros the rest;
+- topk keeps exactly the k largest magnitudes and zeros the rest, also through its selection
+  among the nonzeros of a large, mostly-zero tensor on the CPU;
 - qsgd and randomk(unbiased=true) are unbiased in expectation (statistical check with a
   5-sigma tolerance), and biased compressors demonstrably fail that same check;
 - powersgd recovers a rank-r matrix exactly from the first step (one power iteration on the
@@ -29,6 +30,7 @@ import pytest
 import torch
 
 from autocomp.compressors import Collective, build_compressor, run_rounds_locally
+from autocomp.compressors.sparse import largest_indices
 from autocomp.hook_layer import LayerSlot, decode_into, encode_locally
 
 ALL_NAMES = ["none", "fp16", "bf16", "int8", "qsgd", "sign", "topk", "randomk", "powersgd"]
@@ -588,3 +590,29 @@ def test_decode_into_flags_a_non_finite_average(spec: str, bad: float) -> None:
         received = [payload] if c.collective is Collective.ALL_GATHER else payload
         target = torch.empty(120)
         assert bool(decode_into(slot, received, target)) is expected, (spec, poison)
+
+
+@pytest.mark.parametrize("nonzero", [0, 300, 5_000, 40_000, 200_000])
+def test_top_k_of_a_mostly_zero_tensor_selects_as_torch_topk(nonzero: int) -> None:
+    """On the CPU, top-k of a large, mostly-zero tensor (an embedding table's gradient)
+    selects among its nonzeros (``largest_indices``): the same magnitudes as ``torch.topk``,
+    each index once, every nonzero kept when there are no more than k, and the decoded
+    tensor bit for bit what ``torch.topk``'s selection decodes to."""
+    numel, k = 131_072 * 2, 2_621
+    gen = torch.Generator().manual_seed(nonzero)
+    flat = torch.zeros(numel)
+    where = torch.randperm(numel, generator=gen)[:nonzero]
+    flat[where] = torch.randn(nonzero, generator=gen)
+    chosen = largest_indices(flat, k)
+    reference = torch.topk(flat.abs(), k, sorted=False).indices
+    assert chosen.numel() == k and chosen.unique().numel() == k
+    assert torch.equal(flat.abs()[chosen].sort().values, flat.abs()[reference].sort().values)
+    if nonzero <= k:
+        assert set(where.tolist()) <= set(chosen.tolist())
+    compressor = build_compressor("topk:ratio=0.01")
+    shape = torch.Size((512, 512))
+    decoded = compressor.decompress(compressor.compress(flat.view(shape), {}), shape, {})
+    expected = torch.zeros(numel)
+    expected[reference] = flat[reference]
+    # Random normal values leave no tie at the k-th magnitude: one top-k set, one result.
+    assert torch.equal(decoded.reshape(-1), expected)

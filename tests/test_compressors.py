@@ -616,3 +616,7 @@ def test_top_k_of_a_mostly_zero_tensor_selects_as_torch_topk(nonzero: int) -> No
     expected[reference] = flat[reference]
     # Random normal values leave no tie at the k-th magnitude: one top-k set, one result.
     assert torch.equal(decoded.reshape(-1), expected)
+    # A ratio near 1: k + the nonzeros exceed the tensor, and the padding still fits.
+    most = largest_indices(flat, numel - 10)
+    assert most.numel() == numel - 10 and most.unique().numel() == numel - 10
+    assert set(where.tolist()) <= set(most.tolist())

@@ -53,8 +53,8 @@ def largest_indices(flat: torch.Tensor, k: int) -> torch.Tensor:
     chosen = flat.nonzero().squeeze(1)
     if nonzero >= k:
         return chosen[torch.topk(flat[chosen].abs(), k, sorted=False).indices]
-    # The first k + nonzero indices hold at least k - nonzero zero entries.
-    head = torch.arange(k + nonzero, device=flat.device)
+    # The first k + nonzero indices (all of them, when fewer) hold k - nonzero zero entries.
+    head = torch.arange(min(numel, k + nonzero), device=flat.device)
     padding = head[flat[head] == 0][: k - nonzero]
     return torch.cat([chosen, padding])
 

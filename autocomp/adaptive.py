@@ -207,6 +207,7 @@ class AdaptiveLoop:
             pins,
             planner_config,
             world_size=state.link_world_size,
+            device_type=self.device.type,
             runlog=runlog,
         )
         """Rank 0 decides with it; every rank holds one (the same configuration)."""

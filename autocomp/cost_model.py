@@ -106,7 +106,10 @@ class _Features:
         ]
         self.width = len(self.names) + len(self.params) + 8
 
-    def row(self, compressor: Compressor, shape: torch.Size, world_size: int) -> list[float]:
+    def row(
+        self, compressor: Compressor, shape: torch.Size, world_size: int, prior: float
+    ) -> list[float]:
+        """``prior``: the analytic prior's seconds for this layer (``prior_seconds``)."""
         out = [1.0 if compressor.name == name else 0.0 for name in self.names]
         for name, param in self.params:
             value = compressor.config.get(param) if compressor.name == name else None
@@ -127,13 +130,15 @@ class _Features:
             _log(kept_elements),
             _log(rank * (rows + cols)),
             _log(rank * numel),
-            _log(prior_seconds(compressor, shape, world_size)),
+            _log(prior),
         ]
         return out
 
 
 _Key = tuple[str, tuple[int, ...], int]
 """(spec, shape, world size): the unit the training set is grouped by."""
+_CacheKey = tuple[str, tuple[int, ...], int, float]
+"""A key and the gradient's nonzero share: a cached prediction."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +148,8 @@ class _Row:
     """Median of the group's recent measurements (the regression target, before the log)."""
     weight: int
     """How many measurements that median summarises."""
+    nonzero_share: float = 1.0
+    """The gradient's nonzero share when the group was last measured (top-k's prior)."""
 
 
 # ---- the model ---------------------------------------------------------------------------------
@@ -186,6 +193,9 @@ class CostModel:
         """Shrinkage of each tree's contribution."""
         max_correction: float = 1000.0
         """Bound on the predicted measured/prior ratio, either way (GPUs may be ~100x off)."""
+        device_type: str = "cpu"
+        """Where the hook computes: on the CPU top-k selects among a sparse gradient's
+        nonzeros, elsewhere over every element (``sparse.largest_indices``)."""
 
         def __post_init__(self) -> None:
             if self.world_size < 1:
@@ -203,11 +213,12 @@ class CostModel:
         self._contention = 0.0
         self._half_sum: dict[torch.dtype, float] = {}
         self._groups: OrderedDict[_Key, deque[float]] = OrderedDict()
+        self._shares: dict[_Key, float] = {}
         self._since_fit = 0
         self._fit_rows: list[_Row] | None = None
         self._regressor: Any | None = None
         self._features: _Features | None = None
-        self._cache: dict[_Key, float] = {}
+        self._cache: dict[_CacheKey, float] = {}
         self._prior_scale: dict[str, float] = {}
         self._compressors: dict[str, Compressor] = {}
         self._errors: dict[str, deque[tuple[float, float]]] = {
@@ -306,8 +317,15 @@ class CostModel:
             compressor = self._compressors[spec] = build_compressor(spec)
         return compressor
 
-    def _prior(self, compressor: Compressor, shape: torch.Size, world_size: int) -> float:
-        return prior_seconds(compressor, shape, world_size) * self._prior_scale.get(
+    def _unscaled_prior(
+        self, compressor: Compressor, shape: torch.Size, world_size: int, share: float
+    ) -> float:
+        return prior_seconds(compressor, shape, world_size, share, self.config.device_type)
+
+    def _prior(
+        self, compressor: Compressor, shape: torch.Size, world_size: int, share: float = 1.0
+    ) -> float:
+        return self._unscaled_prior(compressor, shape, world_size, share) * self._prior_scale.get(
             compressor.name, 1.0
         )
 
@@ -330,20 +348,29 @@ class CostModel:
             self._fit_on(self._fit_rows)  # the correction is relative to the prior: refit
         return factor
 
-    def compress_seconds(self, compressor: Compressor | str, shape: torch.Size) -> float:
-        """Predicted local hook work per step for a layer of ``shape`` using ``compressor``."""
-        return self.compress_seconds_many([(compressor, shape)])[0]
+    def compress_seconds(
+        self, compressor: Compressor | str, shape: torch.Size, nonzero_share: float = 1.0
+    ) -> float:
+        """Predicted local hook work per step for a layer of ``shape`` using ``compressor``,
+        whose gradient has ``nonzero_share`` of its elements nonzero."""
+        return self.compress_seconds_many([(compressor, shape)], [nonzero_share])[0]
 
     def compress_seconds_many(
-        self, items: Sequence[tuple[Compressor | str, torch.Size | Sequence[int]]]
+        self,
+        items: Sequence[tuple[Compressor | str, torch.Size | Sequence[int]]],
+        nonzero_shares: Sequence[float] | None = None,
     ) -> list[float]:
-        """:meth:`compress_seconds` for many (compressor, shape) pairs in one model call."""
+        """:meth:`compress_seconds` for many (compressor, shape) pairs in one model call
+        (``nonzero_shares``: one per pair; None: dense gradients)."""
         world = self.config.world_size
         resolved = [(self._compressor(c), torch.Size(shape)) for c, shape in items]
+        shares = [1.0] * len(resolved) if nonzero_shares is None else list(nonzero_shares)
+        if len(shares) != len(resolved):
+            raise ValueError(f"{len(shares)} nonzero shares for {len(resolved)} items")
         out: list[float] = [0.0] * len(resolved)
         missing: list[int] = []
         for i, (compressor, shape) in enumerate(resolved):
-            prior = self._prior(compressor, shape, world)
+            prior = self._prior(compressor, shape, world, shares[i])
             measured = self._groups.get((compressor.spec, tuple(shape), world))
             if prior > 0 and measured:
                 # Direct evidence for this exact layer and compressor beats any model.
@@ -355,22 +382,27 @@ class CostModel:
             if self._regressor is None:
                 out[i] = prior * self._interim_scale(world)
                 continue
-            cached = self._cache.get((compressor.spec, tuple(shape), world))
+            cached = self._cache.get((compressor.spec, tuple(shape), world, shares[i]))
             if cached is None:
                 missing.append(i)
             else:
                 out[i] = cached
         if missing:
             assert self._features is not None and self._regressor is not None
-            matrix = np.array(
-                [self._features.row(*resolved[i], world) for i in missing], dtype=np.float64
-            )
+            rows = []
+            for i in missing:
+                compressor, shape = resolved[i]
+                prior = self._unscaled_prior(compressor, shape, world, shares[i])
+                rows.append(self._features.row(compressor, shape, world, prior))
+            matrix = np.array(rows, dtype=np.float64)
             limit = math.log(self.config.max_correction)
             corrections = np.clip(self._regressor.predict(matrix), -limit, limit)
             for i, correction in zip(missing, corrections, strict=True):
                 compressor, shape = resolved[i]
-                value = self._prior(compressor, shape, world) * math.exp(float(correction))
-                self._cache[(compressor.spec, tuple(shape), world)] = value
+                value = self._prior(compressor, shape, world, shares[i]) * math.exp(
+                    float(correction)
+                )
+                self._cache[(compressor.spec, tuple(shape), world, shares[i])] = value
                 out[i] = value
         return out
 
@@ -379,25 +411,32 @@ class CostModel:
         enough samples, what carries the slowdown seen in training (compression competing
         with the backward and the communication threads for the cores, 2-3x on a busy
         2-vCPU machine) to the options not measured yet. 1 without measurements."""
-        cached = self._cache.get(("*", (), world_size))
+        cached = self._cache.get(("*", (), world_size, 1.0))
         if cached is not None:
             return cached
         logs = []
-        for (spec, shape, world), group in self._groups.items():
+        for key, group in self._groups.items():
+            spec, shape, world = key
             if world != world_size or not group:
                 continue
-            prior = self._prior(self._compressor(spec), torch.Size(shape), world)
+            share = self._shares.get(key, 1.0)
+            prior = self._prior(self._compressor(spec), torch.Size(shape), world, share)
             if prior > 0:
                 logs.append(math.log(statistics.median(group) / prior))
         limit = math.log(self.config.max_correction)
         scale = math.exp(max(-limit, min(limit, math.fsum(logs) / len(logs)))) if logs else 1.0
-        self._cache[("*", (), world_size)] = scale
+        self._cache[("*", (), world_size, 1.0)] = scale
         return scale
 
     def add_sample(
-        self, compressor: Compressor | str, shape: torch.Size | Sequence[int], seconds: float
+        self,
+        compressor: Compressor | str,
+        shape: torch.Size | Sequence[int],
+        seconds: float,
+        nonzero_share: float = 1.0,
     ) -> None:
-        """Record a measured hook cost; refits when ``refit_every`` samples have accumulated.
+        """Record a measured hook cost (on a gradient with ``nonzero_share`` of its elements
+        nonzero); refits when ``refit_every`` samples have accumulated.
 
         The prediction is recorded first (for :meth:`prediction_error`), so the error is always
         out of sample. ``none`` (which costs nothing by definition) and non-positive or
@@ -407,9 +446,12 @@ class CostModel:
         shape = torch.Size(shape)
         if type(compressor) is NoCompression or not (math.isfinite(seconds) and seconds > 0):
             return
-        predicted = self.compress_seconds(compressor, shape)
+        share = _checked_share(nonzero_share)
+        predicted = self.compress_seconds(compressor, shape, share)
         self._errors["compress"].append((predicted, float(seconds)))
-        self._store((compressor.spec, tuple(shape), self.config.world_size), float(seconds))
+        key = (compressor.spec, tuple(shape), self.config.world_size)
+        self._shares[key] = share
+        self._store(key, float(seconds))
         if self._regressor is None:
             self._cache.clear()  # the interim scale moved
         due = self._since_fit >= self.config.refit_every
@@ -421,7 +463,8 @@ class CostModel:
         if group is None:
             group = self._groups[key] = deque(maxlen=self.config.per_key)
             while len(self._groups) > self.config.max_keys:
-                self._groups.popitem(last=False)
+                evicted, _ = self._groups.popitem(last=False)
+                self._shares.pop(evicted, None)
         else:
             self._groups.move_to_end(key)
         group.append(seconds)
@@ -460,7 +503,7 @@ class CostModel:
     def fit(self) -> None:
         """Refit the correction on the current groups now (normally automatic)."""
         rows = [
-            _Row(key, statistics.median(group), len(group))
+            _Row(key, statistics.median(group), len(group), self._shares.get(key, 1.0))
             for key, group in self._groups.items()
             if group
         ]
@@ -482,8 +525,11 @@ class CostModel:
         for i, row in enumerate(rows):
             spec, shape, world = row.key
             compressor, size = self._compressor(spec), torch.Size(shape)
-            matrix[i] = features.row(compressor, size, world)
-            target[i] = math.log(row.seconds / self._prior(compressor, size, world))
+            prior = self._unscaled_prior(compressor, size, world, row.nonzero_share)
+            matrix[i] = features.row(compressor, size, world, prior)
+            target[i] = math.log(
+                row.seconds / self._prior(compressor, size, world, row.nonzero_share)
+            )
             weight[i] = row.weight
         regressor = GradientBoostingRegressor(
             n_estimators=self.config.n_estimators,
@@ -530,7 +576,13 @@ class CostModel:
                 str(dtype).removeprefix("torch."): value for dtype, value in self._half_sum.items()
             },
             "groups": [
-                {"spec": k[0], "shape": list(k[1]), "world_size": k[2], "seconds": list(v)}
+                {
+                    "spec": k[0],
+                    "shape": list(k[1]),
+                    "world_size": k[2],
+                    "seconds": list(v),
+                    "nonzero_share": self._shares.get(k, 1.0),
+                }
                 for k, v in self._groups.items()
             ],
             "since_fit": self._since_fit,
@@ -543,6 +595,7 @@ class CostModel:
                     "world_size": r.key[2],
                     "seconds": r.seconds,
                     "weight": r.weight,
+                    "nonzero_share": r.nonzero_share,
                 }
                 for r in self._fit_rows
             ],
@@ -559,15 +612,23 @@ class CostModel:
         try:
             link = state["link"]
             groups: OrderedDict[_Key, deque[float]] = OrderedDict()
+            shares: dict[_Key, float] = {}
             for entry in state["groups"]:
                 key = _key(entry)
                 self._compressor(key[0])  # unknown compressors fail here, not later
                 values = [float(s) for s in entry["seconds"]]
                 groups[key] = deque(values[-self.config.per_key :], maxlen=self.config.per_key)
+                shares[key] = _checked_share(entry.get("nonzero_share", 1.0))
             fit_rows = None
             if state["fit_rows"] is not None:
                 fit_rows = [
-                    _Row(_key(r), float(r["seconds"]), int(r["weight"])) for r in state["fit_rows"]
+                    _Row(
+                        _key(r),
+                        float(r["seconds"]),
+                        int(r["weight"]),
+                        _checked_share(r.get("nonzero_share", 1.0)),
+                    )
+                    for r in state["fit_rows"]
                 ]
                 for row in fit_rows:
                     self._compressor(row.key[0])
@@ -594,6 +655,7 @@ class CostModel:
         self._contention = contention
         self._half_sum = half_sum
         self._groups = groups
+        self._shares = shares
         self._prior_scale = prior_scale
         for kind in _KINDS:
             self._errors[kind] = deque(errors[kind], maxlen=self.config.error_window)
@@ -648,6 +710,13 @@ def _check_header(state: Any) -> None:
         raise ValueError(
             f"cost model format version {version!r} is not supported (expected {FORMAT_VERSION})"
         )
+
+
+def _checked_share(value: Any) -> float:
+    share = float(value)
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"nonzero_share must be in [0, 1], got {value!r}")
+    return share
 
 
 def _key(entry: Mapping[str, Any]) -> _Key:

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from autocomp.compressors import Collective, Compressor, NoCompression, PowerSGD
+from autocomp.compressors import Collective, Compressor, NoCompression, PowerSGD, TopK
+from autocomp.compressors.sparse import selects_among_nonzeros
 
 __all__ = [
     "FALLBACK_PRIOR",
@@ -26,6 +27,7 @@ __all__ = [
     "payload_count",
     "prior_seconds",
     "samples_from_bench",
+    "selected_share",
 ]
 
 # ---- the analytic prior ------------------------------------------------------------------------
@@ -40,6 +42,8 @@ class Prior:
 
     where P is the number of payloads decoded per step: 1 for all-reduce compressors (one
     summed payload), the world size for all-gather compressors (one payload per rank).
+    When top-k selects among a share s of nonzero elements (``sparse.largest_indices``),
+    local_per_element loses select_per_element * (1 - s) and gains scan_per_element.
     """
 
     local_per_element_s: float
@@ -52,9 +56,20 @@ class Prior:
     """Per-payload decode overhead, seconds."""
     rank_per_element_s: float = 0.0
     """PowerSGD only: extra seconds per element per unit of rank (the matrix products)."""
+    select_per_element_s: float = 0.0
+    """Top-k only: the part of local_per_element_s that selects over every element."""
+    scan_per_element_s: float = 0.0
+    """Top-k only: counting and listing the nonzeros, when the selection runs among them."""
 
-    def seconds(self, numel: int, payloads: int, rank: int = 0) -> float:
-        per_element = self.local_per_element_s + payloads * self.decode_per_element_s
+    def seconds(
+        self, numel: int, payloads: int, rank: int = 0, selected_share: float | None = None
+    ) -> float:
+        """``selected_share``: the share of elements the selection runs among when it runs
+        among the nonzeros; None when it runs over all of them."""
+        local = self.local_per_element_s
+        if selected_share is not None:
+            local += self.scan_per_element_s - self.select_per_element_s * (1.0 - selected_share)
+        per_element = local + payloads * self.decode_per_element_s
         return (
             per_element * numel
             + self.local_fixed_s
@@ -78,11 +93,16 @@ PRIORS: dict[str, Prior] = {
     "int8": Prior(4.389e-09, 1.742e-04, 1.214e-09, 5.483e-05),
     "qsgd": Prior(1.311e-08, 2.130e-04, 1.633e-09, 6.829e-05),
     "sign": Prior(6.980e-09, 2.005e-04, 1.974e-09, 7.910e-05),
-    "topk": Prior(1.123e-08, 6.550e-05, 2.739e-10, 3.212e-05),
+    "topk": Prior(1.123e-08, 6.550e-05, 2.739e-10, 3.212e-05, 0.0, 8.09e-09, 1.12e-09),
     "randomk": Prior(7.701e-10, 3.098e-05, 2.414e-10, 9.652e-06),
     "powersgd": Prior(1.365e-09, 6.725e-05, 1.635e-10, 1.168e-05, 3.943e-11),
 }
-"""Analytic hook cost per compressor name (see the comment above for how it was measured)."""
+"""Analytic hook cost per compressor name (see the comment above for how it was measured).
+
+Top-k's selection terms were measured on 2026-11-28 on a 2-vCPU KVM guest (AVX2), one torch
+thread, ratio 0.01, 1Mi/4Mi/8Mi elements (``docs/benchmarks-sparse-topk-2026-11-28/``):
+``torch.topk`` took 70-74% of the dense hook's work (0.72 of local_per_element), and
+``count_nonzero`` plus ``nonzero`` on a 0.6%-nonzero tensor 6-13% of it (0.10)."""
 FALLBACK_PRIOR = Prior(1.3e-08, 2.1e-04, 2.0e-09, 8.0e-05)
 """Prior of compressors not in :data:`PRIORS`: about the slowest measured one (qsgd/sign)."""
 
@@ -97,8 +117,26 @@ def effective_rank(compressor: Compressor, shape: torch.Size) -> int:
     return 0
 
 
-def prior_seconds(compressor: Compressor, shape: torch.Size, world_size: int) -> float:
-    """Analytic hook cost of ``compressor`` on a layer of ``shape`` (0 for ``none``).
+def selected_share(
+    compressor: Compressor, numel: int, nonzero_share: float, device_type: str
+) -> float | None:
+    """The share of elements top-k's selection runs among on a gradient with
+    ``nonzero_share`` nonzeros (the test ``largest_indices`` applies); None: all of them."""
+    if not isinstance(compressor, TopK) or nonzero_share >= 1.0:
+        return None
+    share = max(0.0, nonzero_share)
+    return share if selects_among_nonzeros(numel, share * numel, device_type) else None
+
+
+def prior_seconds(
+    compressor: Compressor,
+    shape: torch.Size,
+    world_size: int,
+    nonzero_share: float = 1.0,
+    device_type: str = "cpu",
+) -> float:
+    """Analytic hook cost of ``compressor`` on a layer of ``shape`` (0 for ``none``) whose
+    gradient has ``nonzero_share`` of its elements nonzero, computed on ``device_type``.
 
     ``none`` costs nothing by definition: the hook hands its gradient to the all-reduce as is.
     Compressors without a measured prior get :data:`FALLBACK_PRIOR` (conservatively slow).
@@ -106,9 +144,13 @@ def prior_seconds(compressor: Compressor, shape: torch.Size, world_size: int) ->
     if type(compressor) is NoCompression:
         return 0.0
     prior = PRIORS.get(compressor.name, FALLBACK_PRIOR)
-    numel = torch.Size(shape).numel()
+    size = torch.Size(shape)
+    numel = size.numel()
     best_case = prior.seconds(
-        numel, payload_count(compressor, world_size), effective_rank(compressor, torch.Size(shape))
+        numel,
+        payload_count(compressor, world_size),
+        effective_rank(compressor, size),
+        selected_share(compressor, numel, nonzero_share, device_type),
     )
     return PRIOR_TYPICAL_FACTOR * best_case
 

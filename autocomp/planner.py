@@ -183,6 +183,7 @@ class WindowPlanner:
         config: Config,
         *,
         world_size: int,
+        device_type: str = "cpu",
         runlog: RunLog | None = None,
     ) -> None:
         self.rules = rules
@@ -196,7 +197,9 @@ class WindowPlanner:
         # One sample per step: a window of a few steps must be enough for a first fit.
         self.meter = BandwidthMeter(BandwidthMeter.Config(min_samples=min(8, max(2, window))))
         self.probe = LinkProbe(config.probe or LinkProbe.Config())
-        self.cost_model = CostModel(CostModel.Config(world_size=world_size, refit_every=64))
+        self.cost_model = CostModel(
+            CostModel.Config(world_size=world_size, refit_every=64, device_type=device_type)
+        )
         self.engine = PolicyEngine(rules, self.cost_model, target_overlap=config.target_overlap)
         self.payoff = PayoffCheck(
             PayoffCheck.Config(min_gain=rules.min_gain, revert_slack=rules.time_slack)
@@ -464,19 +467,24 @@ class WindowPlanner:
         alpha = self.config.error_smoothing
         for name in self.names:
             layer = m.layers[name]
-            if layer.hook_seconds > 0 and layer.spec != NONE_SPEC:
-                compressor = build_compressor(layer.spec)
-                self.cost_model.add_sample(compressor, self.shapes[name], layer.hook_seconds)
-            if layer.grad_norm is None:
-                continue
-            grad_norms[name] = layer.grad_norm
-            residual_norms[name] = layer.residual_norm or 0.0
             if layer.nonzero is not None and math.isfinite(layer.nonzero):
                 share = min(1.0, max(0.0, layer.nonzero))
                 old_share = self.nonzero_shares.get(name)
                 self.nonzero_shares[name] = (
                     share if old_share is None else old_share + alpha * (share - old_share)
                 )
+            if layer.hook_seconds > 0 and layer.spec != NONE_SPEC:
+                # Top-k's cost depends on the share it ran on (its selection).
+                self.cost_model.add_sample(
+                    build_compressor(layer.spec),
+                    self.shapes[name],
+                    layer.hook_seconds,
+                    self.nonzero_shares.get(name, 1.0),
+                )
+            if layer.grad_norm is None:
+                continue
+            grad_norms[name] = layer.grad_norm
+            residual_norms[name] = layer.residual_norm or 0.0
             running = self._running_since.get(name)
             if running is None or running[0] != layer.spec:
                 # First window with this spec: it ran from this window's first step at most.

@@ -108,6 +108,69 @@ def test_prior_powersgd_grows_with_rank_and_gather_with_world() -> None:
     assert CostModel().compress_seconds(build_compressor("none"), shape) == 0.0
 
 
+TABLE = torch.Size([1 << 17, 64])
+"""The n-gram task's hashed table: 8.4M elements, 0.5-0.6% of them nonzero in a gradient."""
+
+
+def test_topk_prior_prices_the_selection_among_a_sparse_gradients_nonzeros() -> None:
+    topk = build_compressor("topk:ratio=0.01")
+    dense = prior_seconds(topk, TABLE, 2)
+    sparse = prior_seconds(topk, TABLE, 2, nonzero_share=0.006)
+    prior = PRIORS["topk"]
+    # The selection over every element is replaced by a scan and a selection over 0.6%.
+    saved = (prior.select_per_element_s * (1 - 0.006) - prior.scan_per_element_s) * TABLE.numel()
+    assert sparse == pytest.approx(dense - 2.0 * saved)
+    assert sparse < 0.5 * dense
+    # Where largest_indices runs torch.topk over all elements, the price is the dense one:
+    # on CUDA, on small tensors, and on gradients more than a quarter nonzero.
+    assert prior_seconds(topk, TABLE, 2, 0.006, "cuda") == dense
+    small = torch.Size([128, 256])
+    assert prior_seconds(topk, small, 2, 0.006) == prior_seconds(topk, small, 2)
+    assert prior_seconds(topk, TABLE, 2, 0.3) == dense
+    assert prior_seconds(topk, TABLE, 2, 0.25) < dense
+    # Dense compressors do not select: the share does not move their price.
+    for spec in ("fp16", "powersgd:rank=4", "randomk:ratio=0.01", "int8"):
+        compressor = build_compressor(spec)
+        assert prior_seconds(compressor, TABLE, 2, 0.006) == prior_seconds(compressor, TABLE, 2)
+
+
+def test_cost_model_reads_the_share_and_keeps_it_with_the_measurement() -> None:
+    model = CostModel(CostModel.Config(min_fit_samples=2, refit_every=1))
+    topk = build_compressor("topk:ratio=0.01")
+    assert model.compress_seconds(topk, TABLE, 0.006) == prior_seconds(topk, TABLE, 2, 0.006)
+    assert model.compress_seconds_many([(topk, TABLE), (topk, TABLE)], [1.0, 0.006]) == [
+        model.compress_seconds(topk, TABLE),
+        model.compress_seconds(topk, TABLE, 0.006),
+    ]
+    with pytest.raises(ValueError, match="nonzero shares for"):
+        model.compress_seconds_many([(topk, TABLE)], [1.0, 0.5])
+    on_cuda = CostModel(CostModel.Config(device_type="cuda"))
+    assert on_cuda.compress_seconds(topk, TABLE, 0.006) == prior_seconds(topk, TABLE, 2)
+    # A top-k measured on the sparse table at its sparse price: the correction learned from
+    # it is 1, so an unmeasured layer of the same kind keeps its own prior (no 4x "speed-up"
+    # learned from comparing a sparse measurement with a dense prior).
+    sparse_price = prior_seconds(topk, TABLE, 2, 0.006)
+    model.add_sample(topk, TABLE, sparse_price, nonzero_share=0.006)
+    other = torch.Size([1 << 16, 64])
+    assert model.compress_seconds(topk, other) == pytest.approx(prior_seconds(topk, other, 2))
+    fp16 = build_compressor("fp16")
+    model.add_sample(fp16, other, prior_seconds(fp16, other, 2))
+    assert model.fitted
+    state = json.loads(json.dumps(model.state_dict()))
+    assert [g["nonzero_share"] for g in state["groups"]] == [0.006, 1.0]
+    clone = CostModel(model.config)
+    clone.load_state_dict(state)
+    for share in (1.0, 0.006, 0.1):
+        assert clone.compress_seconds(topk, other, share) == model.compress_seconds(
+            topk, other, share
+        )
+    state["groups"][0]["nonzero_share"] = 1.5
+    with pytest.raises(ValueError, match="nonzero_share must be in"):
+        clone.load_state_dict(state)
+    with pytest.raises(ValueError, match="nonzero_share must be in"):
+        model.add_sample(topk, TABLE, 0.1, nonzero_share=float("nan"))
+
+
 # ---- learning ----------------------------------------------------------------------------------
 
 

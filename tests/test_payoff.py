@@ -135,7 +135,9 @@ class _Link:
     def comm_seconds(self, collective: object, payload_bytes: int, world_size: int) -> float:
         return 1e-4 + payload_bytes / self.bandwidth_bytes_per_s
 
-    def compress_seconds(self, compressor: object, shape: torch.Size) -> float:
+    def compress_seconds(
+        self, compressor: object, shape: torch.Size, nonzero_share: float = 1.0
+    ) -> float:
         return 1e-3
 
     def contention_rate(self) -> float:

@@ -67,7 +67,9 @@ class FakeCostModel:
             return 2 * hops * self.alpha + 2 * hops / world_size * payload_bytes / bandwidth
         return hops * self.alpha + hops * payload_bytes / bandwidth
 
-    def compress_seconds(self, compressor: Compressor, shape: torch.Size) -> float:
+    def compress_seconds(
+        self, compressor: Compressor, shape: torch.Size, nonzero_share: float = 1.0
+    ) -> float:
         if compressor.name == "powersgd":
             return _POWERSGD_PER_RANK * int(compressor.config["rank"]) * shape.numel()
         return _PER_ELEMENT.get(compressor.name, 0.0) * shape.numel()
@@ -606,7 +608,9 @@ def test_input_validation() -> None:
         def comm_seconds(self, collective: Collective, payload_bytes: int, world: int) -> float:
             return 0.0
 
-        def compress_seconds(self, compressor: Compressor, shape: torch.Size) -> float:
+        def compress_seconds(
+            self, compressor: Compressor, shape: torch.Size, nonzero_share: float = 1.0
+        ) -> float:
             return 0.0
 
     with pytest.raises(TypeError, match="missing contention_rate, half_sum_seconds_per_elem"):

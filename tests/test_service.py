@@ -85,7 +85,9 @@ class _LinkCost:
             return 2 * hops * 50e-6 + 2 * hops / world_size * payload_bytes / bandwidth
         return hops * 50e-6 + hops * payload_bytes / bandwidth
 
-    def compress_seconds(self, compressor: Compressor, shape: torch.Size) -> float:
+    def compress_seconds(
+        self, compressor: Compressor, shape: torch.Size, nonzero_share: float = 1.0
+    ) -> float:
         return 0.0 if compressor.name == "none" else 2e-9 * shape.numel()
 
     def contention_rate(self) -> float:

@@ -492,7 +492,7 @@ class WhatIfModel:
             sending = measured.local_s
             final = sending * final_share / max(1e-12, 1.0 - decode_share)
             return sending, final, measured.decode_s * payload_count(compressor, world)
-        total = float(costs.compress_seconds(compressor, shape))
+        total = float(costs.compress_seconds(compressor, shape, layer.nonzero_share))
         return total * (1.0 - decode_share), total * final_share, total * decode_share
 
     # ---- evaluation ------------------------------------------------------------------------

@@ -34,6 +34,17 @@ SPARSE_SELECT_MAX_SHARE = 0.25
 list ``nonzero`` builds (8 bytes an entry) stays small beside the tensor."""
 
 
+def selects_among_nonzeros(numel: int, nonzero: float, device_type: str) -> bool:
+    """Whether :func:`largest_indices` selects among the nonzeros of a tensor of ``numel``
+    elements with ``nonzero`` of them nonzero on a ``device_type`` device (the cost model
+    prices top-k's selection by the same test)."""
+    return (
+        device_type == "cpu"
+        and numel >= SPARSE_SELECT_MIN_NUMEL
+        and nonzero <= SPARSE_SELECT_MAX_SHARE * numel
+    )
+
+
 def largest_indices(flat: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of ``k`` largest-magnitude entries of ``flat``, each index once.
 
@@ -45,10 +56,10 @@ def largest_indices(flat: torch.Tensor, k: int) -> torch.Tensor:
     ``nonzero`` would wait for the device, and ``topk`` is fast there: it is used as is.
     """
     numel = flat.numel()
-    if flat.device.type != "cpu" or numel < SPARSE_SELECT_MIN_NUMEL:
+    if not selects_among_nonzeros(numel, 0, flat.device.type):
         return torch.topk(flat.abs(), k, sorted=False).indices
     nonzero = int(torch.count_nonzero(flat))
-    if nonzero > SPARSE_SELECT_MAX_SHARE * numel:
+    if not selects_among_nonzeros(numel, nonzero, flat.device.type):
         return torch.topk(flat.abs(), k, sorted=False).indices
     chosen = flat.nonzero().squeeze(1)
     if nonzero >= k:

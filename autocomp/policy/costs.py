@@ -114,7 +114,8 @@ def option_cost(
     collective = compressor.collective
     base = latency.of(collective)
     extra = base / max(1.0, share)
-    work = max(0.0, float(latency.cost_model.compress_seconds(compressor, layer.shape)))
+    work = latency.cost_model.compress_seconds(compressor, layer.shape, layer.nonzero_share)
+    work = max(0.0, float(work))
     final_share, decode_share = compressor.work_shares(layer.shape)
     final_work, decode = work * final_share, work * decode_share
     sizes = compressor.round_wire_bytes(layer.shape, layer.dtype)

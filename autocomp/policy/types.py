@@ -63,8 +63,11 @@ class CostModelProtocol(Protocol):
         """Predicted time of one collective carrying ``payload_bytes`` per rank."""
         ...
 
-    def compress_seconds(self, compressor: Compressor, shape: torch.Size) -> float:
-        """Predicted compression work on the critical path for one tensor of ``shape``."""
+    def compress_seconds(
+        self, compressor: Compressor, shape: torch.Size, nonzero_share: float = 1.0
+    ) -> float:
+        """Predicted compression work on the critical path for one tensor of ``shape`` whose
+        gradient has ``nonzero_share`` of its elements nonzero (top-k's selection reads it)."""
         ...
 
     @property

@@ -54,7 +54,7 @@ from autocomp.exposure import overlap
 from autocomp.hook_state import HookState
 from autocomp.link_model import link_bytes
 from autocomp.link_probe import LinkProbe
-from autocomp.opening import ProbeRunner, calibrate, gradient_device
+from autocomp.opening import EmbeddingRows, ProbeRunner, calibrate, gradient_device
 from autocomp.planner import GLANCE_STEP, PlanUpdate, WindowPlanner
 from autocomp.policy.rules import PolicyRules
 from autocomp.policy.types import NONE_SPEC
@@ -255,6 +255,13 @@ class AdaptiveLoop:
         self._forward_started: float | None = None
         self.first_forward_seconds: float | None = None
         """Wall time of the first training forward (the opening's compute estimate)."""
+        dense = {
+            key: name
+            for key, name in state.param_names.items()
+            if name in state.slots and name not in set(state.sparse_names)
+        }
+        self.embedding_rows = None if ddp is None else EmbeddingRows(ddp.module, dense)
+        """The embedding tables' row shares of the first forward (the opening's)."""
         self._opened = False
 
     # ---- the planner's parts, for inspection and tests ------------------------------------------
@@ -383,6 +390,8 @@ class AdaptiveLoop:
             if self.first_forward_seconds is None and self._forward_started is not None:
                 self._sync_device()
                 self.first_forward_seconds = time.perf_counter() - self._forward_started
+                if self.embedding_rows is not None:
+                    self.embedding_rows.forward_done()
 
     def _sync_device(self) -> None:
         if self.device.type == "cuda":
@@ -392,6 +401,8 @@ class AdaptiveLoop:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if self.embedding_rows is not None:
+            self.embedding_rows.remove()
         self.state.profiler = None
         self.state.step_listener = None
         if self.runlog is not None:
@@ -635,6 +646,8 @@ class AdaptiveLoop:
         # look slow.
         sparse = set(self.state.sparse_names)
         self.planner.sparse_bytes = dict.fromkeys(sparse, 0)
+        if self.embedding_rows is not None:
+            self.planner.row_shares = dict(self.embedding_rows.shares)
         raw = sum(
             slot.shape.numel() * slot.dtype.itemsize
             for name, slot in self.state.slots.items()
@@ -668,6 +681,7 @@ class AdaptiveLoop:
                         "forward_seconds": slowest_forward,
                         "contention_seconds_per_byte": agreed.contention_seconds_per_byte,
                         "half_sum_seconds_per_element": list(agreed.half_sum_seconds_per_element),
+                        "row_shares": dict(self.planner.row_shares),
                     }
                 }
             )

@@ -233,6 +233,9 @@ class WindowPlanner:
         """Sparse gradients' bytes of rows and indices per step (the deciding rank's last
         step; set by the caller before :meth:`decide`), so the engine prices what they send,
         not their dense size."""
+        self.row_shares: dict[str, float] = {}
+        """Embedding tables' share of rows looked up by the first forward (``EmbeddingRows``):
+        the opening's nonzero share, before the hook has measured one."""
         self.force_none = False
         """Operator override: every layer uncompressed from the next boundary."""
         self.frozen = False

@@ -560,6 +560,8 @@ def _row_sparse(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:
         gen = torch.Generator().manual_seed(1000 * rank + step)
         tokens = torch.randint(0, 4096, (8, 4), generator=gen)
         rows |= {(step, int(t)) for t in tokens.reshape(-1)}
+        if step == 0:
+            first_rows = len(torch.unique(tokens))
         loss = torch.nn.functional.cross_entropy(ddp(tokens), tokens[:, 0] % 5)
         opt.zero_grad()
         loss.backward()
@@ -581,6 +583,8 @@ def _row_sparse(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:
         "share": ctl.adaptive.planner.nonzero_shares.get("table.weight"),
         "head_share": ctl.adaptive.planner.nonzero_shares.get("head.weight"),
         "rows_per_step": len(rows) / (5 * WINDOW),
+        "first_rows": first_rows,
+        "row_share": ctl.adaptive.planner.row_shares.get("table.weight"),
         "plan": dict(ctl.plan),
         "table_error": table_error,
     }
@@ -590,13 +594,17 @@ def test_an_embedding_tables_nonzero_share_reaches_the_policy(tmp_path: Path) ->
     """The hook samples each gradient's nonzero share, the window carries it to rank 0 and
     the planner hands it to the engine: an embedding table whose steps touch 0.8% of its
     rows is seen as such (the head as dense), and the switch to top-1% prices it at no
-    error, as it sends every nonzero."""
+    error, as it sends every nonzero. Before any gradient, the opening has the share of
+    rows the first forward looked up."""
     policy = tmp_path / "policy.toml"
     policy.write_text(POLICY.replace('"topk:ratio=0.1"', '"topk:ratio=0.01"'))
     results = run_ranks(_row_sparse, 2, tmp_path / "ranks", str(policy))
     out = results[0]
     true_share = out["rows_per_step"] / 4096
     assert out["share"] == pytest.approx(true_share, rel=0.1), out
+    # The opening had the first forward's rows (``EmbeddingRows``), each rank its own.
+    assert out["row_share"] == out["first_rows"] / 4096
+    assert results[1]["row_share"] == results[1]["first_rows"] / 4096
     assert out["head_share"] == pytest.approx(1.0)
     assert out["plan"]["table.weight"].startswith("topk:ratio=0.01"), out
     assert out["table_error"] == 0.0

@@ -3,7 +3,9 @@
 ``autocomp.planner.WindowPlanner`` on synthetic window measurements: the first look ends the
 warm-up when an uncompressed step costs 2x the compute-only step (and not otherwise; a second
 look catches a first step whose compute one-off costs inflated), the
-opening decides before step 0 from a link probe only when communication would dominate,
+opening decides before step 0 from a link probe only when communication would dominate
+(pricing top-k on an embedding table by the rows its first forward looked up, which
+``EmbeddingRows`` counts),
 measured relative errors are smoothed across windows and count only ``settle_steps`` after a
 switch, a layer that switched keeps its compressor for ``dwell_windows`` windows unless the
 link moves 2x or a switch made on a prior measures worse than that prior, measurements
@@ -19,7 +21,9 @@ import pytest
 import torch
 
 from autocomp.compressors import Collective, build_compressor
+from autocomp.opening import EmbeddingRows
 from autocomp.planner import WindowPlanner
+from autocomp.policy import load_policy
 from autocomp.policy.priors import ErrorPriors
 from autocomp.policy.rules import GuardRules, PolicyRules
 from autocomp.step_gap import StepGap
@@ -584,6 +588,87 @@ def test_the_opening_leaves_a_sparse_table_out() -> None:
     update = dense.open(_probe(50), 0.05, 2, none)
     assert update is not None
     assert update.plan[names.index("embed.weight")] == "none"  # pinned either way
+
+
+TABLE_SHAPES = {
+    "table.weight": torch.Size([1 << 17, 64]),
+    "mlp.0.weight": torch.Size([256, 64]),
+    "mlp.2.weight": torch.Size([256, 256]),
+}
+"""The n-gram task's model: a hashed 2^17 x 64 table and a small MLP head."""
+
+
+def test_the_opening_prices_top_k_on_the_rows_the_first_forward_looked_up() -> None:
+    """At 50 Mbit/s the opening priced top-1% on the table at its dense prior (0.95 error,
+    a selection over 8.4M elements) and put it on PowerSGD rank 4, as the n-gram task's runs
+    did before the look at step 2 moved it to top-1%. With the first forward's row share
+    (0.6%), top-1% sends every nonzero, and the opening takes it from step 0."""
+    names = list(TABLE_SHAPES)
+
+    def opened(row_shares: dict[str, float]) -> list[str]:
+        p = WindowPlanner(
+            load_policy("default"),
+            names,
+            TABLE_SHAPES,
+            dict.fromkeys(names, torch.float32),
+            [],
+            WindowPlanner.Config(window=10, warmup_steps=100),
+            world_size=2,
+        )
+        p.row_shares = row_shares
+        update = p.open(_probe(50), 0.02, 2, dict.fromkeys(names, "none"))
+        assert update is not None
+        return update.plan
+
+    assert opened({})[0].startswith("powersgd:rank=4")
+    assert opened({"table.weight": 0.006})[0].startswith("topk:ratio=0.01")
+
+
+class _Lookups(torch.nn.Module):
+    """Tables of every kind EmbeddingRows meets: plain (read twice), tied to the output
+    projection, with a padding row, sparse, a bag, and one left out of the wrapped names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plain = torch.nn.Embedding(1000, 4)
+        self.tied = torch.nn.Embedding(50, 4)
+        self.out = torch.nn.Linear(4, 50, bias=False)
+        self.out.weight = self.tied.weight
+        self.padded = torch.nn.Embedding(100, 4, padding_idx=0)
+        self.sparse = torch.nn.Embedding(100, 4, sparse=True)
+        self.bag = torch.nn.EmbeddingBag(400, 4, mode="sum")
+        self.unwrapped = torch.nn.Embedding(100, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.plain(ids) + self.plain(ids + 500) + self.tied(ids % 50)
+        h = h + self.padded(ids % 100) + self.sparse(ids % 100) + self.unwrapped(ids % 100)
+        return self.out(h.sum(1)) + self.out(self.bag(ids % 400))
+
+
+def test_embedding_rows_counts_the_first_training_forwards_distinct_rows() -> None:
+    model = _Lookups()
+    names = {id(p): n for n, p in model.named_parameters() if not n.startswith("unwrapped")}
+    rows = EmbeddingRows(model, names)
+    assert rows.watching
+    ids = torch.tensor([[0, 3, 3, 7], [100, 3, 250, 0]])
+    with torch.no_grad():
+        model(ids + 1)  # not a training step: not counted
+    model.eval()
+    model(ids + 2)  # evaluation: not counted
+    model.train()
+    model(ids)
+    rows.forward_done()
+    assert not rows.watching
+    model(ids + 9)  # after the first training forward: not counted
+    rows.forward_done()
+    # plain: {0, 3, 7, 100, 250} twice (two lookups add up); padded: {0, 3, 7, 50}, where row
+    # 0 is the padding row and gets no gradient;
+    # bag: {0, 3, 7, 100, 250}; tied, sparse and unwrapped tables are not watched.
+    assert rows.shares == {
+        "plain.weight": 10 / 1000,
+        "padded.weight": 3 / 100,
+        "bag.weight": 5 / 400,
+    }
 
 
 def test_measured_errors_are_smoothed_across_windows() -> None:

@@ -391,7 +391,7 @@ class AdaptiveLoop:
                 self._sync_device()
                 self.first_forward_seconds = time.perf_counter() - self._forward_started
                 if self.embedding_rows is not None:
-                    self.embedding_rows.forward_done()
+                    self.embedding_rows.forward_done(output)
 
     def _sync_device(self) -> None:
         if self.device.type == "cuda":

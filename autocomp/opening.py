@@ -107,12 +107,14 @@ class EmbeddingRows:
     moved it to top-1%, after two steps of a 2 MB factor. Counting the distinct indices of
     the first training forward gives the share before the backward.
 
-    Only tables whose weight no other module holds count: a tied output projection makes
-    the gradient dense. A weight also read outside its module (``F.linear(x, emb.weight)``)
-    is not seen; the opening then prices top-k as if the gradient were sparse, and the first
-    look, with the measured share, corrects it. Lookups of one table in one forward add up,
-    which can overstate its rows but not understate them. Sparse-gradient tables are never
-    compressed and are left out.
+    Only tables whose gradient comes from their lookups alone count. A tied output
+    projection makes the gradient dense: a weight another module holds is left out, and so
+    is one the forward also read outside its module (``x @ emb.weight.T``, the GPT LM's
+    head), found in the forward's autograd graph by counting the weight's uses against its
+    lookups. Under ``torch.compile`` that count sees a compiled region's uses as one; a wrong
+    share there lasts until the first look, which has the measured one. Lookups of one table
+    in one forward add up, which can overstate its rows but not understate them.
+    Sparse-gradient tables are never compressed and are left out.
     """
 
     def __init__(self, model: torch.nn.Module, names: dict[int, str]) -> None:
@@ -120,6 +122,8 @@ class EmbeddingRows:
         self.shares: dict[str, float] = {}
         """Rows looked up / rows per table, filled when the first training forward ends."""
         self._rows: dict[str, tuple[int, int]] = {}
+        self._lookups: Counter[str] = Counter()
+        self._weights: dict[int, str] = {}
         self._done = False
         holders = Counter(
             id(param) for module in model.modules() for param in module.parameters(recurse=False)
@@ -131,6 +135,7 @@ class EmbeddingRows:
             name = names.get(id(module.weight))
             if name is None or module.sparse or holders[id(module.weight)] != 1:
                 continue
+            self._weights[id(module.weight)] = name
             hook = partial(self._looked_up, name)
             disable = getattr(getattr(torch, "compiler", None), "disable", None)
             self._handles.append(module.register_forward_hook(disable(hook) if disable else hook))
@@ -159,16 +164,51 @@ class EmbeddingRows:
             looked_up -= 1  # the padding row gets no gradient
         seen, _ = self._rows.get(name, (0, module.num_embeddings))
         self._rows[name] = (seen + looked_up, module.num_embeddings)
+        self._lookups[name] += 1
 
-    def forward_done(self) -> None:
-        """The first training forward is over: fix the shares and remove the hooks."""
+    def forward_done(self, output: Any = None) -> None:
+        """The first training forward is over: fix the shares and remove the hooks.
+        ``output``: the forward's output, whose autograd graph shows other uses of a table."""
         if self._done:
             return
         self._done = True
         self.remove()
+        uses = self._uses(output) if self._rows else Counter()
         self.shares = {
-            name: min(1.0, looked_up / rows) for name, (looked_up, rows) in self._rows.items()
+            name: min(1.0, looked_up / rows)
+            for name, (looked_up, rows) in self._rows.items()
+            if uses[name] <= self._lookups[name]
         }
+
+    def _uses(self, output: Any) -> Counter[str]:
+        """How often the graph behind ``output`` reads each watched weight."""
+        uses: Counter[str] = Counter()
+        stack = [t.grad_fn for t in _tensors(output) if t.grad_fn is not None]
+        seen = set(stack)
+        while stack:
+            for node, _ in stack.pop().next_functions:
+                if node is None:
+                    continue
+                variable = getattr(node, "variable", None)  # AccumulateGrad: a leaf's use
+                if variable is not None:
+                    name = self._weights.get(id(variable))
+                    if name is not None:
+                        uses[name] += 1
+                elif node not in seen:
+                    seen.add(node)
+                    stack.append(node)
+        return uses
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors in a forward's output (nested tuples, lists and dicts)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _tensors(item)]
+    return []
 
 
 @dataclass(frozen=True, slots=True)

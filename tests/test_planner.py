@@ -626,7 +626,8 @@ def test_the_opening_prices_top_k_on_the_rows_the_first_forward_looked_up() -> N
 
 class _Lookups(torch.nn.Module):
     """Tables of every kind EmbeddingRows meets: plain (read twice), tied to the output
-    projection, with a padding row, sparse, a bag, and one left out of the wrapped names."""
+    projection, also read as a matrix (the GPT LM's head), with a padding row, sparse, a bag,
+    and one left out of the wrapped names."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -638,11 +639,14 @@ class _Lookups(torch.nn.Module):
         self.sparse = torch.nn.Embedding(100, 4, sparse=True)
         self.bag = torch.nn.EmbeddingBag(400, 4, mode="sum")
         self.unwrapped = torch.nn.Embedding(100, 4)
+        self.read = torch.nn.Embedding(60, 4)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         h = self.plain(ids) + self.plain(ids + 500) + self.tied(ids % 50)
         h = h + self.padded(ids % 100) + self.sparse(ids % 100) + self.unwrapped(ids % 100)
-        return self.out(h.sum(1)) + self.out(self.bag(ids % 400))
+        h = h + self.read(ids % 60)
+        head = (h.sum(1) @ self.read.weight.T)[:, :1]  # a dense gradient for read.weight
+        return self.out(h.sum(1)) + self.out(self.bag(ids % 400)) + head
 
 
 def test_embedding_rows_counts_the_first_training_forwards_distinct_rows() -> None:
@@ -656,14 +660,14 @@ def test_embedding_rows_counts_the_first_training_forwards_distinct_rows() -> No
     model.eval()
     model(ids + 2)  # evaluation: not counted
     model.train()
-    model(ids)
-    rows.forward_done()
+    rows.forward_done(model(ids))
     assert not rows.watching
     model(ids + 9)  # after the first training forward: not counted
     rows.forward_done()
     # plain: {0, 3, 7, 100, 250} twice (two lookups add up); padded: {0, 3, 7, 50}, where row
     # 0 is the padding row and gets no gradient;
-    # bag: {0, 3, 7, 100, 250}; tied, sparse and unwrapped tables are not watched.
+    # bag: {0, 3, 7, 100, 250}; tied, sparse and unwrapped tables are not watched, and the
+    # one also read as a matrix is dropped.
     assert rows.shares == {
         "plain.weight": 10 / 1000,
         "padded.weight": 3 / 100,

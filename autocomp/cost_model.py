@@ -53,7 +53,13 @@ from autocomp.compressors import (
 )
 from autocomp.compressors.powersgd import matrix_shape
 from autocomp.compressors.sparse import kept
-from autocomp.cost_prior import CostSample, effective_rank, payload_count, prior_seconds
+from autocomp.cost_prior import (
+    CostSample,
+    effective_rank,
+    payload_count,
+    prior_seconds,
+    selected_share,
+)
 from autocomp.link_model import LinkEstimate, latency_hops, link_bytes
 
 __all__ = [
@@ -317,6 +323,15 @@ class CostModel:
             compressor = self._compressors[spec] = build_compressor(spec)
         return compressor
 
+    def _priced_share(self, compressor: Compressor, shape: torch.Size, share: float) -> float:
+        """``share`` as the prior reads it: 1 where it does not change the price (every dense
+        path), else to two significant digits, so that a share smoothed anew each window
+        does not make a new cache entry each time."""
+        numel = shape.numel()
+        if selected_share(compressor, numel, share, self.config.device_type) is None:
+            return 1.0
+        return float(f"{share:.2g}")
+
     def _unscaled_prior(
         self, compressor: Compressor, shape: torch.Size, world_size: int, share: float
     ) -> float:
@@ -364,9 +379,10 @@ class CostModel:
         (``nonzero_shares``: one per pair; None: dense gradients)."""
         world = self.config.world_size
         resolved = [(self._compressor(c), torch.Size(shape)) for c, shape in items]
-        shares = [1.0] * len(resolved) if nonzero_shares is None else list(nonzero_shares)
-        if len(shares) != len(resolved):
-            raise ValueError(f"{len(shares)} nonzero shares for {len(resolved)} items")
+        given = [1.0] * len(resolved) if nonzero_shares is None else list(nonzero_shares)
+        if len(given) != len(resolved):
+            raise ValueError(f"{len(given)} nonzero shares for {len(resolved)} items")
+        shares = [self._priced_share(c, s, d) for (c, s), d in zip(resolved, given, strict=True)]
         out: list[float] = [0.0] * len(resolved)
         missing: list[int] = []
         for i, (compressor, shape) in enumerate(resolved):
@@ -446,7 +462,7 @@ class CostModel:
         shape = torch.Size(shape)
         if type(compressor) is NoCompression or not (math.isfinite(seconds) and seconds > 0):
             return
-        share = _checked_share(nonzero_share)
+        share = self._priced_share(compressor, shape, _checked_share(nonzero_share))
         predicted = self.compress_seconds(compressor, shape, share)
         self._errors["compress"].append((predicted, float(seconds)))
         key = (compressor.spec, tuple(shape), self.config.world_size)

@@ -144,6 +144,12 @@ def test_cost_model_reads_the_share_and_keeps_it_with_the_measurement() -> None:
     ]
     with pytest.raises(ValueError, match="nonzero shares for"):
         model.compress_seconds_many([(topk, TABLE)], [1.0, 0.5])
+    # The share moves a price only on top-k's sparse path, and there to two digits (the
+    # planner smooths it anew each window: no new cache entry for each value).
+    assert model.compress_seconds("fp16", TABLE, 0.3) == model.compress_seconds("fp16", TABLE)
+    assert model.compress_seconds(topk, TABLE, 0.00612) == model.compress_seconds(
+        topk, TABLE, 0.0061
+    )
     on_cuda = CostModel(CostModel.Config(device_type="cuda"))
     assert on_cuda.compress_seconds(topk, TABLE, 0.006) == prior_seconds(topk, TABLE, 2)
     # A top-k measured on the sparse table at its sparse price: the correction learned from

@@ -260,7 +260,9 @@ class AdaptiveLoop:
             for key, name in state.param_names.items()
             if name in state.slots and name not in set(state.sparse_names)
         }
-        self.embedding_rows = None if ddp is None else EmbeddingRows(ddp.module, dense)
+        # DDP wraps the model (``.module``); an FSDP2 model is the model itself.
+        model = getattr(ddp, "module", ddp)
+        self.embedding_rows = None if model is None else EmbeddingRows(model, dense)
         """The embedding tables' row shares of the first forward (the opening's)."""
         self._opened = False
 

@@ -54,7 +54,7 @@ from autocomp.exposure import overlap
 from autocomp.hook_state import HookState
 from autocomp.link_model import link_bytes
 from autocomp.link_probe import LinkProbe
-from autocomp.opening import EmbeddingRows, ProbeRunner, calibrate, gradient_device
+from autocomp.opening import EmbeddingRows, ProbeRunner, calibrate, gradient_device, untraced
 from autocomp.planner import GLANCE_STEP, PlanUpdate, WindowPlanner
 from autocomp.policy.rules import PolicyRules
 from autocomp.policy.types import NONE_SPEC
@@ -248,17 +248,18 @@ class AdaptiveLoop:
             []
             if ddp is None
             else [
-                ddp.register_forward_pre_hook(_forward_hook(self._on_forward_start)),
-                ddp.register_forward_hook(_forward_hook(self._on_forward_done)),
+                ddp.register_forward_pre_hook(untraced(self._on_forward_start)),
+                ddp.register_forward_hook(untraced(self._on_forward_done)),
             ]
         )
         self._forward_started: float | None = None
         self.first_forward_seconds: float | None = None
         """Wall time of the first training forward (the opening's compute estimate)."""
+        sparse_names = set(state.sparse_names)
         dense = {
             key: name
             for key, name in state.param_names.items()
-            if name in state.slots and name not in set(state.sparse_names)
+            if name in state.slots and name not in sparse_names
         }
         # DDP wraps the model (``.module``); an FSDP2 model is the model itself.
         model = getattr(ddp, "module", ddp)
@@ -847,10 +848,3 @@ def _node_link_rate(hierarchy: HierarchicalReduce) -> float | None:
     # A ring reduce-scatter or all-gather moves (L - 1) / L of the full buffer per rank.
     rates = [size * (parts - 1) / parts / seconds for size, seconds in samples]
     return statistics.median(rates)
-
-
-def _forward_hook(function: Any) -> Any:
-    """``function`` as a forward hook compiled code leaves alone (runs eagerly, untraced)."""
-    compiler = getattr(torch, "compiler", None)
-    disable = getattr(compiler, "disable", None)
-    return disable(function) if disable is not None else function

@@ -49,6 +49,7 @@ __all__ = [
     "calibrate",
     "gradient_device",
     "open_plan",
+    "untraced",
 ]
 
 OPENING_PROBE_START_BYTES = 64 * 1024
@@ -136,9 +137,8 @@ class EmbeddingRows:
             if name is None or module.sparse or holders[id(module.weight)] != 1:
                 continue
             self._weights[id(module.weight)] = name
-            hook = partial(self._looked_up, name)
-            disable = getattr(getattr(torch, "compiler", None), "disable", None)
-            self._handles.append(module.register_forward_hook(disable(hook) if disable else hook))
+            hook = untraced(partial(self._looked_up, name))
+            self._handles.append(module.register_forward_hook(hook))
 
     @property
     def watching(self) -> bool:
@@ -198,6 +198,13 @@ class EmbeddingRows:
                     seen.add(node)
                     stack.append(node)
         return uses
+
+
+def untraced(function: Any) -> Any:
+    """``function`` as a forward hook compiled code leaves alone (runs eagerly, untraced)."""
+    compiler = getattr(torch, "compiler", None)
+    disable = getattr(compiler, "disable", None)
+    return disable(function) if disable is not None else function
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

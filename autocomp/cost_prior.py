@@ -100,7 +100,8 @@ PRIORS: dict[str, Prior] = {
 """Analytic hook cost per compressor name (see the comment above for how it was measured).
 
 Top-k's selection terms were measured on 2026-11-28 on a 2-vCPU KVM guest (AVX2), one torch
-thread, ratio 0.01, 1Mi/4Mi/8Mi elements (``docs/benchmarks-sparse-topk-2026-11-28/``):
+thread, ratio 0.01, 1Mi/4Mi/8Mi elements
+(``docs/benchmarks-sparse-price-2026-11-28/topk_split.py``):
 ``torch.topk`` took 70-74% of the dense hook's work (0.72 of local_per_element), and
 ``count_nonzero`` plus ``nonzero`` on a 0.6%-nonzero tensor 6-13% of it (0.10)."""
 FALLBACK_PRIOR = Prior(1.3e-08, 2.1e-04, 2.0e-09, 8.0e-05)

@@ -13,6 +13,7 @@ plan and statistics. DDP's newer options (``skip_all_reduce_unused_params``,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,17 +45,37 @@ def _assert_learns_like(losses: list[float], uncompressed: list[float]) -> None:
     assert abs(end - reference) < 0.05, f"{end:.3f} against {reference:.3f} uncompressed"
 
 
+def _sgd(
+    ddp: DDP, steps: int, loss_at: Callable[[int], torch.Tensor], momentum: float = 0.0
+) -> list[float]:
+    """``steps`` SGD steps (lr 0.05) on ``loss_at(step)``; the losses."""
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=momentum)
+    losses = []
+    for step in range(steps):
+        opt.zero_grad()
+        loss = loss_at(step)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _classify(rank: int, ddp: DDP, *args: Any) -> Callable[[int], torch.Tensor]:
+    """The loss of ``ddp`` on this rank's classification batch of a step."""
+
+    def loss_at(step: int) -> torch.Tensor:
+        x, y = classification_batch(rank, step)
+        return nn.functional.cross_entropy(ddp(x, *args), y)
+
+    return loss_at
+
+
 def _train_multibucket(rank: int, static_graph: bool) -> torch.Tensor:
     torch.manual_seed(0)
     model = MultiBucketNet()
     ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB, static_graph=static_graph)
     ctl = autocomp.wrap(ddp, plan=EVERY_COMPRESSOR_PLAN)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    for step in range(STEPS):
-        x, y = classification_batch(rank, step)
-        opt.zero_grad()
-        nn.functional.cross_entropy(ddp(x), y).backward()
-        opt.step()
+    _sgd(ddp, STEPS, _classify(rank, ddp), momentum=0.9)
     ctl.close()
     return _flat(model)
 
@@ -95,17 +116,12 @@ def _unused(rank: int, world_size: int) -> dict[str, Any]:
         model = _BranchyNet()
         ddp = DDP(model, find_unused_parameters=True)
         ctl = None if plan == "ddp" else autocomp.wrap(ddp, plan={"*.weight": plan, "*": "none"})
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-        losses = []
-        for step in range(STEPS):
-            x, y = classification_batch(rank, step)
-            opt.zero_grad()
+
+        def loss_at(step: int, ddp: DDP = ddp) -> torch.Tensor:
             # Rank 0 uses ``side`` on even steps, rank 1 on steps divisible by 3.
-            use_side = step % (2 + rank) == 0
-            loss = nn.functional.cross_entropy(ddp(x, use_side), y)
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+            return _classify(rank, ddp, step % (2 + rank) == 0)(step)
+
+        losses = _sgd(ddp, STEPS, loss_at)
         if ctl is not None:
             ctl.close()
         out[plan] = {"params": _flat(model), "losses": losses}
@@ -159,15 +175,12 @@ def _channels_last(rank: int, world_size: int) -> dict[str, Any]:
             if p.grad is not None
         }
         strides = {name: p.grad.stride() for name, p in model.named_parameters()}
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-        losses = []
-        for step in range(STEPS):
+
+        def loss_at(step: int, ddp: DDP = ddp) -> torch.Tensor:
             x, y = _image_batch(rank, step)
-            opt.zero_grad()
-            loss = nn.functional.cross_entropy(ddp(x), y)
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+            return nn.functional.cross_entropy(ddp(x), y)
+
+        losses = _sgd(ddp, STEPS, loss_at, momentum=0.9)
         if ctl is not None:
             ctl.close()
         out[plan] = {"grads": grads, "strides": strides, "params": _flat(model), "losses": losses}
@@ -205,12 +218,7 @@ def _ignored(rank: int, world_size: int) -> dict[str, Any]:
             ctl = autocomp.wrap(ddp, plan={"*.weight": "powersgd:rank=2", "*": "none"})
         else:
             ctl = autocomp.wrap(ddp, target_overlap=0.9, window=5, warmup_steps=5)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-        for step in range(STEPS // 2):
-            x, y = classification_batch(rank, step)
-            opt.zero_grad()
-            nn.functional.cross_entropy(ddp(x, True), y).backward()
-            opt.step()
+        _sgd(ddp, STEPS // 2, _classify(rank, ddp, True))
         out[mode] = {
             "plan": sorted(ctl.plan),
             "stats": sorted(ctl.stats()["layers"]),
@@ -271,15 +279,7 @@ def _newer_options(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
             ctl = None
             if plan != "ddp":
                 ctl = autocomp.wrap(ddp, plan={"*": "none"} if plan == "none" else COMPRESSED)
-            opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-            losses = []
-            for step in range(STEPS // 2):
-                x, y = classification_batch(rank, step)
-                opt.zero_grad()
-                loss = nn.functional.cross_entropy(ddp(x, use_side), y)
-                loss.backward()
-                opt.step()
-                losses.append(loss.item())
+            losses = _sgd(ddp, STEPS // 2, _classify(rank, ddp, use_side), momentum=0.9)
             if ctl is not None:
                 ctl.close()
             out[f"{option}/{plan}"] = {

@@ -1,7 +1,7 @@
 # Scratch check (docs/benchmarks.md, twenty-first session): gpt, 2 gloo ranks, static plan vs
 # PyTorch's powerSGD_hook (one bucket) vs a send-nothing hook; cProfile rank 0 with PROF=1.
 # python psgd_gap.py hook|static|static1|limit STEPS [RATE e.g. 50mbit]  (PLAN=json, CLOCK=1,
-# NOOBS=1, NORUNLOG=1; run from /tmp with PYTHONPATH=<repo>, as root for a shaped link)
+# NOOBS=1, NORUNLOG=1, BUCKETS=1; run from /tmp with PYTHONPATH=<repo>, as root for a shaped link)
 """gpt on loopback, 2 gloo ranks: PyTorch powerSGD hook vs autocomp static psgd4; cProfile rank 0."""
 import cProfile, os, pstats, sys, time, io
 import torch, torch.distributed as dist
@@ -31,9 +31,10 @@ def run(rank, world, mode, store_path, steps, out):
         ddp = DDP(model, init_sync=False)
         ddp.register_comm_hook(None, send_nothing)
     else:
-        cap = 1000 if mode == "static1" else 25
-        ddp = DDP(model, bucket_cap_mb=cap, init_sync=False)
-        ctl = autocomp.wrap(ddp, plan=__import__("json").loads(os.environ.get("PLAN", '{"*": "powersgd:rank=4"}')), warmup_steps=2, **({"run_dir": False} if os.environ.get("NORUNLOG") else {"run_dir": "/tmp/s21/rl-%d" % rank}))
+        # bucket_cap_mb=None keeps DDP's small first bucket (torch 2.13 drops it when any
+        # cap is passed); static1 is one bucket.
+        ddp = DDP(model, bucket_cap_mb=1000 if mode == "static1" else None, init_sync=False)
+        ctl = autocomp.wrap(ddp, plan=__import__("json").loads(os.environ.get("PLAN", '{"*": "powersgd:rank=4"}')), warmup_steps=2, **({"run_dir": False} if os.environ.get("NORUNLOG") else {"run_dir": "/tmp/autocomp-gap-runlog-%d" % rank}))
     opt = task.make_optimizer(ddp.parameters())
     times = []
     prof = cProfile.Profile()
@@ -51,6 +52,9 @@ def run(rank, world, mode, store_path, steps, out):
             e = torch.tensor([time.perf_counter()], dtype=torch.float64)
             dist.all_reduce(e, op=dist.ReduceOp.MAX)
         times.append(time.perf_counter() - t0)
+    if rank == 0 and os.environ.get("BUCKETS"):
+        data = ddp._get_ddp_logging_data()
+        print({k: v for k, v in data.items() if "bucket" in k}, flush=True)
     if rank == 0:
         prof.disable()
         s = io.StringIO()

@@ -92,15 +92,21 @@ class PolicyEngine:
         """Hysteresis: the new plan must be this much more accurate than the current one,
         which is still acceptable, to replace it; in the knapsack each layer's current option
         looks this much cheaper and more accurate (ties keep the plan)."""
-        useless_error: float = 0.9
-        """Relative error at or above which an option sends almost nothing of the gradient."""
+        useless_error: float = 0.95
+        """Relative error at or above which an option sends almost nothing of the gradient.
+        Not 0.9: PowerSGD rank 4 measures 0.9-0.95 in use under error feedback (its prior
+        is 0.92) and still delivers 0.70-0.88 of an uncompressed step on the GPT LM. At 0.9
+        the rule took rank 4 off the GPT LM's attention projections for int8, which stepped
+        9-10% slower (docs/benchmarks.md, twenty-first session)."""
         much_better: float = 0.25
         """A near-useless option is dropped when another is this much more accurate
         (absolute relative error) and costs the layer at most the time slack more, the
         layers' extra costs together within that one slack."""
         hopeless_error: float = 0.95
         """Relative error at or above which a near-useless option sends nothing a layer can
-        train on: its drop gets the shared slack first, the worst first."""
+        train on: its drop gets the shared slack first, the worst first. At the default
+        ``useless_error`` every near-useless option is hopeless; the band below it is for
+        a caller that sets ``useless_error`` lower."""
         dwell_max_loss: float = 0.1
         """Dwell locks are dropped when the locked plan's predicted progress per second falls
         this fraction below the plan the search takes without them (the situation changed

@@ -67,7 +67,7 @@ class SearchConfig:
     """A plan hiding this fraction of its communication is acceptable too."""
     switch_margin: float = 0.15
     """Hysteresis of the current plan (see the module docstring)."""
-    useless_error: float = 0.9
+    useless_error: float = 0.95
     """Relative error at or above which an option sends almost nothing."""
     much_better: float = 0.25
     """How much lower another option's relative error must be to replace a useless one."""

@@ -1,6 +1,6 @@
 #!/bin/bash
-# Interleaved A/B of useless_error 0.9 (wt-old) and 0.95 (wt-new): mlp-lm and cnn at
-# 50 Mbit/s, adaptive, seeds 0-2.
+# Interleaved A/B of useless_error 0.9 (wt-old at 327f989) and 0.95 (wt-new at 0586597): gpt
+# at 200 Mbit/s, adaptive, seeds 0-2.
 set -u
 PTH=/work/main/.venv/lib/python3.11/site-packages/__editable__.autocomp-0.1.0.pth
 PY=/work/main/.venv/bin/python

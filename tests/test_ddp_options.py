@@ -118,8 +118,9 @@ def _unused(rank: int, world_size: int) -> dict[str, Any]:
         ctl = None if plan == "ddp" else autocomp.wrap(ddp, plan={"*.weight": plan, "*": "none"})
 
         def loss_at(step: int, ddp: DDP = ddp) -> torch.Tensor:
+            x, y = classification_batch(rank, step)
             # Rank 0 uses ``side`` on even steps, rank 1 on steps divisible by 3.
-            return _classify(rank, ddp, step % (2 + rank) == 0)(step)
+            return nn.functional.cross_entropy(ddp(x, step % (2 + rank) == 0), y)
 
         losses = _sgd(ddp, STEPS, loss_at)
         if ctl is not None:

@@ -20,7 +20,10 @@ when small):
     P_0[+rest_0] | Q_0+P_1[+rest_1] | ... | Q_{n-1}+P_n+rest_n, Q_n
 
 so it holds on gloo and NCCL with any number of buckets (PyTorch's own hook launches Q from a
-callback, which reorders across ranks when buckets complete in different orders). Bucket b's
+callback, which reorders across ranks when buckets complete in different orders). A bucket's
+other collectives (payload dtypes of their own, the all-gather) follow its first round; in the
+last bucket they are launched only once that round is done, since gloo would otherwise run them
+beside it and slow the round the step's tail waits for (:func:`launch_bucket`). Bucket b's
 future is completed by hand once its final round is decoded. The wait in bucket b+1's call
 is short when the backward between the two buckets covers the small P all-reduce; on CUDA it
 only orders the compute stream after the collective.
@@ -73,6 +76,7 @@ __all__ = [
     "encode_bucket",
     "exchange_now",
     "launch_bucket",
+    "launch_deferred",
     "launch_final_round",
     "launch_prepared_round",
     "on_stream",
@@ -110,6 +114,10 @@ class BucketWork:
     reduce_groups: list[tuple[torch.Tensor, list[_Part]]] = field(default_factory=list)
     gather_parts: list[_Part] = field(default_factory=list)
     gathered: torch.Tensor | None = None
+    deferred: list[torch.dtype | None] = field(default_factory=list)
+    """Collectives :func:`launch_bucket` left for after the wait for the first round, in
+    launch order: one all-reduce per payload dtype, then ``None`` for the gather."""
+    deferred_parts: dict[torch.dtype, list[_Part]] = field(default_factory=dict)
     round_parts: list[_Part] = field(default_factory=list)
     """Two-round layers: round 0 in ``round_flat``, the final round later in ``final_flat``."""
     round_flat: torch.Tensor | None = None
@@ -133,6 +141,8 @@ class BucketWork:
         self.reduce_groups = []
         self.gather_parts = []
         self.gathered = None
+        self.deferred = []
+        self.deferred_parts = {}
         self.round_parts = []
         self.round_flat = None
         self.round_future = None
@@ -239,7 +249,9 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
         raise
     # The last bucket's plain parts join its first round too: its final round waits for
     # that round at once, so nothing is gained by sending them apart.
-    launch_bucket(work, reduce_parts, profiler, carried=pending, merge_rest=is_last)
+    launch_bucket(
+        work, reduce_parts, profiler, carried=pending, merge_rest=is_last, defer_rest=is_last
+    )
     if pending is not None:
         complete_when_done(state, pending)
     if is_last:
@@ -279,7 +291,7 @@ def exchange_now(
     for a first round is reported to the profiler as exposed communication.
     """
     reduce_parts = encode_bucket(state, work, slots, offsets, sample)
-    launch_bucket(work, reduce_parts, state.profiler)
+    launch_bucket(work, reduce_parts, state.profiler, defer_rest=True)
     devices = [work.buffer.device] if work.buffer.is_cuda else None
     work.result = torch.futures.Future(devices=devices)
     if work.round_parts:
@@ -333,6 +345,7 @@ def launch_bucket(
     *,
     carried: BucketWork | None = None,
     merge_rest: bool = False,
+    defer_rest: bool = False,
 ) -> None:
     """Launch a bucket's first-round collectives, in an order that is a pure function of the
     plan and the bucket order: ``carried``'s final round (the previous bucket's, prepared by
@@ -346,6 +359,17 @@ def launch_bucket(
     Merging saves a collective's latency per bucket boundary: on the digits CNN's two DDP
     buckets (2 gloo ranks, loopback) the chain after the last bucket's hook call was four
     collectives (the previous final round, the first round, the plain parts, the final round).
+
+    ``defer_rest``: when this bucket has a first round and the caller waits for it at once
+    (the last bucket, :func:`exchange_now`), the collectives after the first round are
+    launched only once it is done (:func:`prepare_final_round`), in the same order. gloo runs
+    collectives of one group concurrently, so launched together they share the link with the
+    round the final round waits for, and every millisecond they take from it lands on the
+    step's tail (the GPT LM at 50 Mbit/s, int8 on three layers of the last bucket: its first
+    round took 35 ms beside the all-gather instead of 13 alone; docs/benchmarks.md). Launched
+    after the wait they run while the final round is computed, as the exposure model
+    assumes (one link serving collectives in launch order). On NCCL, whose collectives run
+    in launch order on one stream, the wait does not block the host and nothing changes.
     """
     lead: list[tuple[str, torch.Tensor]] = []
     if carried is not None:
@@ -384,12 +408,23 @@ def launch_bucket(
             else:
                 work.reduce_groups.append((view, reduce_parts[view.dtype]))
                 work.futures.append(fut)
-    for dtype in rest:
-        parts = reduce_parts[dtype]
-        flat = _flat(parts)
-        work.reduce_groups.append((flat, parts))
-        work.futures.append(_all_reduce(flat, work, profiler))
-    if work.gather_parts:
+    work.deferred = [*rest, None] if work.gather_parts else list(rest)
+    work.deferred_parts = {dtype: reduce_parts[dtype] for dtype in rest}
+    if not (defer_rest and work.round_parts):
+        launch_deferred(work, profiler)
+
+
+def launch_deferred(work: BucketWork, profiler: StepProfiler | None) -> None:
+    """Launch the collectives :func:`launch_bucket` queued after the first round: one
+    all-reduce per remaining payload dtype, sorted by name, then the gather."""
+    deferred, work.deferred = work.deferred, []
+    for dtype in deferred:
+        if dtype is not None:
+            parts = work.deferred_parts[dtype]
+            flat = _flat(parts)
+            work.reduce_groups.append((flat, parts))
+            work.futures.append(_all_reduce(flat, work, profiler))
+            continue
         local = torch.cat([p.encoding.payload for p in work.gather_parts])
         work.gathered = torch.empty(
             work.world * local.numel(), dtype=torch.uint8, device=local.device
@@ -398,6 +433,7 @@ def launch_bucket(
         work.futures.append(fut)
         if profiler is not None:
             profiler.collective(Collective.ALL_GATHER, local.numel() * work.link_share, fut)
+    work.deferred_parts = {}
 
 
 def sparse_bytes(tensor: torch.Tensor) -> int:
@@ -465,6 +501,9 @@ def prepare_final_round(state: HookState, work: BucketWork, blocks_backward: boo
         raise
     if profiler is not None and waiting is not None and blocks_backward:
         profiler.link_wait(waiting)
+    # What the bucket held back for after its first round goes on the link now, while the
+    # final round is computed (``launch_bucket``'s ``defer_rest``).
+    launch_deferred(work, profiler)
     try:
         start = 0
         payloads = []

@@ -360,3 +360,66 @@ def test_a_plain_bucket_costs_one_callback_and_is_still_timed(tmp_path: Path) ->
             "add_done_callback": 0,
         }
         assert result["records"] > 0 and result["stamped"]
+
+
+def _gather_after_first_round(rank: int, world_size: int) -> dict[str, Any]:
+    """One bucket (so the last) holding a PowerSGD layer and an int8 layer: record, at each
+    all-gather's launch, whether the all-reduces launched before it on this step are done
+    (their futures: gloo marks a work's future done before the work itself)."""
+    import time
+
+    import autocomp.hook as hook_module
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
+    ddp = DDP(model, bucket_cap_mb=None)  # one 1 MB first bucket holds the whole model
+    plan = {"0.weight": "powersgd:rank=2", "2.weight": "int8", "*": "none"}
+    ctl = autocomp.wrap(ddp, plan=plan)
+    real_all_reduce = dist.all_reduce
+    name = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+    real_gather = getattr(dist, name)
+    reduces: list[Any] = []
+    at_gather: list[bool] = []
+
+    def all_reduce(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        work = real_all_reduce(tensor, *args, **kwargs)
+        reduces.append(work.get_future())
+        return work
+
+    def all_gather(output: torch.Tensor, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        at_gather.append(bool(reduces) and all(fut.done() for fut in reduces))
+        return real_gather(output, tensor, *args, **kwargs)
+
+    hook_module.dist.all_reduce = all_reduce  # type: ignore[assignment]
+    setattr(hook_module.dist, name, all_gather)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    try:
+        for _ in range(4):
+            reduces.clear()
+            x, y = torch.randn(16, 32), torch.randint(0, 5, (16,))
+            loss = torch.nn.functional.cross_entropy(ddp(x), y)
+            if rank == 1:
+                # The other rank reaches its bucket late, so its first round cannot be done
+                # yet when this rank's hook returns from launching it.
+                time.sleep(0.2)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    finally:
+        hook_module.dist.all_reduce = real_all_reduce  # type: ignore[assignment]
+        setattr(hook_module.dist, name, real_gather)
+    return {
+        "at_gather": at_gather,
+        "buckets": len(ctl._state._layouts),
+        "params": _flat_params(model),
+    }
+
+
+def test_the_last_buckets_gather_waits_for_its_first_round(tmp_path: Path) -> None:
+    """gloo runs a group's collectives concurrently: an all-gather launched beside the last
+    bucket's first round would take link time from the round its final round waits for."""
+    results = run_ranks(_gather_after_first_round, 2, tmp_path)
+    assert torch.equal(results[0]["params"], results[1]["params"])
+    for result in results:
+        assert result["buckets"] == 1
+        assert result["at_gather"] == [True] * 4, [r["at_gather"] for r in results]

@@ -12,7 +12,10 @@ Definitions (docs/policy.md has the long form), for one step on one rank:
 - a group's ``comm_s`` is the service time of its collectives on the link (bandwidth term,
   latency, and the decode that follows them), ``work_s`` the compression work the hook does
   for it on the backward's thread (which delays everything after it);
-- the link serves groups in ready order, one at a time.
+- the link serves groups in ready order, one at a time, and a group's collectives in launch
+  order (NCCL's one stream does; gloo runs them side by side, so the hook launches the last
+  group's other collectives only once its first round is done:
+  :func:`autocomp.hook.launch_bucket`).
 
 Then, with groups indexed in ready order, ``W_{<=g}`` the work of groups up to g and
 ``C_{>=g}`` the communication of g and every group after it::

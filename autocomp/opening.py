@@ -68,8 +68,10 @@ larger pass could only read the link faster, and the opening would not act eithe
 loopback the n-gram model's probe grew to 32 MB and took 0.36 s of a 0.75 s opening."""
 CALIBRATION_SHAPE = torch.Size([1024, 1024])
 """The gradient shape each candidate is timed on."""
-CONTENTION_PAIRS = 3
-"""Timed pairs (compute alone, compute beside a transfer) of the contention probe."""
+CONTENTION_PAIRS = 7
+"""Timed pairs (compute alone, compute beside a transfer) of the contention probe. Three
+read 0-54 ns a byte over 15 repeats on one 50 Mbit/s link (one a 0, which prices every hidden
+transfer as free), seven 10-45 with none (docs/benchmarks.md, twenty-second session)."""
 CONTENTION_MIN_SLOWDOWN = 0.03
 """A median slowdown under this fraction of the compute alone reads as no contention."""
 CONTENTION_SECONDS = (0.01, 0.03)

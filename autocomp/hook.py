@@ -114,10 +114,10 @@ class BucketWork:
     reduce_groups: list[tuple[torch.Tensor, list[_Part]]] = field(default_factory=list)
     gather_parts: list[_Part] = field(default_factory=list)
     gathered: torch.Tensor | None = None
-    deferred: list[torch.dtype | None] = field(default_factory=list)
-    """Collectives :func:`launch_bucket` left for after the wait for the first round, in
-    launch order: one all-reduce per payload dtype, then ``None`` for the gather."""
-    deferred_parts: dict[torch.dtype, list[_Part]] = field(default_factory=dict)
+    deferred: dict[torch.dtype, list[_Part]] = field(default_factory=dict)
+    """All-reduce parts :func:`launch_bucket` left for :func:`launch_deferred`, one
+    collective per payload dtype in launch order; the gather, while ``gathered`` is None,
+    follows them."""
     round_parts: list[_Part] = field(default_factory=list)
     """Two-round layers: round 0 in ``round_flat``, the final round later in ``final_flat``."""
     round_flat: torch.Tensor | None = None
@@ -141,8 +141,7 @@ class BucketWork:
         self.reduce_groups = []
         self.gather_parts = []
         self.gathered = None
-        self.deferred = []
-        self.deferred_parts = {}
+        self.deferred = {}
         self.round_parts = []
         self.round_flat = None
         self.round_future = None
@@ -408,23 +407,20 @@ def launch_bucket(
             else:
                 work.reduce_groups.append((view, reduce_parts[view.dtype]))
                 work.futures.append(fut)
-    work.deferred = [*rest, None] if work.gather_parts else list(rest)
-    work.deferred_parts = {dtype: reduce_parts[dtype] for dtype in rest}
+    work.deferred = {dtype: reduce_parts[dtype] for dtype in rest}
     if not (defer_rest and work.round_parts):
         launch_deferred(work, profiler)
 
 
 def launch_deferred(work: BucketWork, profiler: StepProfiler | None) -> None:
-    """Launch the collectives :func:`launch_bucket` queued after the first round: one
-    all-reduce per remaining payload dtype, sorted by name, then the gather."""
-    deferred, work.deferred = work.deferred, []
-    for dtype in deferred:
-        if dtype is not None:
-            parts = work.deferred_parts[dtype]
-            flat = _flat(parts)
-            work.reduce_groups.append((flat, parts))
-            work.futures.append(_all_reduce(flat, work, profiler))
-            continue
+    """Launch what :func:`launch_bucket` queued after the first round and is not yet
+    launched: one all-reduce per remaining payload dtype, sorted by name, then the gather."""
+    deferred, work.deferred = work.deferred, {}
+    for parts in deferred.values():
+        flat = _flat(parts)
+        work.reduce_groups.append((flat, parts))
+        work.futures.append(_all_reduce(flat, work, profiler))
+    if work.gather_parts and work.gathered is None:
         local = torch.cat([p.encoding.payload for p in work.gather_parts])
         work.gathered = torch.empty(
             work.world * local.numel(), dtype=torch.uint8, device=local.device
@@ -433,7 +429,6 @@ def launch_deferred(work: BucketWork, profiler: StepProfiler | None) -> None:
         work.futures.append(fut)
         if profiler is not None:
             profiler.collective(Collective.ALL_GATHER, local.numel() * work.link_share, fut)
-    work.deferred_parts = {}
 
 
 def sparse_bytes(tensor: torch.Tensor) -> int:

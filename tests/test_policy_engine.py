@@ -104,11 +104,14 @@ def test_profile_is_16m_parameters() -> None:
 
 
 def engine(
-    mbit: float | None, rules: PolicyRules | None = None, target: float = TARGET
+    mbit: float | None,
+    rules: PolicyRules | None = None,
+    target: float = TARGET,
+    config: PolicyEngine.Config | None = None,
 ) -> PolicyEngine:
     cost = FakeCostModel(mbit)
     assert isinstance(cost, CostModelProtocol)
-    return PolicyEngine(rules or load_policy("default"), cost, target_overlap=target)
+    return PolicyEngine(rules or load_policy("default"), cost, target_overlap=target, config=config)
 
 
 def decide(mbit: float | None, **kwargs: object) -> object:
@@ -938,9 +941,9 @@ def test_a_near_useless_option_is_dropped_when_a_much_better_one_fits_the_slack(
     assert attn.spec == "powersgd:rank=4,ef=true"
     assert "not considered: powersgd:rank=1,ef=true (rel. error 0.96" in attn.reason
     # Without the rule (threshold above any error) the objective alone takes rank 1 there.
-    loose = PolicyEngine(
-        rules, FakeCostModel(50), target_overlap=TARGET, config=PolicyEngine.Config(useless_error=2)
-    ).decide(_attention_and_mlp(), timing, AFTER_WARMUP, WORLD)
+    loose = engine(50, rules, config=PolicyEngine.Config(useless_error=2)).decide(
+        _attention_and_mlp(), timing, AFTER_WARMUP, WORLD
+    )
     assert loose.layer("attn").spec == "powersgd:rank=1,ef=true"
     assert loose.layer("mlp").spec == "powersgd:rank=4,ef=true"
     # T* is taken over the options left, so the filter does not cost the MLP its rank.
@@ -975,12 +978,9 @@ def test_powersgd_rank4_in_use_error_is_not_near_useless() -> None:
     ]
     default = engine(50, rules).decide(layers, timing, AFTER_WARMUP, WORLD)
     assert "not considered" not in default.layer("proj").reason
-    strict = PolicyEngine(
-        rules,
-        FakeCostModel(50),
-        target_overlap=TARGET,
-        config=PolicyEngine.Config(useless_error=0.9),
-    ).decide(layers, timing, AFTER_WARMUP, WORLD)
+    strict = engine(50, rules, config=PolicyEngine.Config(useless_error=0.9)).decide(
+        layers, timing, AFTER_WARMUP, WORLD
+    )
     assert "not considered: powersgd:rank=4,ef=true (rel. error 0.92" in strict.layer("proj").reason
 
 
@@ -1047,9 +1047,7 @@ def test_a_hopeless_option_gets_the_slack_first() -> None:
         grad_norm=0.01,
         rel_error={"powersgd:rank=1": 0.97, "powersgd:rank=4": 0.6},
     )
-    decision = PolicyEngine(rules, FakeCostModel(50), target_overlap=TARGET, config=banded).decide(
-        [*layers, wide], timing, AFTER_WARMUP, WORLD
-    )
+    decision = engine(50, rules, config=banded).decide([*layers, wide], timing, AFTER_WARMUP, WORLD)
     assert decision.layer("wide").spec == "powersgd:rank=4,ef=true"
     assert (
         "not considered: powersgd:rank=1,ef=true (rel. error 0.97" in decision.layer("wide").reason
@@ -1058,11 +1056,8 @@ def test_a_hopeless_option_gets_the_slack_first() -> None:
         d for d in decision.layers if d.name.startswith("proj") and "not considered" in d.reason
     ]
     assert 0 < len(shared) < 12
-    loose = PolicyEngine(
-        rules,
-        FakeCostModel(50),
-        target_overlap=TARGET,
-        config=PolicyEngine.Config(useless_error=0.9, hopeless_error=2.0),
+    loose = engine(
+        50, rules, config=PolicyEngine.Config(useless_error=0.9, hopeless_error=2.0)
     ).decide([*layers, wide], timing, AFTER_WARMUP, WORLD)
     assert "not considered" not in loose.layer("wide").reason
 

@@ -10,7 +10,8 @@ candidate; tiny and 1-D tensors are never compressed; the plan changes when band
 1000 to 50 Mbit/s; candidates that would not compress a layer are skipped; measured relative
 errors override the priors; the overlap arithmetic (C, exposed, overlap, budget = H / t, the
 per-bucket latency) is as documented; every layer has a specific reason; identical inputs give
-identical, JSON-serializable decisions.
+identical, JSON-serializable decisions; a uniform gradient scale leaves the plan alone under
+every ``error_weight`` mode, and ``grad_l1`` weighs a layer by sqrt(numel) x its gradient norm.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from autocomp.policy import (
     StepTiming,
     load_policy,
 )
+from autocomp.policy.rules import error_weight
 
 ALPHA = 50e-6
 """Fake per-hop latency (seconds)."""
@@ -435,8 +437,9 @@ def test_measured_error_overrides_prior() -> None:
     )
     chosen = eng.decide([measured], timing, AFTER_WARMUP, WORLD).layers[0]
     assert chosen.spec == "topk:ratio=0.01,ef=true"
-    # rel^2 x numel x family weight
-    assert chosen.predicted_error == pytest.approx(0.1**2 * 1024 * 1024 * weight)
+    # rel^2 x the layer's weight (the policy's error_weight) x family weight
+    layer_weight = error_weight(rules.error_weight, measured.numel, measured.grad_norm)
+    assert chosen.predicted_error == pytest.approx(0.1**2 * layer_weight * weight)
     assert "rel. error 0.1;" in chosen.reason
 
 
@@ -467,7 +470,8 @@ def test_measured_errors_calibrate_unmeasured_siblings() -> None:
         chosen = eng.decide([layer], timing, AFTER_WARMUP, WORLD).layers[0]
         assert chosen.spec == build_compressor(spec).spec
         family = priors.progress_weight(build_compressor(spec))
-        assert chosen.predicted_error == pytest.approx(rel**2 * layer.numel * family), spec
+        layer_weight = error_weight(eng.rules.error_weight, layer.numel, layer.grad_norm)
+        assert chosen.predicted_error == pytest.approx(rel**2 * layer_weight * family), spec
     # In use and measured, rank 4 keeps its place against its calibrated sibling rank 1.
     eng = engine(200, PolicyRules(candidates=("none", "powersgd:rank=4", "powersgd:rank=1")))
     current = {"w": "powersgd:rank=4,ef=true"}
@@ -484,7 +488,8 @@ def test_measured_errors_calibrate_unmeasured_siblings() -> None:
     eng = engine(200, PolicyRules(candidates=("none", "topk:ratio=0.001")))
     chosen = eng.decide([both], timing, AFTER_WARMUP, WORLD).layers[0]
     expected_topk = priors.rel_error(build_compressor("topk:ratio=0.001"), shape) * topk_ratio
-    assert chosen.predicted_error == pytest.approx(expected_topk**2 * both.numel * 3.0)
+    both_weight = error_weight(eng.rules.error_weight, both.numel, both.grad_norm)
+    assert chosen.predicted_error == pytest.approx(expected_topk**2 * both_weight * 3.0)
 
 
 def test_error_priors_are_sane() -> None:
@@ -1289,7 +1294,8 @@ def test_a_slower_plan_wins_when_it_learns_more_per_second() -> None:
 
     # Predicted progress per second, as the search prices it: rank 4's plan is ahead.
     def rate(d: object) -> float:
-        total = sum(layer.numel for layer in layers)
+        mode = weighted.rules.error_weight
+        total = sum(error_weight(mode, layer.numel, layer.grad_norm) for layer in layers)
         mean = d.predicted_error / total  # type: ignore[attr-defined]
         return (1 - 0.2 * mean) / d.predicted_step_seconds  # type: ignore[attr-defined]
 
@@ -1351,9 +1357,13 @@ def test_a_row_sparse_table_goes_to_top_k_on_a_slow_link() -> None:
     timing = StepTiming(
         backward_seconds=0.2, hideable_seconds=0.15, step_seconds=0.28, compute_seconds=0.28
     )
-    model = engine(9.3)
+    # Weighed by size: under "grad_l1" the share also shrinks the table's own weight (its L1
+    # norm counts nonzeros only), which moves the other layers' trade; here only top-k's
+    # price is in question.
+    model = engine(9.3, PolicyRules(error_weight="numel"))
     blind = model.decide([table, *head], timing, AFTER_WARMUP, 2).layer("table.weight")
-    assert blind.predicted_error > 0.5 * table.numel, blind
+    table_weight = error_weight(model.rules.error_weight, table.numel, table.grad_norm)
+    assert blind.predicted_error > 0.5 * table_weight, blind
     sparse = dataclasses.replace(table, nonzero_share=0.006)
     seen = model.decide([sparse, *head], timing, AFTER_WARMUP, 2)
     assert seen.plan["table.weight"].startswith("topk:ratio=0.01"), seen.layer("table.weight")
@@ -1362,3 +1372,35 @@ def test_a_row_sparse_table_goes_to_top_k_on_a_slow_link() -> None:
         seen.plan["mlp.2.weight"]
         == model.decide([table, *head], timing, AFTER_WARMUP, 2).plan["mlp.2.weight"]
     )
+
+
+@pytest.mark.parametrize(("mode", "power"), [("numel", 0), ("grad_l1", 1), ("grad_norm", 2)])
+def test_a_uniform_gradient_scale_leaves_the_plan_alone(mode: str, power: int) -> None:
+    """Scaling every gradient norm alike (a loss-scale change) keeps the plan under every
+    ``error_weight`` mode, since the engine weighs errors against their total; each layer's
+    predicted error scales as the mode weighs the norm (L1: linearly)."""
+    rules = PolicyRules(error_weight=mode)
+
+    def run(scale: float) -> object:
+        profile = [dataclasses.replace(p, grad_norm=p.grad_norm * scale) for p in mlp_profile()]
+        return engine(200, rules).decide(profile, TIMING, AFTER_WARMUP, WORLD)
+
+    base, scaled = run(1.0), run(8.0)
+    assert scaled.plan == base.plan  # type: ignore[attr-defined]
+    assert any(base.plan[name] != "none" for name in BIG)  # type: ignore[attr-defined]
+    for name in BIG:
+        before = base.layer(name).predicted_error  # type: ignore[attr-defined]
+        after = scaled.layer(name).predicted_error  # type: ignore[attr-defined]
+        assert after == pytest.approx(before * 8.0**power, rel=1e-9)
+
+
+def test_grad_l1_weighs_a_layer_by_its_gradients_l1_norm() -> None:
+    """Under ``grad_l1`` a layer's predicted error is its squared relative error x
+    sqrt(numel) x its gradient norm; the same layer under ``numel`` weighs its size."""
+    name = "fc1.weight"
+    by_size = decide(200, rules=PolicyRules(error_weight="numel")).layer(name)  # type: ignore[attr-defined]
+    by_l1 = decide(200, rules=PolicyRules(error_weight="grad_l1")).layer(name)  # type: ignore[attr-defined]
+    assert by_size.spec == by_l1.spec != "none"
+    layer = next(p for p in mlp_profile() if p.name == name)
+    ratio = math.sqrt(layer.numel) * layer.grad_norm / layer.numel
+    assert by_l1.predicted_error == pytest.approx(by_size.predicted_error * ratio, rel=1e-9)

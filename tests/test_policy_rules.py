@@ -7,7 +7,8 @@ directory before the repository's ``policies/``, and the ValueError raised for e
 bad file: invalid TOML, unknown tables and keys (with a suggestion), wrong types (``true`` is
 not an integer), negative and out-of-range values, bad compressor specs in candidates and pins
 (with build_compressor's message), duplicate candidates, malformed pins, unsupported version;
-each message names the file and the key. Unknown presets list the available ones.
+each message names the file and the key. Unknown presets list the available ones. The
+``error_weight`` modes' per-layer weights.
 """
 
 from __future__ import annotations
@@ -313,3 +314,24 @@ def test_direct_construction_is_validated() -> None:
 def test_parse_policy_names_the_source() -> None:
     with pytest.raises(ValueError, match=r"^my source: "):
         parse_policy({"policy": {"min_numel": -1}}, name="x", source="my source")
+
+
+def test_error_weight_modes() -> None:
+    """Each ``error_weight`` mode's per-layer weight, and the opening's stand-in norm."""
+    numel, norm = 4096, 0.5
+    assert rules_module.error_weight("numel", numel, norm) == 4096.0
+    assert rules_module.error_weight("grad_norm", numel, norm) == 0.25
+    # sqrt(nonzero elements) x L2 norm: the L1 norm of a gradient whose entries are equal.
+    assert rules_module.error_weight("grad_l1", numel, norm) == pytest.approx(64 * 0.5)
+    assert rules_module.error_weight("grad_l1", numel, norm, 0.25) == pytest.approx(32 * 0.5)
+    equal = [1e-3] * numel
+    l2 = math.sqrt(math.fsum(g * g for g in equal))
+    assert rules_module.error_weight("grad_l1", numel, l2) == pytest.approx(math.fsum(equal))
+    # Before any gradient the opening uses a norm of sqrt(numel): every mode weighs by size.
+    for mode in rules_module.ERROR_WEIGHTS:
+        assert rules_module.error_weight(mode, numel, math.sqrt(numel)) == pytest.approx(numel)
+    with pytest.raises(ValueError, match="error_weight must be one of numel, grad_norm, grad_l1"):
+        rules_module.error_weight("l2", numel, norm)
+    with pytest.raises(ValueError, match=r"PolicyRules\.error_weight must be one of"):
+        PolicyRules(error_weight="l1")
+    assert PolicyRules(error_weight="grad_l1").error_weight == "grad_l1"

@@ -70,7 +70,7 @@ from autocomp.policy.engine import (
     StepTiming,
 )
 from autocomp.policy.priors import built
-from autocomp.policy.rules import PolicyRules, load_policy
+from autocomp.policy.rules import PolicyRules, error_weight, load_policy
 
 logger = logging.getLogger(__name__)
 
@@ -651,28 +651,24 @@ class WhatIfModel:
 
     def plan_error(self, plan: Mapping[str, str]) -> float:
         """sqrt(sum e_l^2 |g_l|^2 / sum |g_l|^2): a step's error in use over its gradient's norm."""
-        return math.sqrt(self._mean_squared_error(plan, by_norm=True, by_family=False))
+        return math.sqrt(self._mean_squared_error(plan, mode="grad_norm", by_family=False))
 
     def plan_progress(self, plan: Mapping[str, str]) -> float:
         """The share of an uncompressed step's progress one step of ``plan`` delivers:
         ``1 - error_cost x`` the weighted mean of ``w_f e_l^2``, as the engine prices error:
         layers weighed by the policy's ``error_weight``, ``w_f`` the family weight
         (``ErrorPriors.progress_weight_by_family``)."""
-        by_norm = self.rules.error_weight == "grad_norm"
-        mean = self._mean_squared_error(plan, by_norm=by_norm, by_family=True)
+        mean = self._mean_squared_error(plan, mode=self.rules.error_weight, by_family=True)
         return max(0.0, 1.0 - self.rules.error_cost * mean)
 
-    def _mean_squared_error(
-        self, plan: Mapping[str, str], *, by_norm: bool, by_family: bool
-    ) -> float:
-        """Mean of e_l^2 over the layers, weighed by |g_l|^2 or by parameter count, each
-        term times its family weight when ``by_family``."""
+    def _mean_squared_error(self, plan: Mapping[str, str], *, mode: str, by_family: bool) -> float:
+        """Mean of e_l^2 over the layers, each weighed as ``error_weight = mode`` weighs it
+        (:func:`~autocomp.policy.rules.error_weight`), each term times its family weight when
+        ``by_family``."""
         num = den = 0.0
         for name, layer in self.layers.items():
-            if by_norm:
-                weight = layer.grad_norm**2 if layer.grad_norm > 0 else 0.0
-            else:
-                weight = float(layer.numel)
+            norm = layer.grad_norm if layer.grad_norm > 0 else 0.0
+            weight = error_weight(mode, layer.numel, norm, layer.nonzero_share)
             den += weight
             spec = plan.get(name, "none")
             if spec != "none":

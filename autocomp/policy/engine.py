@@ -39,7 +39,7 @@ from autocomp.policy.explain import optimizer_decision
 from autocomp.policy.optimizer import LayerOption
 from autocomp.policy.priors import ErrorPriors, built, rel_error
 from autocomp.policy.progress import progress_rate
-from autocomp.policy.rules import Pin, PolicyRules, runtime_pins
+from autocomp.policy.rules import Pin, PolicyRules, error_weight, runtime_pins
 from autocomp.policy.search import BucketGroups, GroupLoad, Pending, SearchConfig, search
 from autocomp.policy.types import (
     NONE_SPEC,
@@ -463,7 +463,7 @@ class PolicyEngine:
         total_weight = math.fsum(self._weight(item.layer) for item in pending)
         if all(d is not None and d.spec == NONE_SPEC for d in chosen) or plain <= 0:
             return True, 0.0, plain
-        if total_weight <= 0:  # no gradient seen ("grad_norm" weights): nothing to weigh
+        if total_weight <= 0:  # no gradient seen (norm weights): nothing to weigh
             return True, 0.0, plain
         mean_err2 = math.fsum(d.predicted_error for d in chosen if d is not None) / total_weight
         required = self.rules.error_cost * mean_err2
@@ -672,9 +672,9 @@ class PolicyEngine:
 
     def _weight(self, layer: LayerProfile) -> float:
         """What one unit of squared relative error costs on this layer (``error_weight``)."""
-        if self.rules.error_weight == "grad_norm":
-            return layer.grad_norm**2
-        return float(layer.numel)
+        return error_weight(
+            self.rules.error_weight, layer.numel, layer.grad_norm, layer.nonzero_share
+        )
 
     def _bucket_count(self, layers: Sequence[LayerProfile]) -> int:
         if not layers:

@@ -137,8 +137,27 @@ class _Key:
         return number
 
 
-ERROR_WEIGHTS = ("numel", "grad_norm")
+ERROR_WEIGHTS = ("numel", "grad_norm", "grad_l1")
 """Values of the ``error_weight`` policy key."""
+
+
+def error_weight(mode: str, numel: int, grad_norm: float, nonzero_share: float = 1.0) -> float:
+    """What one unit of a layer's squared relative error costs under ``error_weight = mode``
+    (:attr:`PolicyRules.error_weight`): the layer's share of a step's progress, unnormalized.
+
+    ``"grad_l1"`` estimates the gradient's L1 norm as ``sqrt(nonzero elements) x`` its L2
+    norm (exact when the nonzero entries are equal in size). An Adam-type step moves each
+    parameter by about the learning rate along its gradient's sign, so a layer's first-order
+    loss decrease is about ``lr x ||g||_1``. A gradient norm of ``sqrt(numel)`` (the
+    opening's stand-in before any gradient is seen) weighs every mode like ``"numel"``."""
+    if mode == "grad_norm":
+        return grad_norm**2
+    if mode == "grad_l1":
+        return math.sqrt(numel * nonzero_share) * grad_norm
+    if mode == "numel":
+        return float(numel)
+    raise ValueError(f"error_weight must be one of {', '.join(ERROR_WEIGHTS)}, got {mode!r}")
+
 
 _POLICY_KEYS: dict[str, _Key] = {
     "description": _Key(str),
@@ -326,11 +345,12 @@ class PolicyRules:
     to shorten the step by ``error_cost`` x that mean, else those layers stay uncompressed.
     Measured per unit of squared error: PowerSGD rank 4 0.15-0.38, rank 16 ~0.07 (GPT and
     MLP LMs, docs/policy.md)."""
-    error_weight: str = "numel"
-    """How layers' compression errors add up: ``"numel"`` (relative error^2 x parameters:
-    every parameter's update counts alike, as under Adam-type optimizers, which normalize
-    each parameter's step) or ``"grad_norm"`` (relative error^2 x gradient norm^2: the
-    absolute error, right for plain SGD, where small gradients make small steps)."""
+    error_weight: str = "grad_l1"
+    """How layers' compression errors add up (:func:`error_weight`): ``"numel"`` (relative
+    error^2 x parameters: every parameter's update counts alike), ``"grad_l1"`` (x the
+    gradient's estimated L1 norm: an Adam-type step's first-order progress) or
+    ``"grad_norm"`` (x gradient norm^2: the absolute error, right for plain SGD, where small
+    gradients make small steps)."""
     target_overlap: float = 0.9
     """Default fraction of communication to hide behind backward compute."""
     replan_interval: int = 50

@@ -96,7 +96,7 @@ class LayerProfile:
     """Gradient dtype as it sits in the DDP bucket."""
     grad_norm: float
     """Recent L2 norm of the (averaged) gradient; weighs the layer's error under
-    ``error_weight = "grad_norm"``."""
+    ``error_weight = "grad_norm"`` and ``"grad_l1"``."""
     rel_error: Mapping[str, float] = field(default_factory=dict)
     """Measured ||C(g) - g|| / ||g|| by spec (smoothed over windows by the caller); missing
     specs fall back to :class:`~autocomp.policy.priors.ErrorPriors`."""

@@ -1,9 +1,10 @@
 """Relative compression errors per layer and option: measured where possible, else priors.
 
 A layer's option has the predicted squared error ``rel_error^2 * weight * family weight``,
-the weight being the layer's parameter count or its squared gradient norm (the
-``error_weight`` rule), the family weight what one unit of that family's squared error costs
-in per-step progress (:attr:`ErrorPriors.progress_weight_by_family`).
+the weight being the layer's share of a step's progress as the ``error_weight`` rule
+estimates it (:func:`autocomp.policy.rules.error_weight`), the family weight what one unit
+of that family's squared error costs in per-step progress
+(:attr:`ErrorPriors.progress_weight_by_family`).
 ``rel_error`` is the profiler's measured value for that spec
 (smoothed over windows by the caller) when there is one, else the :class:`ErrorPriors` value,
 scaled by how the layer's measured specs of the same family compare with their priors

@@ -1,6 +1,6 @@
 # Step-matched validation loss of static plans on gpt (loopback, 2 gloo ranks): what a plan
 # learns per step, apart from its speed. Plans in turn per seed, each a fresh model and
-# process pair. python perstep.py STEPS SEEDS   (PYTHONPATH=<repo>)
+# process pair. python perstep.py STEPS SEEDS [PLANS]   (PYTHONPATH=<repo>; WORK=dir for the JSON)
 import json, os, sys
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -11,6 +11,9 @@ PLANS = {
     "rank4": {"*": "powersgd:rank=4"},
     "fp16-mlp2": {"blocks.2.mlp.*weight": "fp16:ef=false", "*": "powersgd:rank=4"},
     "int8-proj": {"*out_proj.weight": "int8:chunk=256", "*": "powersgd:rank=4"},
+    # Twenty-third session (docs/benchmarks-l1-2026-11-28/perstep-embed-mlp0.json).
+    "int8-embed": {"embed.weight": "int8:chunk=256", "*": "powersgd:rank=4"},
+    "int8-mlp0": {"blocks.0.mlp.2.weight": "int8:chunk=256", "*": "powersgd:rank=4"},
 }
 
 
@@ -52,4 +55,5 @@ if __name__ == "__main__":
             mp.spawn(worker, args=(plan, steps, seed, store, out), nprocs=2)
             res.setdefault(plan, {})[seed] = json.load(open(out))
             print(plan, seed, res[plan][seed], flush=True)
-    json.dump(res, open(f"/tmp/s22/perstep-{'-'.join(only)}.json", "w"))
+    out_dir = os.environ.get("WORK", "/tmp/s22")
+    json.dump(res, open(f"{out_dir}/perstep-{'-'.join(only)}.json", "w"))

@@ -248,6 +248,8 @@ class WindowPlanner:
         self.rel_errors: dict[str, dict[str, float]] = {name: {} for name in self.names}
         """Smoothed measured relative error per layer and spec."""
         self.grad_norms: dict[str, float] = {}
+        self.grad_l1s: dict[str, float] = {}
+        """Last measured L1 norm of each layer's gradient (``error_weight = "grad_l1"``)."""
         self.nonzero_shares: dict[str, float] = {}
         """Smoothed nonzero share of each layer's gradient (top-k's prior reads it)."""
         self.last_decision: PolicyDecision | None = None
@@ -488,6 +490,8 @@ class WindowPlanner:
                 continue
             grad_norms[name] = layer.grad_norm
             residual_norms[name] = layer.residual_norm or 0.0
+            if layer.grad_l1 is not None and math.isfinite(layer.grad_l1):
+                self.grad_l1s[name] = layer.grad_l1
             running = self._running_since.get(name)
             if running is None or running[0] != layer.spec:
                 # First window with this spec: it ran from this window's first step at most.
@@ -593,6 +597,7 @@ class WindowPlanner:
                 shape=self.shapes[name],
                 dtype=self.dtypes[name],
                 grad_norm=self.grad_norms.get(name, 0.0),
+                grad_l1=self.grad_l1s.get(name),
                 rel_error=dict(self.rel_errors[name]),
                 nonzero_share=self.nonzero_shares.get(name, 1.0),
                 bucket=m.layers[name].bucket,
@@ -708,6 +713,7 @@ class WindowPlanner:
             "payoff": self.payoff.state_dict(),
             "rel_errors": {k: dict(v) for k, v in self.rel_errors.items()},
             "grad_norms": dict(self.grad_norms),
+            "grad_l1s": dict(self.grad_l1s),
             "nonzero_shares": dict(self.nonzero_shares),
             "force_none": self.force_none,
             "frozen": self.frozen,
@@ -731,6 +737,7 @@ class WindowPlanner:
         self.payoff.load_state_dict(state.get("payoff", {}))
         self.rel_errors = {name: dict(state["rel_errors"].get(name, {})) for name in self.names}
         self.grad_norms = dict(state["grad_norms"])
+        self.grad_l1s = {str(k): float(v) for k, v in state.get("grad_l1s", {}).items()}
         self.nonzero_shares = {str(k): float(v) for k, v in state.get("nonzero_shares", {}).items()}
         self.force_none = bool(state["force_none"])
         self.frozen = bool(state["frozen"])

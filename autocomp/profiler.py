@@ -62,6 +62,8 @@ class LayerSample:
     spec: str
     nonzero: float = 1.0
     """Fraction of the gradient's elements that are nonzero (estimated from a sample)."""
+    grad_l1: float | None = None
+    """L1 norm of the gradient (None: not measured by this sample's caller)."""
 
 
 @dataclass(slots=True)
@@ -74,6 +76,7 @@ class _PendingSample:
     """Norm of what the compressor lost (``x - estimate``); over ``x_norm`` the relative error."""
     x_norm: Norm
     nonzero: Norm = 1.0
+    grad_l1: Norm | None = None
 
 
 @dataclass(slots=True)
@@ -162,12 +165,14 @@ class WindowProfile:
 def _mean_sample(samples: list[LayerSample]) -> LayerSample:
     count = len(samples)
     errors = [s.rel_error for s in samples if s.rel_error is not None]
+    l1s = [s.grad_l1 for s in samples if s.grad_l1 is not None]
     return LayerSample(
         grad_norm=(sum(s.grad_norm**2 for s in samples) / count) ** 0.5,
         residual_norm=(sum(s.residual_norm**2 for s in samples) / count) ** 0.5,
         rel_error=sum(errors) / len(errors) if errors else None,
         spec=samples[-1].spec,
         nonzero=sum(s.nonzero for s in samples) / count,
+        grad_l1=sum(l1s) / len(l1s) if l1s else None,
     )
 
 
@@ -176,7 +181,7 @@ def _read_norms(pending: list[_PendingSample]) -> list[LayerSample]:
     tensors = [
         value
         for p in pending
-        for value in (p.grad_norm, p.residual_norm, p.error, p.x_norm, p.nonzero)
+        for value in (p.grad_norm, p.residual_norm, p.error, p.x_norm, p.nonzero, p.grad_l1)
         if isinstance(value, torch.Tensor)
     ]
     read: Iterator[float] = iter(
@@ -195,8 +200,9 @@ def _read_norms(pending: list[_PendingSample]) -> list[LayerSample]:
             value(p.x_norm),
             value(p.nonzero),
         )
+        l1 = None if p.grad_l1 is None else value(p.grad_l1)
         rel = error / x_norm if x_norm > 0 else 0.0
-        out.append(LayerSample(grad, residual, rel, p.spec, nonzero))
+        out.append(LayerSample(grad, residual, rel, p.spec, nonzero, l1))
     return out
 
 
@@ -363,11 +369,12 @@ class StepProfiler:
         error: Norm = 0.0,
         x_norm: Norm = 0.0,
         nonzero: Norm = 1.0,
+        grad_l1: Norm | None = None,
     ) -> None:
         """Record one sampled step's norms for a layer (device tensors are read at the window's
         end); the window reports their mean."""
         self._samples.append(
-            _PendingSample(name, spec, grad_norm, residual_norm, error, x_norm, nonzero)
+            _PendingSample(name, spec, grad_norm, residual_norm, error, x_norm, nonzero, grad_l1)
         )
 
     # ---- window ---------------------------------------------------------------------------

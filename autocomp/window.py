@@ -69,6 +69,9 @@ class LayerWindow:
     nonzero: float | None = None
     """Mean over ranks of the gradient's nonzero share (None: not sampled, or a recording
     from before it was measured)."""
+    grad_l1: float | None = None
+    """Mean over ranks and sampled steps of the gradient's L1 norm (None: not sampled, or a
+    recording from before it was measured)."""
 
 
 @dataclass(slots=True)
@@ -262,10 +265,11 @@ class WindowVector:
     window, loss sum, loss count), then per layer: grad norm^2, residual norm^2, has sample,
     rel error, hook seconds, hideable seconds after the layer's bucket is ready, the
     non-finite count (with a hierarchy only a layer's owners see it; summed, every rank's
-    count reaches rank 0's guards), and the gradient's nonzero share.
+    count reaches rank 0's guards), the gradient's nonzero share, its L1 norm, and whether
+    that was measured.
     """
 
-    PER_LAYER = 8
+    PER_LAYER = 10
     HEADER = 1 + len(TIMING_FIELDS) + 4
 
     def __init__(self, names: Sequence[str]) -> None:
@@ -306,6 +310,9 @@ class WindowVector:
                     values[base + 2] = 1.0
                     values[base + 3] = sample.rel_error or 0.0
                     values[base + 7] = sample.nonzero
+                    if sample.grad_l1 is not None:
+                        values[base + 8] = sample.grad_l1
+                        values[base + 9] = 1.0
                 values[base + 4] = profile.layer_seconds.get(name, 0.0)
                 bucket = bucket_of.get(name)  # a bucket unseen this window: the whole H
                 values[base + 5] = bucket_hideable.get(
@@ -362,6 +369,11 @@ class WindowVector:
                 residual_norm=math.sqrt(float(combined[base + 1]) / samples) if sampled else None,
                 rel_error=float(combined[base + 3]) / samples if sampled else None,
                 nonzero=float(combined[base + 7]) / samples if sampled else None,
+                grad_l1=(
+                    float(combined[base + 8]) / float(combined[base + 9])
+                    if float(combined[base + 9]) > 0
+                    else None
+                ),
                 hook_seconds=float(combined[base + 4]) / world,
                 bucket=bucket,
                 bucket_hideable_seconds=(

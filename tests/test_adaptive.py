@@ -587,14 +587,16 @@ def _row_sparse(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:
         "row_share": ctl.adaptive.planner.row_shares.get("table.weight"),
         "plan": dict(ctl.plan),
         "table_error": table_error,
+        "grad_l1": dict(ctl.adaptive.planner.grad_l1s),
+        "grad_norm": dict(ctl.adaptive.planner.grad_norms),
     }
 
 
 def test_an_embedding_tables_nonzero_share_reaches_the_policy(tmp_path: Path) -> None:
-    """The hook samples each gradient's nonzero share, the window carries it to rank 0 and
-    the planner hands it to the engine: an embedding table whose steps touch 0.8% of its
-    rows is seen as such (the head as dense), and the switch to top-1% prices it at no
-    error, as it sends every nonzero. Before any gradient, the opening has the share of
+    """The hook samples each gradient's nonzero share (and L1 norm), the window carries it to
+    rank 0 and the planner hands it to the engine: an embedding table whose steps touch 0.8%
+    of its rows is seen as such (the head as dense), and the switch to top-1% prices it at
+    no error, as it sends every nonzero. Before any gradient, the opening has the share of
     rows the first forward looked up."""
     policy = tmp_path / "policy.toml"
     policy.write_text(POLICY.replace('"topk:ratio=0.1"', '"topk:ratio=0.01"'))
@@ -609,3 +611,9 @@ def test_an_embedding_tables_nonzero_share_reaches_the_policy(tmp_path: Path) ->
     assert out["plan"]["table.weight"].startswith("topk:ratio=0.01"), out
     assert out["table_error"] == 0.0
     assert results[1]["plan"] == out["plan"]
+    # The measured L1 norms reach the planner too: between the L2 norm and sqrt(nonzero
+    # elements) x it (a step's 32 rows of 32 on the table, 5 x 32 on the head).
+    l1, l2 = out["grad_l1"], out["grad_norm"]
+    assert set(l1) == set(l2) == {"table.weight", "head.weight", "head.bias"}
+    assert 0.9 * l2["table.weight"] < l1["table.weight"] <= 32 * l2["table.weight"]
+    assert 0.9 * l2["head.weight"] < l1["head.weight"] <= 160**0.5 * l2["head.weight"]

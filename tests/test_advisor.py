@@ -458,6 +458,35 @@ def test_a_row_sparse_dense_gradient_prices_top_k_on_its_nonzeros() -> None:
         LayerInfo.from_dict({**table.to_dict(), "nonzero_share": 1.5}, "layer")
 
 
+def test_a_profiled_l1_norm_weighs_the_layer_and_round_trips() -> None:
+    """Under ``error_weight = "grad_l1"`` the what-if weighs a layer by the L1 norm the
+    profile recorded, as the engine weighs a measured one; a profile without it (recorded
+    before the field) falls back to the estimate sqrt(numel) x L2. The file keeps the field
+    only when present and refuses a negative one."""
+    profile = make_profile()
+    (model,) = profile.models
+    big = model.layer("big.weight")
+    estimate = math.sqrt(big.numel) * big.grad_norm
+    plan = {"big.weight": "powersgd:rank=4"}
+
+    def plan_progress(l1: float | None) -> float:
+        layers = tuple(
+            dataclasses.replace(layer, grad_l1=l1) if layer.name == "big.weight" else layer
+            for layer in model.layers
+        )
+        variant = dataclasses.replace(model, layers=layers)
+        return WhatIfModel(dataclasses.replace(profile, models=(variant,))).plan_progress(plan)
+
+    assert plan_progress(None) == pytest.approx(plan_progress(estimate), rel=1e-12)
+    # A tenth of the estimate: that layer's error counts for less against the other layers.
+    assert plan_progress(0.1 * estimate) > plan_progress(estimate)
+    layer = dataclasses.replace(big, grad_l1=12.5)
+    assert "grad_l1" not in big.to_dict()
+    assert LayerInfo.from_dict(layer.to_dict(), "layer").grad_l1 == 12.5
+    with pytest.raises(ProfileError, match="grad_l1"):
+        LayerInfo.from_dict({**layer.to_dict(), "grad_l1": -1.0}, "layer")
+
+
 def test_adaptive_plan_comes_from_the_policy_engine(whatif: WhatIfModel) -> None:
     slow = whatif.evaluate(scenario(0.1))
     assert slow.decision is not None
@@ -967,10 +996,11 @@ def test_gradients_of_a_parameter_unused_in_the_first_step_are_sampled_later() -
     # there; its norm and its compressor sample must come from the steps that used it.
     session = CaptureSession(steps=10, rank=0, min_numel=16, progress=False)
     capture = fake_capture(session, torch.nn.Sequential(torch.nn.Linear(8, 4, bias=False)))
-    norms = []
+    norms, l1s = [], []
     for step in range(3):
         grad = torch.zeros(32) if step == 0 else torch.randn(32)
         norms.append(float(grad.norm()))
+        l1s.append(float(grad.abs().sum()))
         run_forward(capture)
         run_backward(capture, grad)
     sample = capture.samples[(4, 8)]
@@ -980,6 +1010,8 @@ def test_gradients_of_a_parameter_unused_in_the_first_step_are_sampled_later() -
     model, _ = capture.profile()
     assert model is not None
     assert model.layer("0.weight").grad_norm == pytest.approx(expected, rel=1e-6)
+    # Its L1 norm (what error_weight = "grad_l1" weighs) comes from that same step.
+    assert model.layer("0.weight").grad_l1 == pytest.approx(l1s[1], rel=1e-6)
 
 
 class _ComplexThenReal(torch.nn.Module):

@@ -7,9 +7,10 @@ opening decides before step 0 from a link probe only when communication would do
 (pricing top-k on an embedding table by the rows its first forward looked up, which
 ``EmbeddingRows`` counts),
 measured relative errors are smoothed across windows and count only ``settle_steps`` after a
-switch, a layer that switched keeps its compressor for ``dwell_windows`` windows unless the
-link moves 2x or a switch made on a prior measures worse than that prior, measurements
-round-trip through JSON, and the planner's state survives a checkpoint.
+switch, measured gradient L1 norms reach the engine, a layer that switched keeps its
+compressor for ``dwell_windows`` windows unless the link moves 2x or a switch made on a
+prior measures worse than that prior, measurements round-trip through JSON, and the
+planner's state survives a checkpoint.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def measurement(
     errors: dict[str, float] | None = None,
     steps: int = 10,
     grad_norm: float = 1.0,
+    grad_l1: dict[str, float] | None = None,
 ) -> WindowMeasurement:
     """A window of uncompressed-size traffic on a link of ``mbit`` (2 ranks, one bucket)."""
     specs = specs or dict.fromkeys(NAMES, "none")
@@ -76,6 +78,7 @@ def measurement(
             hook_seconds=0.0,
             bucket=0,
             bucket_hideable_seconds=0.0,
+            grad_l1=(grad_l1 or {}).get(name),
         )
         for name in NAMES
     }
@@ -879,6 +882,28 @@ def test_measurements_round_trip_through_json() -> None:
     m.nonfinite = ["fc2.weight"]
     again = WindowMeasurement.from_dict(json.loads(json.dumps(m.to_dict())))
     assert again == m
+
+
+def test_the_measured_l1_norm_reaches_the_engine_and_a_checkpoint() -> None:
+    """The window's L1 norms go to the engine's layer profiles, and a window without them
+    (a layer not sampled, or a recording from before they were measured) keeps the last one
+    rather than falling back to the estimate: one decision never mixes the two scales."""
+    p = planner(warmup_steps=0)
+    current = dict.fromkeys(NAMES, "none")
+    l1 = {"fc1.weight": 300.0, "fc1.bias": 2.0, "fc2.weight": 120.0}
+    first = measurement(10, mbit=50, grad_l1=l1)
+    p.decide(first, current)
+    assert {lp.name: lp.grad_l1 for lp in p._profiles(first)} == l1
+    later = measurement(20, mbit=50)
+    p.decide(later, current)
+    assert {lp.name: lp.grad_l1 for lp in p._profiles(later)} == l1
+    restored = planner(warmup_steps=0)
+    restored.load_state_dict(json.loads(json.dumps(p.state_dict())))
+    assert restored.grad_l1s == l1
+    old_state = {k: v for k, v in p.state_dict().items() if k != "grad_l1s"}
+    older = planner(warmup_steps=0)
+    older.load_state_dict(old_state)  # a checkpoint from before they were measured
+    assert older.grad_l1s == {}
 
 
 def test_planner_state_survives_a_checkpoint() -> None:

@@ -1395,8 +1395,9 @@ def test_a_uniform_gradient_scale_leaves_the_plan_alone(mode: str, power: int) -
 
 
 def test_grad_l1_weighs_a_layer_by_its_gradients_l1_norm() -> None:
-    """Under ``grad_l1`` a layer's predicted error is its squared relative error x
-    sqrt(numel) x its gradient norm; the same layer under ``numel`` weighs its size."""
+    """Under ``grad_l1`` a layer's predicted error is its squared relative error x its
+    gradient's L1 norm: measured where the profile has it, else estimated as sqrt(numel) x
+    its gradient norm; the same layer under ``numel`` weighs its size."""
     name = "fc1.weight"
     by_size = decide(200, rules=PolicyRules(error_weight="numel")).layer(name)  # type: ignore[attr-defined]
     by_l1 = decide(200, rules=PolicyRules(error_weight="grad_l1")).layer(name)  # type: ignore[attr-defined]
@@ -1404,3 +1405,13 @@ def test_grad_l1_weighs_a_layer_by_its_gradients_l1_norm() -> None:
     layer = next(p for p in mlp_profile() if p.name == name)
     ratio = math.sqrt(layer.numel) * layer.grad_norm / layer.numel
     assert by_l1.predicted_error == pytest.approx(by_size.predicted_error * ratio, rel=1e-9)
+    # A measured L1 norm (a gradient that a few entries dominate: a fifth of the estimate)
+    # replaces the estimate.
+    measured = [
+        dataclasses.replace(p, grad_l1=0.2 * math.sqrt(p.numel) * p.grad_norm)
+        for p in mlp_profile()
+    ]
+    rules = PolicyRules(error_weight="grad_l1")
+    by_measured = engine(200, rules).decide(measured, TIMING, AFTER_WARMUP, WORLD).layer(name)  # type: ignore[arg-type]
+    assert by_measured.spec == by_l1.spec
+    assert by_measured.predicted_error == pytest.approx(0.2 * by_l1.predicted_error, rel=1e-9)

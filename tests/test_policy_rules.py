@@ -327,6 +327,11 @@ def test_error_weight_modes() -> None:
     equal = [1e-3] * numel
     l2 = math.sqrt(math.fsum(g * g for g in equal))
     assert rules_module.error_weight("grad_l1", numel, l2) == pytest.approx(math.fsum(equal))
+    # A measured L1 norm replaces the estimate; the other modes do not read it.
+    assert rules_module.error_weight("grad_l1", numel, norm, 0.25, grad_l1=7.5) == 7.5
+    assert rules_module.error_weight("grad_l1", numel, norm, grad_l1=0.0) == 0.0
+    assert rules_module.error_weight("numel", numel, norm, grad_l1=7.5) == 4096.0
+    assert rules_module.error_weight("grad_norm", numel, norm, grad_l1=7.5) == 0.25
     # Before any gradient the opening uses a norm of sqrt(numel): every mode weighs by size.
     for mode in rules_module.ERROR_WEIGHTS:
         assert rules_module.error_weight(mode, numel, math.sqrt(numel)) == pytest.approx(numel)

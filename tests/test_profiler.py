@@ -6,7 +6,9 @@ window summary must give the quantities docs/policy.md defines: backward and hid
 without the hook's own work, service times that do not charge queueing, exposed time after
 the last hook call, and per bucket the backward left once it was ready. A layer's cost is
 its hook work and its decode, per step the window closed. A gradient's sampled nonzero
-share (what top-k's prior reads) is estimated well on an embedding table's sparse rows.
+share (what top-k's prior reads) is estimated well on an embedding table's sparse rows; its
+L1 norm (what ``error_weight = "grad_l1"`` weighs) is exact in float32 and reaches the
+window vector as a mean over ranks.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import pytest
 import torch
 
 from autocomp.compressors import Collective
-from autocomp.hook_layer import nonzero_share
-from autocomp.profiler import StepProfiler
+from autocomp.hook_layer import float32_l1, nonzero_share
+from autocomp.profiler import LayerSample, StepProfiler, StepTimes, WindowProfile
 from autocomp.timing import HostClock
+from autocomp.window import WindowVector
 
 
 class Clock(HostClock):
@@ -197,6 +200,7 @@ def test_norms_read_once_per_window() -> None:
         error=torch.tensor(1.0),
         x_norm=torch.tensor(4.0),
         nonzero=torch.tensor(0.25),
+        grad_l1=float32_l1(grad),
     )
     prof.layer_sample("b", "none", grad_norm=2.0)
     clock.t = 1.0
@@ -210,6 +214,48 @@ def test_norms_read_once_per_window() -> None:
     assert window.layer_samples["b"].spec == "none"
     assert window.layer_samples["w"].nonzero == pytest.approx(0.25)
     assert window.layer_samples["b"].nonzero == 1.0
+    assert window.layer_samples["w"].grad_l1 == pytest.approx(7.0)
+    assert window.layer_samples["b"].grad_l1 is None  # not measured, not zero
+
+
+def test_l1_norm_accumulates_in_float32_and_reaches_the_window_as_a_mean_over_ranks() -> None:
+    """``float32_l1`` is exact where float16 would overflow and for a float64 gradient; the
+    window vector carries each rank's L1 norm to the sum and ``layers`` returns their mean,
+    or None for a layer no rank measured it on (a caller that records no L1)."""
+    half = torch.full((70_000,), 1.0, dtype=torch.float16)  # sum beyond float16's 65504
+    assert float(float32_l1(half)) == 70_000.0
+    assert float32_l1(half).dtype == torch.float32
+    doubles = torch.tensor([-1.5, 2.0, 0.25], dtype=torch.float64)
+    assert float(float32_l1(doubles)) == 3.75
+
+    names = ["w", "b"]
+    vector = WindowVector(names)
+    times = StepTimes(
+        step_seconds=1.0,
+        backward_seconds=0.5,
+        hideable_seconds=0.2,
+        comm_busy_seconds=0.3,
+        compress_seconds=0.0,
+        exposed_seconds=0.1,
+    )
+
+    def rank(l1: float) -> torch.Tensor:
+        samples = {
+            "w": LayerSample(
+                grad_norm=2.0, residual_norm=0.0, rel_error=0.1, spec="int8", grad_l1=l1
+            ),
+            "b": LayerSample(grad_norm=1.0, residual_norm=0.0, rel_error=None, spec="none"),
+        }
+        profile = WindowProfile(
+            steps=2, times=times, collectives=[], layer_seconds={}, layer_samples=samples
+        )
+        return vector.pack(profile, 0.0, 0, set(), {"w": 0, "b": 0})
+
+    combined = rank(30.0) + rank(50.0)
+    layers = vector.layers(combined, {"w": "int8", "b": "none"}, {"w": 0, "b": 0}, world=2)
+    assert layers["w"].grad_l1 == pytest.approx(40.0)
+    assert layers["w"].grad_norm == pytest.approx(2.0)
+    assert layers["b"].grad_l1 is None
 
 
 def test_nonzero_share_of_a_row_sparse_gradient() -> None:

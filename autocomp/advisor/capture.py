@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -168,6 +169,8 @@ class ModelCapture:
         """Completed backwards (last bucket handed to the hook): this model's steps."""
         self.grad_norms: dict[str, float] = {}
         """Norm of each parameter's averaged gradient in the first step where it is not zero."""
+        self.grad_l1s: dict[str, float] = {}
+        """The L1 norm of that same gradient."""
         self.nonzero_shares: dict[str, float] = {}
         """The nonzero share of that same gradient (``hook_layer.nonzero_share``)."""
         self._unseen: set[str] = set()
@@ -392,6 +395,11 @@ class ModelCapture:
         norm = float(torch.linalg.vector_norm(values, dtype=torch.float64))
         if norm > 0 or name not in self.grad_norms:
             self.grad_norms[name] = norm
+            l1 = float(torch.linalg.vector_norm(values, 1, dtype=torch.float64))
+            if math.isfinite(l1):
+                self.grad_l1s[name] = l1
+            else:  # weighed by the L2 estimate, as the policy weighs a profile without one
+                self.grad_l1s.pop(name, None)
         if norm > 0:
             self._unseen.discard(name)
         else:
@@ -494,6 +502,7 @@ class ModelCapture:
                 dtype=str(dtype).removeprefix("torch."),
                 bucket=bucket_of.get(name),
                 grad_norm=self.grad_norms.get(name, 0.0),
+                grad_l1=self.grad_l1s.get(name),
                 nonzero_share=self.nonzero_shares.get(name, 1.0),
                 sparse_bytes=(
                     round(statistics.median(self.sparse_bytes[name]))

@@ -21,7 +21,7 @@ Schema, version 1 (``?`` marks a value that may be null)::
       "models": [{                      # one per DistributedDataParallel the script built
         "index": 0, "module_class": "DigitsCNN",
         "layers": [{"name": "fc.weight", "shape": [256, 1024], "dtype": "float32",
-                    "bucket": 0?, "grad_norm": 0.12}],
+                    "bucket": 0?, "grad_norm": 0.12, "grad_l1": 40.1?}],
         "buckets": [{"index": 0, "params": ["fc.weight", ...], "bytes": 1049600,
                      "ready_s": 0.0021}],           # in the order they became ready
         "timing": {"steps_used": 4, "forward_s": ..., "backward_s": ...,
@@ -48,7 +48,8 @@ Timeline fields (``docs/policy.md`` defines backward, hideable and exposed time)
 own time removed, so they describe compute alone; ``compute_step_s`` is the measured step
 minus the exposed communication and the hook time (per step, then the median; at least
 forward + backward): the step a single rank would take. ``grad_norm`` is the norm of the averaged
-gradient in the first captured step where it is not zero.
+gradient in the first captured step where it is not zero, ``grad_l1`` its L1 norm (absent in
+profiles from before it was recorded).
 ``local_s`` is the hook work on the sending side of one layer (copy, residual, compress,
 error-feedback decode, write-back, commit), ``decode_s`` the decode of *one* received payload:
 an all-gather compressor decodes one per rank, an all-reduce one decodes one summed payload.
@@ -164,6 +165,8 @@ class LayerInfo:
     """DDP bucket index after DDP's first-iteration rebuild (None if never seen)."""
     grad_norm: float = 0.0
     """L2 norm of the averaged gradient, first non-zero step (weighs compression error)."""
+    grad_l1: float | None = None
+    """L1 norm of the same gradient (``error_weight = "grad_l1"``; None: not recorded)."""
     nonzero_share: float = 1.0
     """Fraction of the averaged gradient's elements that are nonzero, same step (an
     embedding table's is small, which top-k's error depends on)."""
@@ -201,6 +204,7 @@ class LayerInfo:
             "dtype": self.dtype,
             "bucket": self.bucket,
             "grad_norm": self.grad_norm,
+            **({} if self.grad_l1 is None else {"grad_l1": self.grad_l1}),
             **({} if self.nonzero_share == 1.0 else {"nonzero_share": self.nonzero_share}),
             **({} if self.sparse_bytes is None else {"sparse_bytes": self.sparse_bytes}),
         }
@@ -229,6 +233,7 @@ class LayerInfo:
             dtype=dtype,
             bucket=bucket,
             grad_norm=_number(data, "grad_norm", where),
+            grad_l1=None if data.get("grad_l1") is None else _number(data, "grad_l1", where),
             nonzero_share=float(share),
             sparse_bytes=sparse_bytes,
         )

@@ -468,6 +468,7 @@ class WhatIfModel:
                     shape=torch.Size(layer.shape),
                     dtype=layer.torch_dtype,
                     grad_norm=norm,
+                    grad_l1=layer.grad_l1,
                     rel_error=errors,
                     nonzero_share=layer.nonzero_share,
                     bucket=layer.bucket,
@@ -668,7 +669,7 @@ class WhatIfModel:
         num = den = 0.0
         for name, layer in self.layers.items():
             norm = layer.grad_norm if layer.grad_norm > 0 else 0.0
-            weight = error_weight(mode, layer.numel, norm, layer.nonzero_share)
+            weight = error_weight(mode, layer.numel, norm, layer.nonzero_share, layer.grad_l1)
             den += weight
             spec = plan.get(name, "none")
             if spec != "none":

@@ -673,7 +673,11 @@ class PolicyEngine:
     def _weight(self, layer: LayerProfile) -> float:
         """What one unit of squared relative error costs on this layer (``error_weight``)."""
         return error_weight(
-            self.rules.error_weight, layer.numel, layer.grad_norm, layer.nonzero_share
+            self.rules.error_weight,
+            layer.numel,
+            layer.grad_norm,
+            layer.nonzero_share,
+            layer.grad_l1,
         )
 
     def _bucket_count(self, layers: Sequence[LayerProfile]) -> int:

@@ -100,6 +100,9 @@ class LayerProfile:
     rel_error: Mapping[str, float] = field(default_factory=dict)
     """Measured ||C(g) - g|| / ||g|| by spec (smoothed over windows by the caller); missing
     specs fall back to :class:`~autocomp.policy.priors.ErrorPriors`."""
+    grad_l1: float | None = None
+    """Recent L1 norm of the gradient (measured on sampled steps; None before any, when
+    ``error_weight = "grad_l1"`` estimates it from ``grad_norm``)."""
     nonzero_share: float = 1.0
     """Fraction of the gradient's elements that are nonzero (measured on sampled steps; 1
     before any). Top-k at ratio r of a gradient with nonzero share d acts as top-(r/d) of
@@ -116,6 +119,8 @@ class LayerProfile:
             object.__setattr__(self, "shape", torch.Size(self.shape))
         if not math.isfinite(self.grad_norm) or self.grad_norm < 0:
             raise ValueError(f"{self.name}: grad_norm must be finite and >= 0")
+        if self.grad_l1 is not None and (not math.isfinite(self.grad_l1) or self.grad_l1 < 0):
+            raise ValueError(f"{self.name}: grad_l1 must be finite and >= 0")
         if not 0.0 <= self.nonzero_share <= 1.0:
             raise ValueError(f"{self.name}: nonzero_share must be in [0, 1]")
         if self.sparse_bytes is not None and self.sparse_bytes < 0:

@@ -30,23 +30,16 @@ __all__ = [
 ]
 
 
-def float32_norm(tensor: torch.Tensor) -> torch.Tensor:
-    """L2 norm of ``tensor`` as a 0-d float32 tensor, without a host sync.
+def float32_norm(tensor: torch.Tensor, ord: float = 2) -> torch.Tensor:
+    """The ``ord``-norm of ``tensor`` (L2 by default; L1 is what ``error_weight = "grad_l1"``
+    weighs a layer by) as a 0-d float32 tensor, without a host sync.
 
     Half-precision values accumulate in float32 (their squares overflow fp16). A float64
     gradient (a layer kept in double) is reduced in its own precision and then narrowed:
     ``vector_norm`` refuses a ``dtype`` narrower than its input."""
     if tensor.dtype == torch.float64:
-        return torch.linalg.vector_norm(tensor).float()
-    return torch.linalg.vector_norm(tensor, dtype=torch.float32)
-
-
-def float32_l1(tensor: torch.Tensor) -> torch.Tensor:
-    """L1 norm of ``tensor`` as a 0-d float32 tensor, without a host sync (accumulated as
-    :func:`float32_norm` accumulates): what ``error_weight = "grad_l1"`` weighs a layer by."""
-    if tensor.dtype == torch.float64:
-        return torch.linalg.vector_norm(tensor, ord=1).float()
-    return torch.linalg.vector_norm(tensor, ord=1, dtype=torch.float32)
+        return torch.linalg.vector_norm(tensor, ord).float()
+    return torch.linalg.vector_norm(tensor, ord, dtype=torch.float32)
 
 
 NONZERO_SAMPLE = 65_536
@@ -171,7 +164,7 @@ def begin_encoding(
     grad = grad.view(slot.shape)
     sampling = state.profiler is not None and state.profiler.sample_this_step
     grad_norm = float32_norm(grad) if sampling else 0.0
-    grad_l1 = float32_l1(grad) if sampling else 0.0
+    grad_l1 = float32_norm(grad, 1) if sampling else 0.0
     nonzero = nonzero_share(grad) if sampling else 1.0
     # With a residual, work in its own buffer: no allocation, one pass. Without one, only
     # error feedback needs a private float32 copy (it becomes the residual); every other
@@ -275,7 +268,7 @@ def sample_plain(slot: LayerSlot, grad: torch.Tensor, profiler: StepProfiler) ->
         slot.name,
         slot.compressor.spec,
         grad_norm=float32_norm(grad),
-        grad_l1=float32_l1(grad),
+        grad_l1=float32_norm(grad, 1),
         nonzero=nonzero,
     )
 

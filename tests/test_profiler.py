@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from autocomp.compressors import Collective
-from autocomp.hook_layer import float32_l1, nonzero_share
+from autocomp.hook_layer import float32_norm, nonzero_share
 from autocomp.profiler import LayerSample, StepProfiler, StepTimes, WindowProfile
 from autocomp.timing import HostClock
 from autocomp.window import WindowVector
@@ -200,7 +200,7 @@ def test_norms_read_once_per_window() -> None:
         error=torch.tensor(1.0),
         x_norm=torch.tensor(4.0),
         nonzero=torch.tensor(0.25),
-        grad_l1=float32_l1(grad),
+        grad_l1=float32_norm(grad, 1),
     )
     prof.layer_sample("b", "none", grad_norm=2.0)
     clock.t = 1.0
@@ -219,14 +219,15 @@ def test_norms_read_once_per_window() -> None:
 
 
 def test_l1_norm_accumulates_in_float32_and_reaches_the_window_as_a_mean_over_ranks() -> None:
-    """``float32_l1`` is exact where float16 would overflow and for a float64 gradient; the
-    window vector carries each rank's L1 norm to the sum and ``layers`` returns their mean,
-    or None for a layer no rank measured it on (a caller that records no L1)."""
+    """``float32_norm(t, 1)`` is exact where float16 would overflow and for a float64
+    gradient; the window vector carries each rank's L1 norm to the sum and ``layers``
+    returns their mean, or None for a layer no rank measured it on (a caller that records
+    no L1)."""
     half = torch.full((70_000,), 1.0, dtype=torch.float16)  # sum beyond float16's 65504
-    assert float(float32_l1(half)) == 70_000.0
-    assert float32_l1(half).dtype == torch.float32
+    assert float(float32_norm(half, 1)) == 70_000.0
+    assert float32_norm(half, 1).dtype == torch.float32
     doubles = torch.tensor([-1.5, 2.0, 0.25], dtype=torch.float64)
-    assert float(float32_l1(doubles)) == 3.75
+    assert float(float32_norm(doubles, 1)) == 3.75
 
     names = ["w", "b"]
     vector = WindowVector(names)

@@ -1,7 +1,7 @@
 """``autocomp.wrap_fsdp``: compressed replica all-reduce for FSDP2 on a (replicate, shard) mesh.
 
 Tier 1 (pure unit tests, no process group): argument checks, the default plan, payload
-packing. Tier 2 (4 local gloo ranks on a 2x2 mesh, spawned processes): with plan ``none`` the
+packing. Tier 2 (4 local gloo ranks on a 2x2 mesh, ``tests.multirank``): with plan ``none`` the
 parameters match FSDP2's native HSDP bit for bit; with compressors (PowerSGD's two rounds,
 a gathered topk, an fp16 all-reduce, an empty local shard) every replica of a shard stays
 bit-identical, the loss falls over 30 steps, and the bytes sent across the replicate dimension
@@ -81,7 +81,7 @@ def test_param_groups_read_both_fsdp2_layouts() -> None:
     assert _param_groups(SimpleNamespace()) == []
 
 
-# ---- tier 2: helpers (run inside the spawned ranks) ---------------------------------------
+# ---- tier 2: helpers (run inside the ranks) ---------------------------------------
 
 
 def _mesh() -> Any:

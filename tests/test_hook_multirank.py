@@ -1,4 +1,4 @@
-"""Tier 2: the unified comm hook on 2 and 4 local gloo ranks (spawned processes).
+"""Tier 2: the unified comm hook on 2 and 4 local gloo ranks (``tests.multirank``).
 
 Covers: every compressor keeps all ranks bit-identical and the loss falls, on a model whose
 gradients span several DDP buckets; all compressors mixed in one model; PowerSGD on every

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shlex
 import subprocess
 import sys
@@ -52,6 +51,7 @@ from autocomp_bench.harness import (
     exit_on_sigterm,
     parse_rates,
     snapshot_code,
+    worker_pythonpath,
 )
 from autocomp_bench.machine import tail
 from autocomp_bench.rates import default_schedule, estimate_run_seconds
@@ -220,9 +220,7 @@ def profile_workload(
     extra = {
         "PYTHONUNBUFFERED": "1",
         "OMP_NUM_THREADS": str(threads),
-        "PYTHONPATH": os.pathsep.join(
-            [str(code_dir), *filter(None, [os.environ.get("PYTHONPATH")])]
-        ),
+        "PYTHONPATH": worker_pythonpath(code_dir),
     }
     procs, logs = [], []
     started = time.monotonic()

@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +54,7 @@ __all__ = [
     "open_network",
     "parse_rates",
     "snapshot_code",
+    "worker_pythonpath",
 ]
 
 WORLD_SIZE = 2
@@ -223,6 +224,18 @@ def snapshot_code(root: Path) -> tuple[Path, str]:
     return target, digest.hexdigest()[:16]
 
 
+def worker_pythonpath(code_dir: Path | None, environ: Mapping[str, str] = os.environ) -> str:
+    """PYTHONPATH for a worker: the code snapshot first, then the caller's own entries, made
+    absolute. Workers start in their run directory (inside a namespace), where a relative
+    entry names nothing: ``PYTHONPATH=docs/x autocomp-bench tta --tasks extra`` found the
+    extra task in the parent and failed every run with "unknown task" in the workers."""
+    entries = [str(code_dir)] if code_dir is not None else []
+    entries += [
+        os.path.abspath(entry) for entry in environ.get("PYTHONPATH", "").split(os.pathsep) if entry
+    ]
+    return os.pathsep.join(entries)
+
+
 # ---- runs ------------------------------------------------------------------------------------
 
 
@@ -271,10 +284,9 @@ class Runner:
         argv = [sys.executable, "-m", WORKER_MODULE, str(config_path)]
         extra = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(cfg["threads"])}
         code_dir = self.config.code_dir
-        if code_dir is not None:
-            extra["PYTHONPATH"] = os.pathsep.join(
-                [str(code_dir), *filter(None, [os.environ.get("PYTHONPATH")])]
-            )
+        pythonpath = worker_pythonpath(code_dir)
+        if pythonpath:
+            extra["PYTHONPATH"] = pythonpath
         procs: list[Any] = []
         logs = []
         error: str | None = None

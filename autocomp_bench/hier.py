@@ -48,7 +48,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autocomp_bench.harness import GLOO_TIMEOUT_S, SEED, exit_on_sigterm, snapshot_code
+from autocomp_bench.harness import (
+    GLOO_TIMEOUT_S,
+    SEED,
+    exit_on_sigterm,
+    snapshot_code,
+    worker_pythonpath,
+)
 from autocomp_bench.hier_report import (
     count_word,
     hier_checks,
@@ -295,10 +301,9 @@ class HierBenchmark:
         config_path.write_text(json.dumps(cfg), encoding="utf-8")
         argv = [sys.executable, "-m", WORKER_MODULE, str(config_path)]
         extra = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(self.config.threads)}
-        if self.code_dir is not None:
-            extra["PYTHONPATH"] = os.pathsep.join(
-                [str(self.code_dir), *filter(None, [os.environ.get("PYTHONPATH")])]
-            )
+        pythonpath = worker_pythonpath(self.code_dir)
+        if pythonpath:
+            extra["PYTHONPATH"] = pythonpath
         addresses, interfaces = self.link.addresses, self.link.interfaces
         before = link_counters(self.link)
         busy_before, own_before = machine_busy_seconds(), own_cpu_seconds()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 
 from autocomp_bench import tta
-from autocomp_bench.harness import LoopbackNetwork, Rate, Runner
+from autocomp_bench.harness import LoopbackNetwork, Rate, Runner, worker_pythonpath
 from autocomp_bench.report import jsonable
 from autocomp_bench.tta_analysis import (
     Cell,
@@ -292,6 +293,21 @@ def test_timeout_covers_the_budget_and_slow_steps() -> None:
     assert fast > 60.0 + tta.STARTUP_S
     # Two uncompressed steps of 33 MB at 10 Mbit/s (about 29 s each) on top, with slack.
     assert slow - fast >= 2 * 26.4 * 1.5
+
+
+def test_workers_get_the_snapshot_then_the_callers_pythonpath_made_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers start in their run directory: a relative entry (an extra task's folder, say)
+    must reach them as the folder it named where the benchmark was started."""
+    monkeypatch.chdir(tmp_path)
+    snapshot = tmp_path / "code"
+    environ = {"PYTHONPATH": f"extra{os.pathsep}{os.pathsep}/abs/lib"}
+    entries = worker_pythonpath(snapshot, environ).split(os.pathsep)
+    assert entries == [str(snapshot), str(tmp_path / "extra"), "/abs/lib"]
+    assert worker_pythonpath(None, environ).split(os.pathsep) == entries[1:]
+    assert worker_pythonpath(snapshot, {}) == str(snapshot)
+    assert worker_pythonpath(None, {}) == ""
 
 
 def test_decision_trail_keeps_each_decisions_turns_in_brief() -> None:

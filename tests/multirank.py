@@ -57,6 +57,13 @@ def _entry(
     os.environ.update(environ)
     os.chdir(cwd)
     out = Path(workdir) / f"rank{rank}"
+    # Its stdout and stderr are the server's too (whichever test started it); send them to a
+    # file of this run, which a failure report quotes.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with open(out.with_suffix(".log"), "w") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
     try:
         torch.set_num_threads(1)
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -100,6 +107,9 @@ def run_ranks(
     Raises AssertionError with every failing rank's traceback, or naming the ranks that hung.
     """
     workdir.mkdir(parents=True, exist_ok=True)
+    for rank in range(world_size):  # a previous run's results in the same folder are not ours
+        for suffix in (".ok", ".err", ".log"):
+            (workdir / f"rank{rank}{suffix}").unlink(missing_ok=True)
     ctx = _rank_context()
     environ, cwd = dict(os.environ), os.getcwd()
     procs = [
@@ -123,17 +133,31 @@ def run_ranks(
         if proc.is_alive():
             proc.kill()
             proc.join()
-    errors = {
-        rank: (workdir / f"rank{rank}.err").read_text()
-        for rank in range(world_size)
-        if (workdir / f"rank{rank}.err").exists()
-    }
+    errors = rank_errors(workdir, world_size)
     if errors:
         details = "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in sorted(errors.items()))
         raise AssertionError(f"ranks {sorted(errors)} failed:\n{details}")
     if hung:
-        raise AssertionError(f"ranks {hung} did not finish within {timeout:.0f}s (hang)")
+        raise AssertionError(
+            f"ranks {hung} did not finish within {timeout:.0f}s (hang)\n"
+            + _log_tails(workdir, hung)
+        )
+    # Killed, or aborted in native code: no traceback was written, the output may say why.
+    died = [r for r in range(world_size) if not (workdir / f"rank{r}.ok").exists()]
+    if died:
+        codes = ", ".join(f"rank {r} exit {procs[r].exitcode}" for r in died)
+        raise AssertionError(f"ranks {died} gave no result ({codes})\n" + _log_tails(workdir, died))
     return [pickle.loads((workdir / f"rank{r}.ok").read_bytes()) for r in range(world_size)]
+
+
+def _log_tails(workdir: Path, ranks: list[int], lines: int = 40) -> str:
+    """The last lines each rank printed (stdout and stderr), for a failure report."""
+    parts = []
+    for rank in ranks:
+        log = workdir / f"rank{rank}.log"
+        text = log.read_text(errors="replace").splitlines()[-lines:] if log.exists() else []
+        parts.append(f"--- rank {rank} output (last {lines} lines) ---\n" + "\n".join(text))
+    return "\n".join(parts)
 
 
 def rank_errors(workdir: Path, world_size: int) -> dict[int, str]:

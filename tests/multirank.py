@@ -133,20 +133,29 @@ def run_ranks(
         if proc.is_alive():
             proc.kill()
             proc.join()
+    # Everything that went wrong, in one report: a rank that died can make another fail
+    # (gloo errors on a peer gone), and the report must still name the first.
     errors = rank_errors(workdir, world_size)
+    problems = []
     if errors:
         details = "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in sorted(errors.items()))
-        raise AssertionError(f"ranks {sorted(errors)} failed:\n{details}")
+        problems.append(f"ranks {sorted(errors)} failed:\n{details}")
     if hung:
-        raise AssertionError(
+        problems.append(
             f"ranks {hung} did not finish within {timeout:.0f}s (hang)\n"
             + _log_tails(workdir, hung)
         )
     # Killed, or aborted in native code: no traceback was written, the output may say why.
-    died = [r for r in range(world_size) if not (workdir / f"rank{r}.ok").exists()]
+    died = [
+        r
+        for r in range(world_size)
+        if r not in errors and r not in hung and not (workdir / f"rank{r}.ok").exists()
+    ]
     if died:
         codes = ", ".join(f"rank {r} exit {procs[r].exitcode}" for r in died)
-        raise AssertionError(f"ranks {died} gave no result ({codes})\n" + _log_tails(workdir, died))
+        problems.append(f"ranks {died} gave no result ({codes})\n" + _log_tails(workdir, died))
+    if problems:
+        raise AssertionError("\n".join(problems))
     return [pickle.loads((workdir / f"rank{r}.ok").read_bytes()) for r in range(world_size)]
 
 

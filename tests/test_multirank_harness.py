@@ -39,15 +39,18 @@ def _report_environment(rank: int, world_size: int, marker_file: str) -> dict[st
 def test_each_rank_gets_the_tests_environment_and_directory_and_runs_atexit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("AUTOCOMP_TEST_HARNESS_MARKER", "set by this test")
-    here = tmp_path / "cwd"
-    here.mkdir()
-    monkeypatch.chdir(here)
-    marker = tmp_path / "marker"
-    results = run_ranks(_report_environment, 2, tmp_path / "ranks", str(marker))
-    for rank, result in enumerate(results):
-        assert result == {"marker": "set by this test", "cwd": str(here), "sum": "3.0"}
-        assert marker.with_suffix(f".{rank}").read_text() == "atexit ran"
+    # Twice, with other values: the second run's ranks fork from a server that was already
+    # running (with the first run's environment, or an earlier test's) before they were set.
+    for run in ("first", "second"):
+        monkeypatch.setenv("AUTOCOMP_TEST_HARNESS_MARKER", f"set by the {run} run")
+        here = tmp_path / run
+        here.mkdir()
+        monkeypatch.chdir(here)
+        marker = tmp_path / f"marker-{run}"
+        results = run_ranks(_report_environment, 2, tmp_path / "ranks", str(marker))
+        for rank, result in enumerate(results):
+            assert result == {"marker": f"set by the {run} run", "cwd": str(here), "sum": "3.0"}
+            assert marker.with_suffix(f".{rank}").read_text() == "atexit ran"
 
 
 def _misbehave(rank: int, world_size: int, how: str) -> None:

@@ -104,7 +104,8 @@ def run_ranks(
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return their results.
 
-    Raises AssertionError with every failing rank's traceback, or naming the ranks that hung.
+    Raises AssertionError naming, in one message, every rank that raised (its traceback),
+    hung, or exited without a result (its exit code); the latter two with their output.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     for rank in range(world_size):  # a previous run's results in the same folder are not ours

@@ -193,8 +193,10 @@ TRAIL_REASON_CHARS = 200
 def decision_trail(history: list[Any]) -> list[dict[str, Any]]:
     """Rank 0's decisions in brief, for the JSON: when a cell lands on a different plan from
     one run to the next, the trail says which look or window took which turn and why (the
-    step, the solver, predicted, compute-only and measured steps, and per optimizer layer its
-    option, predicted seconds and reason)."""
+    step, the solver, predicted, compute-only and measured steps, what the window before it
+    measured (its compute-only step, link busy time, compression work, exposed time and bytes
+    sent per step, so a predicted step can be taken apart against the measured one), and per
+    optimizer layer its option, predicted seconds and reason)."""
     trail = []
     for record in history:
         decision = record.decision
@@ -217,7 +219,13 @@ def decision_trail(history: list[Any]) -> list[dict[str, Any]]:
                 "compute_step_s": decision.get("compute_seconds"),
                 "sync_s": decision.get("sync_seconds"),
                 "fastest_step_s": decision.get("fastest_step_seconds"),
+                "window_predicted_step_s": record.predicted_step_seconds,
                 "measured_step_s": record.step_seconds,
+                "measured_compute_s": record.compute_seconds,
+                "measured_comm_busy_s": record.comm_busy_seconds,
+                "measured_work_s": record.compress_seconds,
+                "measured_exposed_s": record.exposed_seconds,
+                "sent_bytes_per_step": record.bytes_per_step,
                 "bandwidth_bytes_per_s": decision.get("bandwidth_bytes_per_s"),
                 "layers": layers,
             }

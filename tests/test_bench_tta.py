@@ -312,8 +312,9 @@ def test_workers_get_the_snapshot_then_the_callers_pythonpath_made_absolute(
 
 def test_decision_trail_keeps_each_decisions_turns_in_brief() -> None:
     """The JSON keeps, per decision, the step, solver, predicted, compute-only and measured
-    steps and each optimizer layer's option with its reason (cut short); rule-placed layers
-    and records without a decision (other ranks) are left out."""
+    steps, the window's measured breakdown, and each optimizer layer's option with its reason
+    (cut short); rule-placed layers and records without a decision (other ranks) are left
+    out."""
     from types import SimpleNamespace
 
     long_reason = "least error within 3% of the fastest plan's step: " + "x" * 500
@@ -340,9 +341,17 @@ def test_decision_trail_keeps_each_decisions_turns_in_brief() -> None:
             },
         ],
     }
+    measured = {
+        "predicted_step_seconds": 1.30,
+        "compute_seconds": 0.61,
+        "comm_busy_seconds": 0.55,
+        "compress_seconds": 0.04,
+        "exposed_seconds": 0.72,
+        "bytes_per_step": 3.5e5,
+    }
     history = [
-        SimpleNamespace(step=1, step_seconds=1.43, decision=decision),
-        SimpleNamespace(step=2, step_seconds=1.15, decision=None),
+        SimpleNamespace(step=1, step_seconds=1.43, decision=decision, **measured),
+        SimpleNamespace(step=2, step_seconds=1.15, decision=None, **measured),
     ]
     trail = decision_trail(history)
     assert len(trail) == 1
@@ -350,6 +359,11 @@ def test_decision_trail_keeps_each_decisions_turns_in_brief() -> None:
     assert (entry["step"], entry["solver"], entry["measured_step_s"]) == (1, "slack", 1.43)
     assert entry["predicted_step_s"] == 0.71 and entry["fastest_step_s"] == 0.70
     assert entry["compute_step_s"] == 0.52
+    # What the window before the decision measured, beside what was predicted for it.
+    assert entry["window_predicted_step_s"] == 1.30
+    assert (entry["measured_compute_s"], entry["measured_comm_busy_s"]) == (0.61, 0.55)
+    assert (entry["measured_work_s"], entry["measured_exposed_s"]) == (0.04, 0.72)
+    assert entry["sent_bytes_per_step"] == 3.5e5
     assert list(entry["layers"]) == ["table"]
     spec, seconds, reason = entry["layers"]["table"]
     assert (spec, seconds) == ("topk", 0.674)

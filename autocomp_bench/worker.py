@@ -194,9 +194,10 @@ def decision_trail(history: list[Any]) -> list[dict[str, Any]]:
     """Rank 0's decisions in brief, for the JSON: when a cell lands on a different plan from
     one run to the next, the trail says which look or window took which turn and why (the
     step, the solver, predicted, compute-only and measured steps, what the window before it
-    measured (its compute-only step, link busy time, compression work, exposed time and bytes
-    sent per step, so a predicted step can be taken apart against the measured one), and per
-    optimizer layer its option, predicted seconds and reason)."""
+    measured (its compute-only step, backward and hideable backward, link busy time,
+    compression work, exposed time and bytes sent per step, so a predicted step can be taken
+    apart against the measured one), and per optimizer layer its option, predicted seconds
+    and reason)."""
     trail = []
     for record in history:
         decision = record.decision
@@ -222,6 +223,8 @@ def decision_trail(history: list[Any]) -> list[dict[str, Any]]:
                 "window_predicted_step_s": record.predicted_step_seconds,
                 "measured_step_s": record.step_seconds,
                 "measured_compute_s": record.compute_seconds,
+                "measured_backward_s": record.backward_seconds,
+                "measured_hideable_s": record.hideable_seconds,
                 "measured_comm_busy_s": record.comm_busy_seconds,
                 "measured_work_s": record.compress_seconds,
                 "measured_exposed_s": record.exposed_seconds,

@@ -344,6 +344,8 @@ def test_decision_trail_keeps_each_decisions_turns_in_brief() -> None:
     measured = {
         "predicted_step_seconds": 1.30,
         "compute_seconds": 0.61,
+        "backward_seconds": 0.33,
+        "hideable_seconds": 0.27,
         "comm_busy_seconds": 0.55,
         "compress_seconds": 0.04,
         "exposed_seconds": 0.72,
@@ -364,6 +366,7 @@ def test_decision_trail_keeps_each_decisions_turns_in_brief() -> None:
     assert (entry["measured_compute_s"], entry["measured_comm_busy_s"]) == (0.61, 0.55)
     assert (entry["measured_work_s"], entry["measured_exposed_s"]) == (0.04, 0.72)
     assert entry["sent_bytes_per_step"] == 3.5e5
+    assert (entry["measured_backward_s"], entry["measured_hideable_s"]) == (0.33, 0.27)
     assert list(entry["layers"]) == ["table"]
     spec, seconds, reason = entry["layers"]["table"]
     assert (spec, seconds) == ("topk", 0.674)

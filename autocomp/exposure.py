@@ -43,10 +43,7 @@ by it while the link is busy. :func:`simulate` replays all of it event by event 
 the policy and the advisor use; it equals the closed form when no group has a second round,
 the last group decodes nothing, and the contention is 0.
 The measured counterpart is :func:`measured_exposed` (the profiler's timestamps, the stalls
-included) and :func:`overlap`. A measured backward already carries the stretch of the plan
-that ran: :func:`unstretched` takes it out before the replay puts each plan's own back in
-(else a plan's traffic lengthens the hideable time the next decision sees, and heavy plans
-look hidden because they ran).
+included) and :func:`overlap`.
 """
 
 from __future__ import annotations
@@ -67,7 +64,6 @@ __all__ = [
     "measured_exposed",
     "overlap",
     "simulate",
-    "unstretched",
 ]
 
 
@@ -289,26 +285,3 @@ def compute_seconds(step_s: float, exposed_s: float, work_s: float, backward_s: 
     """The compute-only step implied by a measured step: what is left once communication's
     additions are taken out (never below the backward itself)."""
     return max(backward_s, step_s - max(0.0, exposed_s) - max(0.0, work_s))
-
-
-def unstretched(measured_s: float, busy_s: float, contention: float) -> float:
-    """Backward compute behind a measured stretch of it: the inverse of :func:`simulate`'s.
-
-    ``measured_s`` is wall time of backward compute (hideable time, a bucket's hideable time,
-    or the compute-only step) measured while the link was busy ``busy_s`` seconds in all;
-    ``contention`` the backward seconds lost per busy link second. The link is taken as busy
-    from the start of the stretch for ``min(busy_s, measured_s)``: traffic queues from the
-    first bucket on in the plans where the stretch matters (an uncompressed first bucket),
-    and for light plans ``contention x busy_s`` is small either way.
-
-    Why it matters (held-out 12-layer GPT, 2 ranks, 50 Mbit/s, 2026-11-28): a plan with five
-    uncompressed layers in the first buckets measured 0.185-0.209 s of hideable backward
-    against 0.153-0.181 s for rank 4 everywhere on the same model, so that plan's own
-    traffic made room for itself in the next decision.
-    """
-    for name, value in (("measured_s", measured_s), ("busy_s", busy_s)):
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
-    if not 0.0 <= contention < 1.0:
-        raise ValueError(f"contention must be in [0, 1), got {contention!r}")
-    return max(0.0, measured_s - contention * min(busy_s, measured_s))

@@ -36,13 +36,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from autocomp.compressors import Collective, build_compressor
 from autocomp.cost_model import CostModel
-from autocomp.exposure import compute_seconds, overlap, unstretched
+from autocomp.exposure import compute_seconds, overlap
 from autocomp.guards import ConvergenceGuards
 from autocomp.link_model import BandwidthMeter, LinkEstimate, latency_hops, link_bytes
 from autocomp.link_probe import LinkProbe
@@ -561,39 +561,20 @@ class WindowPlanner:
         return True
 
     def _timing(self, m: WindowMeasurement) -> StepTiming:
-        """The window's timing as the engine replays plans from it: backward times without
-        the stretch the running plan's traffic put on them (``exposure.unstretched``; the
-        replay adds each plan's own)."""
         t = m.timings
-        pure = self._unstretch(m)
         bucket_hideable: dict[int, float] = {}
         for layer in m.layers.values():
             if layer.bucket is not None and layer.bucket_hideable_seconds is not None:
-                bucket_hideable[layer.bucket] = pure(max(0.0, layer.bucket_hideable_seconds))
+                bucket_hideable[layer.bucket] = max(0.0, layer.bucket_hideable_seconds)
+        compute = _compute(t)
         return StepTiming(
-            backward_seconds=max(
-                0.0, t["backward_seconds"] - (t["hideable_seconds"] - pure(t["hideable_seconds"]))
-            ),
-            hideable_seconds=pure(t["hideable_seconds"]),
+            backward_seconds=t["backward_seconds"],
+            hideable_seconds=t["hideable_seconds"],
             step_seconds=t["step_seconds"],
             bucket_hideable_seconds=bucket_hideable if m.profiled_ranks > 0 else {},
-            compute_seconds=self._pure_compute(m) if m.profiled_ranks > 0 else None,
+            compute_seconds=compute if m.profiled_ranks > 0 else None,
             sync_seconds=self.step_gap.seconds,
         )
-
-    def _unstretch(self, m: WindowMeasurement) -> Callable[[float], float]:
-        """:func:`autocomp.exposure.unstretched` at this window's link busy time and the cost
-        model's contention."""
-        busy = max(0.0, m.timings["comm_busy_seconds"])
-        contention = self.cost_model.contention_rate()
-        return lambda seconds: unstretched(seconds, busy, contention)
-
-    def _pure_compute(self, m: WindowMeasurement) -> float:
-        """The compute-only step less the stretch of the backward's hideable part (the
-        traffic runs beside that part only)."""
-        t = m.timings
-        hideable = max(0.0, t["hideable_seconds"])
-        return max(0.0, _compute(t) - (hideable - self._unstretch(m)(hideable)))
 
     def _observe_gap(
         self, m: WindowMeasurement, previous: PolicyDecision | None, current: dict[str, str]
@@ -607,7 +588,7 @@ class WindowPlanner:
         if ran != self._plan_ran or previous.plan != dict(zip(self.names, ran, strict=True)):
             return
         added = previous.predicted_step_seconds - previous.compute_seconds - previous.sync_seconds
-        self.step_gap.observe(m.timings["step_seconds"], self._pure_compute(m), max(0.0, added))
+        self.step_gap.observe(m.timings["step_seconds"], _compute(m.timings), max(0.0, added))
 
     def _profiles(self, m: WindowMeasurement) -> list[LayerProfile]:
         return [

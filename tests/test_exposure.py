@@ -5,9 +5,8 @@ form when no group has a second round (random timelines), hand-made timelines gi
 documented numbers, PowerSGD's first round stalls the next bucket's hook call only when the
 link is behind, the last bucket's final-round work and decode wait for a link that is behind
 (and cost nothing extra on an idle one), transfers beside the backward stretch it by the
-contention (and nothing once it has ended), :func:`unstretched` takes that stretch back out of
-a measured backward, and the measured counterparts (exposed time, overlap, compute-only step)
-follow the same definitions.
+contention (and nothing once it has ended), and the measured counterparts (exposed time,
+overlap, compute-only step) follow the same definitions.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from autocomp.exposure import (
     measured_exposed,
     overlap,
     simulate,
-    unstretched,
 )
 
 _seconds = st.floats(min_value=0.0, max_value=2.0, allow_nan=False)
@@ -166,22 +164,3 @@ def test_measured_counterparts() -> None:
     # The compute-only step: the step without what communication added, never below B.
     assert compute_seconds(1.0, 0.6, 0.1, 0.2) == pytest.approx(0.3)
     assert compute_seconds(1.0, 0.95, 0.1, 0.2) == pytest.approx(0.2)
-
-
-def test_unstretched_undoes_the_replays_stretch() -> None:
-    """A backward stretched by traffic beside all of it (the link busy longer than the
-    backward): :func:`unstretched` of the replay's stretched hideable time is the compute
-    the replay started from. Beside part of it, the busy time's share comes off; no
-    contention leaves the time as measured; bad inputs are refused."""
-    contention, hideable = 0.25, 0.2
-    groups = [Group(hideable_s=hideable, comm_s=0.5), Group(hideable_s=0.0)]
-    timeline = simulate(groups, contention)
-    stretched = hideable + timeline.contention_s
-    assert stretched == pytest.approx(hideable / (1 - contention))
-    assert unstretched(stretched, 0.5, contention) == pytest.approx(hideable)
-    assert unstretched(0.21, 0.05, 0.2) == pytest.approx(0.2)
-    assert unstretched(0.21, 0.05, 0.0) == 0.21
-    with pytest.raises(ValueError, match="contention"):
-        unstretched(0.2, 0.1, 1.0)
-    with pytest.raises(ValueError, match="busy_s"):
-        unstretched(0.2, -0.1, 0.2)

@@ -9,9 +9,8 @@ opening decides before step 0 from a link probe only when communication would do
 measured relative errors are smoothed across windows and count only ``settle_steps`` after a
 switch, measured gradient L1 norms reach the engine, a layer that switched keeps its
 compressor for ``dwell_windows`` windows unless the link moves 2x or a switch made on a
-prior measures worse than that prior, the engine replays the backward without the stretch
-of the plan that ran, measurements round-trip through JSON, and the planner's state survives
-a checkpoint.
+prior measures worse than that prior, measurements round-trip through JSON, and the
+planner's state survives a checkpoint.
 """
 
 from __future__ import annotations
@@ -410,49 +409,6 @@ def test_a_look_counts_only_what_communication_added_to_the_step() -> None:
         step_seconds=0.3, compute_seconds=0.1, exposed_seconds=0.19, compress_seconds=0.01
     )
     assert planner().ends_warmup(slow)
-
-
-def test_the_engine_replays_the_backward_without_the_stretch_of_the_plan_that_ran(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A plan's traffic stretches the backward it runs beside (contention), so the hideable
-    time a window measures grows with the plan that ran: read as measured, a plan with
-    uncompressed layers in the first bucket makes room for itself in the next decision (the
-    held-out 12-layer GPT at 50 Mbit/s: 0.185-0.209 s hideable under such a plan, 0.153-0.181
-    s under rank 4 everywhere). The planner takes the stretch out, so a light and a heavy
-    window over the same backward give the engine the same hideable and compute-only times;
-    with no contention measured, the measured times pass through."""
-    contention, pure_hideable, pure_compute = 0.2, 0.2, 0.3
-    seen = []
-    for busy in (0.05, 0.4):
-        # The link busy 0.05 s beside the backward, or throughout it.
-        stretch = contention * busy if busy < pure_hideable else None
-        if stretch is None:
-            stretch = pure_hideable * contention / (1 - contention)
-        m = measurement(10, mbit=50, steps=10)
-        for layer in m.layers.values():
-            layer.bucket_hideable_seconds = pure_hideable + stretch
-        m.timings.update(
-            comm_busy_seconds=busy,
-            hideable_seconds=pure_hideable + stretch,
-            backward_seconds=0.25 + stretch,
-            compute_seconds=pure_compute + stretch,
-        )
-        p = planner()
-        monkeypatch.setattr(p.cost_model, "contention_rate", lambda: contention)
-        decision = p.decide(m, dict.fromkeys(NAMES, "none")).record.decision
-        assert decision is not None
-        seen.append((decision["hideable_seconds"], decision["compute_seconds"]))
-    for hideable, compute in seen:
-        assert hideable == pytest.approx(pure_hideable)
-        assert compute == pytest.approx(pure_compute)
-    m = measurement(10, mbit=50, steps=10)
-    m.timings.update(comm_busy_seconds=0.4, hideable_seconds=0.25, compute_seconds=0.35)
-    p = planner()
-    monkeypatch.setattr(p.cost_model, "contention_rate", lambda: 0.0)
-    decision = p.decide(m, dict.fromkeys(NAMES, "none")).record.decision
-    assert decision is not None
-    assert (decision["hideable_seconds"], decision["compute_seconds"]) == (0.25, 0.35)
 
 
 def test_the_decision_that_ends_the_warm_up_is_not_locked_to_its_options() -> None:

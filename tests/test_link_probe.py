@@ -7,7 +7,8 @@ histories agree on step and size, the plans and parameters stay identical), the 
 the real loopback speed, the estimate rises by orders of magnitude and the policy's fast-link
 rule lifts the compression on its own.
 
-Tier 2 also: the opening's contention probe agrees on one reading on every rank; its sums of
+Tier 2 also: the opening's contention probe agrees on one reading on every rank, and a reading
+of none on every rank rests on a second batch of pairs (scripted loop times); its sums of
 halves (scripted pass times, one rank) keep each half's least excess at a resolvable size.
 Tier 1: on a link too slow for it to matter, the opening does not time sums of halves at all.
 
@@ -239,6 +240,62 @@ def test_the_opening_agrees_on_one_contention_reading(tmp_path: Path) -> None:
     assert len(halves) == 2 and all(math.isfinite(h) and h >= 0.0 for h in halves)
     assert zero["rng_untouched"] and one["rng_untouched"]
     assert zero["after"] and one["after"]
+
+
+def _scripted_contention(rank: int, world: int, script: list[list[float]]) -> dict[str, Any]:
+    """``ProbeRunner.contention`` on one rank, each batch's loops scripted as (alone, beside)
+    seconds, the same for every pair of the batch; the real all-reduces run beside them."""
+    import autocomp.opening as opening
+
+    batches = iter(script[rank])
+    pairs: list[float] = []
+    calls = {"loops": 0}
+
+    def scripted(matrix: torch.Tensor, reps: int) -> float:
+        calls["loops"] += 1
+        if calls["loops"] <= 2:  # the warm-up and the 4-product timing
+            return 1e-3 * reps
+        if not pairs:
+            alone, beside = next(batches), next(batches)
+            pairs.extend([alone, beside] * opening.CONTENTION_PAIRS)
+        return pairs.pop(0)
+
+    opening._compute_seconds = scripted
+    reading = opening.ProbeRunner().contention(1 << 16, 0.02, torch.device("cpu"), None)
+    loops = calls["loops"] - 2
+    return {"reading": reading, "batches": loops // (2 * opening.CONTENTION_PAIRS)}
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("script", "batches", "slowdown"),
+    [
+        # Rank 1's first batch shows contention: one batch on both ranks, its reading agreed.
+        ([[0.020, 0.0202], [0.020, 0.024]], 1, 0.004),
+        # Both first batches read under the cut; rank 1's second shows it: pooled, both
+        # batches' medians meet half-way.
+        ([[0.020, 0.0202, 0.020, 0.0202], [0.020, 0.0202, 0.020, 0.024]], 2, 0.0021),
+        # Quiet in both batches on both ranks: no contention, after the second batch.
+        ([[0.020, 0.0202, 0.020, 0.0201], [0.020, 0.0203, 0.020, 0.0202]], 2, 0.0),
+    ],
+)
+def test_a_contention_reading_of_zero_rests_on_a_second_batch(
+    script: list[list[float]], batches: int, slowdown: float, tmp_path: Path
+) -> None:
+    """A zero prices every hidden transfer as free (on the held-out 12-layer GPT it put five
+    first-bucket matrices uncompressed), and one batch of pairs read under the cut on a rank
+    of a 2-core pair in 4 of 12 tries. So when every rank's first batch reads none, every
+    rank times a second and judges all pairs together; when any rank reads contention, none
+    times more. Every rank ends with the same reading and the same collectives."""
+    from autocomp.compressors import Collective
+    from autocomp.link_model import link_bytes
+
+    zero, one = run_ranks(_scripted_contention, 2, tmp_path / "ranks", script)
+    assert zero == one
+    assert zero["batches"] == batches
+    sent = link_bytes(Collective.ALL_REDUCE, 1 << 16, 2)
+    assert zero["reading"] == pytest.approx(slowdown / sent)
 
 
 def _opening_sizes(rank: int, world: int) -> list[int]:

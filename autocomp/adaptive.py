@@ -82,6 +82,14 @@ QUIET_BOUNDARY_SHARE = 0.01
 """A quiet stretch lasts at least rank 0's decision time over this share, so that boundaries
 that can only confirm an uncompressed plan take about 1% of the run however long the
 decision: over 802 parameters it took 100 ms, every 50 steps of 50 ms (4%)."""
+CONTENTION_REREADS = 3
+"""Boundaries at which a contention reading of none from the opening is taken again, while
+some layer is compressed (where hidden transfers are priced at all). The opening's probe
+reads a 2-core pair's contention in one moment; on the held-out 12-layer GPT at 50 Mbit/s
+it read none on both ranks in about one opening in eight, even with its second batch, and
+that run's step-50 plan put five first-bucket matrices uncompressed where a reading of 10
+ns/B or more keeps one (docs/benchmarks.md, twenty-seventh session). Every rank holds the
+same agreed reading and plan, so every rank re-reads at the same boundaries."""
 QUIET_DECISIONS = 5
 """Decision times whose median stands for it: one slow decision (a first of its kind, a
 loaded machine) does not stretch the schedule; on CI's 2 loaded cores one did, past a
@@ -222,6 +230,10 @@ class AdaptiveLoop:
         # broadcast said every layer stays uncompressed and nothing is pending).
         self._quiet_until = 0
         self._prober = ProbeRunner()
+        self._contention_probe: tuple[int, float] | None = None
+        """The opening probe's (payload bytes, seconds) while its contention reading of none
+        is to be taken again at a boundary (``CONTENTION_REREADS``), else None."""
+        self._contention_rereads = 0
         self._vector = WindowVector(self.names)
         self.history: deque[WindowRecord] = deque(maxlen=config.history)
         self.decision_failures = 0
@@ -464,6 +476,7 @@ class AdaptiveLoop:
         # A node's owners probe their shard groups at once, over the one cross-node link.
         share = self.state.link_share
         probe = (probe_bytes * share, probe_seconds) if probe_bytes > 0 and probe_seconds else None
+        contention = self._reread_contention(device)
         self._loss_sum, self._loss_count = 0.0, 0
 
         steps = max(1, step - self._last_window_step())
@@ -488,6 +501,8 @@ class AdaptiveLoop:
                 "current": current,
                 "shapes": {name: list(slot.shape) for name, slot in self.state.slots.items()},
             }
+            if contention is not None:  # read again before this decision (replays apply it)
+                line["contention_seconds_per_byte"] = contention
             try:
                 self.planner.sparse_bytes = {
                     name: self.state.slots[name].sparse_step_bytes
@@ -674,6 +689,9 @@ class AdaptiveLoop:
         payload: list[Any] = [None]
         update: PlanUpdate | None = None
         self.planner.cost_model.update_contention(agreed.contention_seconds_per_byte)
+        if agreed.contention_seconds_per_byte == 0.0 and agreed.seconds > 0:
+            self._contention_probe = (agreed.payload_bytes, agreed.seconds)
+            self._contention_rereads = CONTENTION_REREADS
         for dtype, cost in zip(HALF_DTYPES, agreed.half_sum_seconds_per_element, strict=True):
             self.planner.cost_model.update_half_sum(dtype, cost)
         if self.state.rank == 0:
@@ -714,6 +732,34 @@ class AdaptiveLoop:
             self.runlog.append_window(record.to_dict())
         if self.state.rank == 0:
             logger.info("autocomp %s", record.summary())
+
+    def _reread_contention(self, device: torch.device) -> float | None:
+        """At a boundary, the opening's contention probe again when it read none and some
+        layer is compressed (``CONTENTION_REREADS``); the agreed reading, or None when not
+        taken. Every rank holds the same reading, plan and count, so all take it alike; a
+        reading above none replaces the opening's in every rank's cost model."""
+        if self._contention_probe is None or self._contention_rereads <= 0:
+            return None
+        if all(slot.compressor.spec == NONE_SPEC for slot in self.state.slots.values()):
+            return None  # nothing compressed: no hidden transfer is being priced
+        payload, seconds = self._contention_probe
+        hierarchy = self.state.hierarchy
+        node = None
+        if hierarchy is not None and hierarchy.local_world_size > 1:
+            node = hierarchy.groups.intra
+        reading = self._prober.contention(payload, seconds, device, self.state.link_group, node)
+        self._contention_rereads -= 1
+        if reading > 0.0 or self._contention_rereads == 0:
+            self._contention_probe = None
+        if reading > 0.0:
+            self.planner.cost_model.update_contention(reading)
+            if self.state.rank == 0:
+                logger.info(
+                    "autocomp: transfer contention read again at a boundary: %.3g ns per byte "
+                    "sent (the opening read none)",
+                    reading * 1e9,
+                )
+        return reading
 
     def _remember(self, record: WindowRecord) -> None:
         """Append ``record`` to the history; past ``HISTORY_LAYER_DECISIONS`` per-layer
@@ -813,6 +859,10 @@ class AdaptiveLoop:
             "last_boundary": self._last_boundary,
             "warming": self._warming,
             "quiet_until": self._quiet_until,
+            "contention_probe": None
+            if self._contention_probe is None
+            else list(self._contention_probe),
+            "contention_rereads": self._contention_rereads,
         }
 
     def load_loop_state_dict(self, state: dict[str, Any]) -> None:
@@ -820,6 +870,9 @@ class AdaptiveLoop:
         self._last_boundary = int(state["last_boundary"])
         self._warming = bool(state.get("warming", True))
         self._quiet_until = int(state.get("quiet_until", 0))
+        probe = state.get("contention_probe")
+        self._contention_probe = None if probe is None else (int(probe[0]), float(probe[1]))
+        self._contention_rereads = int(state.get("contention_rereads", 0))
 
 
 def combine_link_busy(

@@ -11,7 +11,8 @@ keeps everything uncompressed; each convergence guard fires on an injected fault
 gradient, loss spike, gradient-norm jump, runaway residual) and the plan reacts; the warm-up
 runs fp16 and int8 at most; checkpoints
 restore the adaptive plan and state; a layer's measured hook cost includes its decode; a
-settled uncompressed plan stretches the windows alike on every rank.
+settled uncompressed plan stretches the windows alike on every rank; a contention reading of
+none from the opening is taken again at a boundary once a layer is compressed.
 """
 
 from __future__ import annotations
@@ -503,6 +504,71 @@ def test_a_layers_measured_cost_includes_its_decode(tmp_path: Path) -> None:
     assert {name for name, _ in compressed} == {"fc1.weight", "fc2.weight", "fc3.weight"}
     # Compressing these small layers takes well under a millisecond; the decode 20 ms.
     assert all(seconds >= 0.9 * DECODE_SECONDS for _, seconds in compressed), compressed
+
+
+def _contention_reread(rank: int, world_size: int, policy_path: str, quiet: bool) -> dict[str, Any]:
+    """Train with the contention probe's loops scripted: the opening's pairs read ``quiet``
+    (no slowdown) or slowed by 4 ms; every pair after the opening is slowed by 4 ms."""
+    import autocomp.opening as opening
+
+    phase = {"name": "opening"}
+    loops = {"opening": 0, "boundary": 0}
+
+    def scripted(matrix: torch.Tensor, reps: int) -> float:
+        loops[phase["name"]] += 1
+        if reps <= 4 and loops[phase["name"]] % (2 + 2 * opening.CONTENTION_PAIRS) in (1, 2):
+            return 1e-3 * reps  # the warm-up and the 4-product timing of each probe
+        pair = (loops[phase["name"]] - 3) % 2  # 0: alone, 1: beside
+        slowed = not (quiet and phase["name"] == "opening")
+        return 0.020 + (0.004 if pair == 1 and slowed else 0.0)
+
+    opening._compute_seconds = scripted
+    model, ddp, opt, ctl = _setup(rank, policy_path, link=CRAWLING_LINK)
+    assert ctl.adaptive is not None
+    _train_step(ctl, ddp, opt, rank, 0)
+    opened = ctl.adaptive.planner.cost_model.contention_seconds_per_byte
+    phase["name"] = "boundary"
+    for step in range(1, 4 * WINDOW):
+        _train_step(ctl, ddp, opt, rank, step)
+    from autocomp.compressors import Collective
+    from autocomp.link_model import link_bytes
+
+    payload = ctl.history[0].probe_bytes
+    return {
+        "opened": opened,
+        "contention": ctl.adaptive.planner.cost_model.contention_seconds_per_byte,
+        "expected": 0.004 / link_bytes(Collective.ALL_REDUCE, payload, world_size),
+        "boundary_loops": loops["boundary"],
+        "compressed": any(spec != "none" for spec in ctl.plan.values()),
+        "params": _flat(model),
+    }
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_a_contention_reading_of_none_is_taken_again_at_a_boundary(
+    quiet: bool, tmp_path: Path
+) -> None:
+    """The opening reads transfer contention in one moment; a reading of none prices every
+    hidden transfer as free, and on a 2-core pair it comes from a quiet moment about one
+    opening in eight. So once a layer is compressed, the next boundary times the probe again
+    on every rank, and a reading above none replaces the opening's in every rank's cost
+    model; a reading above none at the opening is never taken again. The ranks stay in step
+    (identical parameters)."""
+    from autocomp.opening import CONTENTION_PAIRS
+
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    zero, one = run_ranks(_contention_reread, 2, tmp_path / "ranks", str(policy), quiet)
+    assert torch.equal(zero["params"], one["params"])
+    assert zero["compressed"] and one["compressed"]
+    assert zero["contention"] == one["contention"] == pytest.approx(zero["expected"])
+    if quiet:
+        assert zero["opened"] == one["opened"] == 0.0
+        # One re-read of one batch (it read contention): its two timing loops and its pairs.
+        assert zero["boundary_loops"] == one["boundary_loops"] == 2 + 2 * CONTENTION_PAIRS
+    else:
+        assert zero["opened"] == pytest.approx(zero["expected"])
+        assert zero["boundary_loops"] == one["boundary_loops"] == 0
 
 
 def _bad_arguments(rank: int, world_size: int) -> dict[str, str]:

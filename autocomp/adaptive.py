@@ -740,6 +740,9 @@ class AdaptiveLoop:
         reading above none replaces the opening's in every rank's cost model."""
         if self._contention_probe is None or self._contention_rereads <= 0:
             return None
+        # The plan is the same on every rank that shares the probe's collectives: one DDP
+        # group's (broadcast by its rank 0), with the node's groups under a hierarchy. With
+        # HSDP each replicate group has its own plan, but no node group joins the probe there.
         if all(slot.compressor.spec == NONE_SPEC for slot in self.state.slots.values()):
             return None  # nothing compressed: no hidden transfer is being priced
         payload, seconds = self._contention_probe

@@ -36,7 +36,7 @@ planner.engine.decide = _wrapped
 for l in lines:
     if 'opening' in l:
         o = l['opening']
-        import os; planner.cost_model.update_contention(float(os.environ.get('CONT', o['contention_seconds_per_byte'])))
+        import os; planner.cost_model.update_contention(float(os.environ.get('CONT') or o['contention_seconds_per_byte']))
         for dt, c in zip(HALF_DTYPES, o['half_sum_seconds_per_element']):
             planner.cost_model.update_half_sum(dt, c)
         planner.row_shares = dict(o.get('row_shares', {}))
@@ -51,5 +51,5 @@ for l in lines:
     t = m.timings
     print(f"step {m.step:4d} rec_pred {rec.get('predicted_step_seconds') or 0:.4f} replay_pred {d.predicted_step_seconds:.4f} "
           f"psgd4 {preds['psgd4'].predicted_step_seconds if preds else 0:.4f} s4plan {preds['s4plan'].predicted_step_seconds if preds else 0:.4f} fast {d.fastest_step_seconds or 0:.4f} step {t['step_seconds']:.4f} hide {t['hideable_seconds']:.4f} busy {t['comm_busy_seconds']:.4f}")
-    nones = [n for n, s in zip(names, u.plan) if s == 'none' and len(shapes[n]) > 1]
-    print('   replay none:', nones, '| recorded none:', [x['name'] for x in rec['layers'] if x['spec']=='none' and len(shapes[x['name']]) > 1], '| solver', rec.get('solver'), d.solver if hasattr(d,'solver') else '')
+    nones = [(n[7:], s[:6]) for n, s in zip(names, u.plan) if not s.startswith('powersgd:rank=4') and len(shapes[n]) > 1 and n.startswith('blocks.1')]
+    print('   replay blocks.1x not rank 4:', nones, '| recorded:', [(x['name'][7:], x['spec'][:6]) for x in rec['layers'] if not x['spec'].startswith('powersgd:rank=4') and len(shapes[x['name']]) > 1 and x['name'].startswith('blocks.1')], '| solver', rec.get('solver'), d.solver if hasattr(d,'solver') else '')

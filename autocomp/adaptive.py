@@ -465,11 +465,7 @@ class AdaptiveLoop:
                 busy[i] = seconds
         busy[window] = probe_local
         busy = busy.to(device)
-        hierarchy = self.state.hierarchy
-        shared = None
-        if hierarchy is not None and hierarchy.local_world_size > 1:
-            shared = hierarchy.groups.intra
-        combine_link_busy(busy, group, shared)
+        combine_link_busy(busy, group, self._node_group())
         reduced = busy.cpu().tolist()
         busy_min = [v for v in reduced[:window] if v < _MISSING]
         probe_seconds = reduced[window] if reduced[window] < _MISSING else None
@@ -671,10 +667,7 @@ class AdaptiveLoop:
             for name, slot in self.state.slots.items()
             if name not in sparse
         )
-        hierarchy = self.state.hierarchy
-        node = None
-        if hierarchy is not None and hierarchy.local_world_size > 1:
-            node = hierarchy.groups.intra
+        node = self._node_group()
         agreed = self._prober.opening(
             raw,
             self.first_forward_seconds,
@@ -733,6 +726,14 @@ class AdaptiveLoop:
         if self.state.rank == 0:
             logger.info("autocomp %s", record.summary())
 
+    def _node_group(self) -> dist.ProcessGroup | None:
+        """The ranks of this node that share its one cross-node link (a hierarchy of more
+        than one rank per node), else None: the link probes agree over it too."""
+        hierarchy = self.state.hierarchy
+        if hierarchy is not None and hierarchy.local_world_size > 1:
+            return hierarchy.groups.intra
+        return None
+
     def _reread_contention(self, device: torch.device) -> float | None:
         """At a boundary, the opening's contention probe again when it read none and some
         layer is compressed (``CONTENTION_REREADS``); the agreed reading, or None when not
@@ -746,11 +747,9 @@ class AdaptiveLoop:
         if all(slot.compressor.spec == NONE_SPEC for slot in self.state.slots.values()):
             return None  # nothing compressed: no hidden transfer is being priced
         payload, seconds = self._contention_probe
-        hierarchy = self.state.hierarchy
-        node = None
-        if hierarchy is not None and hierarchy.local_world_size > 1:
-            node = hierarchy.groups.intra
-        reading = self._prober.contention(payload, seconds, device, self.state.link_group, node)
+        reading = self._prober.contention(
+            payload, seconds, device, self.state.link_group, self._node_group()
+        )
         self._contention_rereads -= 1
         if reading > 0.0 or self._contention_rereads == 0:
             self._contention_probe = None

@@ -516,8 +516,8 @@ def _contention_reread(rank: int, world_size: int, policy_path: str, quiet: bool
 
     def scripted(matrix: torch.Tensor, reps: int) -> float:
         loops[phase["name"]] += 1
-        if reps <= 4 and loops[phase["name"]] % (2 + 2 * opening.CONTENTION_PAIRS) in (1, 2):
-            return 1e-3 * reps  # the warm-up and the 4-product timing of each probe
+        if reps <= 4:  # the warm-up and the 4-product timing; the pairs' loops run 10
+            return 1e-3 * reps
         pair = (loops[phase["name"]] - 3) % 2  # 0: alone, 1: beside
         slowed = not (quiet and phase["name"] == "opening")
         return 0.020 + (0.004 if pair == 1 and slowed else 0.0)

@@ -284,15 +284,19 @@ def measure(
     plans: dict[str, dict],
     *,
     steps: int | None = None,
+    warmup_steps: int | None = None,
     threads: int = 1,
     rows: tuple[str, ...] = ("none", *STATIC_OPTIONS, LIVE),
 ) -> dict[str, dict[str, Any]]:
-    """Run plain DDP, the advisor's plans as static plans and the live controller at one rate."""
+    """Run plain DDP, the advisor's plans as static plans and the live controller at one rate
+    (``steps`` and ``warmup_steps``, when given, replace the rate's default schedule)."""
     from autocomp.advisor.planout import escape_glob
 
     warmup, measured = default_schedule(rate.mbit, quick=False)
     if steps is not None:
         measured = steps
+    if warmup_steps is not None:
+        warmup = warmup_steps
     # (row, worker config, untimed steps, share of a full gradient sent per step)
     runs: list[tuple[str, dict[str, Any], int, float]] = [
         ("none", {"method": "allreduce"}, warmup, 1.0)

@@ -31,9 +31,20 @@ COLLECTIVE_TIMEOUT_S = 60
 # Ranks fork from a server that has imported these once per pytest session. A spawned rank
 # re-imported torch (~2.5 s of CPU) and finalized it at exit (~1.6 s); forked from the warm
 # server, a 3-rank run of test_uncompressed_layers_get_plain_ddps_bits took 3.7 s instead of
-# 7.4-9.1 s (2026-11-28). Only torch is preloaded: autocomp and the test modules are imported
-# by each rank, so what they read at import time comes from the test's own environment.
-FORKSERVER_PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel"]
+# 7.4-9.1 s (2026-11-28). ``DDP.__init__`` imports ``torch._dynamo`` on first use and
+# ``autocomp.wrap`` imports scikit-learn's ensemble (the cost model's regressor): ~2.5 s and
+# ~1.6 s of CPU in every rank of every test. Preloaded, a 4-rank refusal test went from 5.3 s
+# to 2.1 s and tests/test_hook_multirank.py with tests/test_hierarchy.py from ~162 s to 110 s
+# (2026-11-29). Only third-party modules are preloaded: autocomp and the test modules are
+# imported by each rank, so what they read at import time comes from the test's own
+# environment.
+FORKSERVER_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "torch.nn.parallel",
+    "torch._dynamo",
+    "sklearn.ensemble",
+]
 
 
 def _rank_context() -> Any:

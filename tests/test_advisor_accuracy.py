@@ -2,7 +2,7 @@
 
 Tier 1: the comparison and check logic of ``autocomp-bench advisor`` on hand-made numbers.
 
-Tier 3 (needs root and iproute2, skipped with the reason otherwise; about 2 minutes): the
+Tier 3 (needs root and iproute2, skipped with the reason otherwise; about a minute): the
 benchmark's own phases on a reduced budget. ``autocomp-advisor profile`` runs the link
 benchmark's LM script on the unshaped veth, the what-if model predicts 200 Mbit/s, and the
 link benchmark's worker measures plain DDP and the advisor's PowerSGD rank-4 plan there.
@@ -78,7 +78,9 @@ def test_predictions_track_the_shaped_link_and_order_the_options() -> None:
             )
             predicted, plans = acc.predict(profile, rate.mbit or 0.0)
             network.set_rate(rate.mbit)
-            measured = acc.measure(runner, rate, plans, steps=3, rows=("none", "powersgd-r4"))
+            measured = acc.measure(
+                runner, rate, plans, steps=3, warmup_steps=2, rows=("none", "powersgd-r4")
+            )
     rows = acc.compare(rate.label, predicted, measured)
     assert [row.option for row in rows] == ["none", "powersgd-r4"]
     for row in rows:

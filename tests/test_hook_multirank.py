@@ -1,9 +1,10 @@
 """Tier 2: the unified comm hook on 2 and 4 local gloo ranks (``tests.multirank``).
 
 Covers: every compressor keeps all ranks bit-identical and the loss falls, on a model whose
-gradients span several DDP buckets; all compressors mixed in one model; PowerSGD on every
-bucket at 4 ranks (the case where PyTorch's own hook aborts on gloo); the bytes handed to the
-collectives equal what the compressors report; close() falls back to plain all-reduce.
+gradients span several DDP buckets (2 ranks); all compressors mixed in one model (2 and 4
+ranks); PowerSGD on every bucket at 4 ranks (the case where PyTorch's own hook aborts on
+gloo); the bytes handed to the collectives equal what the compressors report; close() falls
+back to plain all-reduce.
 """
 
 from __future__ import annotations
@@ -92,8 +93,12 @@ def _assert_identical_and_learning(results: list[dict[str, Any]], label: str) ->
     assert reference["buckets"] >= 3, f"{label}: model used only {reference['buckets']} buckets"
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
-def test_every_compressor_keeps_ranks_identical(world_size: int, tmp_path: Path) -> None:
+def test_every_compressor_keeps_ranks_identical(tmp_path: Path) -> None:
+    """Each compressor alone on 2 ranks. Four ranks (more than two payloads to decode and
+    sum) are covered by the mixed model below, which holds every compressor at once; running
+    each alone on 4 ranks as well cost ~20 s of the suite's 15 minutes and checked nothing
+    the two do not."""
+    world_size = 2
     results = run_ranks(_every_compressor, world_size, tmp_path, timeout=540)
     for spec in ALL_SPECS:
         per_rank = [r[spec] for r in results]

@@ -83,13 +83,16 @@ QUIET_BOUNDARY_SHARE = 0.01
 that can only confirm an uncompressed plan take about 1% of the run however long the
 decision: over 802 parameters it took 100 ms, every 50 steps of 50 ms (4%)."""
 CONTENTION_REREADS = 3
-"""Boundaries at which a contention reading of none from the opening is taken again, while
-some layer is compressed (where hidden transfers are priced at all). The opening's probe
-reads a 2-core pair's contention in one moment; on the held-out 12-layer GPT at 50 Mbit/s
-it read none on both ranks in about one opening in eight, even with its second batch, and
-that run's step-50 plan put five first-bucket matrices uncompressed where a reading of 10
-ns/B or more keeps one (docs/benchmarks.md, twenty-seventh session). Every rank holds the
-same agreed reading and plan, so every rank re-reads at the same boundaries."""
+"""Boundaries at which an unsettled contention reading from the opening (none, or a slowdown
+under ``opening.CONTENTION_SETTLED_SLOWDOWN``) is taken again, while some layer is compressed
+(where hidden transfers are priced at all), until a re-read reads above none; the larger
+reading stands. The opening's probe reads a 2-core pair's contention in one moment; on the
+held-out 12-layer GPT at 50 Mbit/s it read none on both ranks in about one opening in eight,
+even with its second batch, and that run's step-50 plan put five first-bucket matrices
+uncompressed where a reading of 10 ns/B or more keeps one; one opening in twelve read 7.8
+ns/B, and its plan put four of them on fp16 (docs/benchmarks.md, twenty-seventh session).
+Every rank holds the same agreed reading and plan, so every rank re-reads at the same
+boundaries."""
 QUIET_DECISIONS = 5
 """Decision times whose median stands for it: one slow decision (a first of its kind, a
 loaded machine) does not stretch the schedule; on CI's 2 loaded cores one did, past a
@@ -231,7 +234,7 @@ class AdaptiveLoop:
         self._quiet_until = 0
         self._prober = ProbeRunner()
         self._contention_probe: tuple[int, float] | None = None
-        """The opening probe's (payload bytes, seconds) while its contention reading of none
+        """The opening probe's (payload bytes, seconds) while its unsettled contention reading
         is to be taken again at a boundary (``CONTENTION_REREADS``), else None."""
         self._contention_rereads = 0
         self._vector = WindowVector(self.names)
@@ -682,7 +685,7 @@ class AdaptiveLoop:
         payload: list[Any] = [None]
         update: PlanUpdate | None = None
         self.planner.cost_model.update_contention(agreed.contention_seconds_per_byte)
-        if agreed.contention_seconds_per_byte == 0.0 and agreed.seconds > 0:
+        if not agreed.contention_settled and agreed.seconds > 0:
             self._contention_probe = (agreed.payload_bytes, agreed.seconds)
             self._contention_rereads = CONTENTION_REREADS
         for dtype, cost in zip(HALF_DTYPES, agreed.half_sum_seconds_per_element, strict=True):
@@ -735,10 +738,11 @@ class AdaptiveLoop:
         return None
 
     def _reread_contention(self, device: torch.device) -> float | None:
-        """At a boundary, the opening's contention probe again when it read none and some
-        layer is compressed (``CONTENTION_REREADS``); the agreed reading, or None when not
-        taken. Every rank holds the same reading, plan and count, so all take it alike; a
-        reading above none replaces the opening's in every rank's cost model."""
+        """At a boundary, the opening's contention probe again when its reading was unsettled
+        and some layer is compressed (``CONTENTION_REREADS``); the reading then in force, or
+        None when none was taken. Every rank holds the same reading, plan and count, so all
+        take it alike; the larger of the two readings stands in every rank's cost model (a
+        quiet moment can only hide contention, not add it)."""
         if self._contention_probe is None or self._contention_rereads <= 0:
             return None
         # The plan is the same on every rank that shares the probe's collectives: one DDP
@@ -749,19 +753,21 @@ class AdaptiveLoop:
         payload, seconds = self._contention_probe
         reading = self._prober.contention(
             payload, seconds, device, self.state.link_group, self._node_group()
-        )
+        ).seconds_per_byte
         self._contention_rereads -= 1
         if reading > 0.0 or self._contention_rereads == 0:
             self._contention_probe = None
-        if reading > 0.0:
+        opened = self.planner.cost_model.contention_seconds_per_byte
+        if reading > opened:
             self.planner.cost_model.update_contention(reading)
             if self.state.rank == 0:
                 logger.info(
                     "autocomp: transfer contention read again at a boundary: %.3g ns per byte "
-                    "sent (the opening read none)",
+                    "sent (the opening read %.3g)",
                     reading * 1e9,
+                    opened * 1e9,
                 )
-        return reading
+        return max(reading, opened)
 
     def _remember(self, record: WindowRecord) -> None:
         """Append ``record`` to the history; past ``HISTORY_LAYER_DECISIONS`` per-layer

@@ -74,6 +74,14 @@ read 0-54 ns a byte over 15 repeats on one 50 Mbit/s link (one a 0, which prices
 transfer as free), seven 10-45 with none (docs/benchmarks.md, twenty-second session)."""
 CONTENTION_MIN_SLOWDOWN = 0.03
 """A median slowdown under this fraction of the compute alone reads as no contention."""
+CONTENTION_SETTLED_SLOWDOWN = 2 * CONTENTION_MIN_SLOWDOWN
+"""A reading whose slowdown is under this fraction of the compute alone is unsettled: it
+sits within the noise cut's reach, and the adaptive loop takes it again once a layer is
+compressed (``adaptive.CONTENTION_REREADS``). Repeated in a warm process, a 2-core pair's
+probe at 50 Mbit/s read 14-36 ns a byte in 8 of 10 batches (its 30 ms loop slowed by 8-21%),
+but one held-out 12-layer GPT opening in twelve read 7.8 ns a byte (about 4.5%), and its plan
+then put four first-bucket matrices on fp16 where a reading of 25 ns a byte keeps three on
+PowerSGD rank 4 (docs/benchmarks.md, twenty-seventh and twenty-eighth sessions)."""
 CONTENTION_BATCHES = 2
 """Batches of ``CONTENTION_PAIRS`` at most. When every rank's first batch reads no contention,
 another is timed and all pairs are judged together. One rank of a 2-core 50 Mbit/s pair read
@@ -243,6 +251,9 @@ class OpeningProbe:
     contention_seconds_per_byte: float = 0.0
     """The most any rank's compute slowed per byte it sent beside it
     (:meth:`ProbeRunner.contention`)."""
+    contention_settled: bool = True
+    """Some rank's slowdown reached ``CONTENTION_SETTLED_SLOWDOWN`` (false: the reading may
+    come from a quiet moment)."""
     half_sum_seconds_per_element: tuple[float, ...] = (0.0, 0.0)
     """Per type of ``cost_model.HALF_DTYPES`` (float16, bfloat16): what an all-reduce of
     half-precision elements costs per element beyond its bytes
@@ -262,18 +273,34 @@ def _compute_seconds(matrix: torch.Tensor, reps: int) -> float:
     return time.perf_counter() - started
 
 
+@dataclass(frozen=True, slots=True)
+class ContentionReading:
+    """What :meth:`ProbeRunner.contention` agreed on every rank."""
+
+    seconds_per_byte: float
+    """Compute seconds a transfer took per byte sent: the most any rank measured."""
+    slowdown: float
+    """The largest median slowdown any rank measured, as a fraction of its quiet loop."""
+
+    @property
+    def settled(self) -> bool:
+        """A reading clear of the noise cut (``CONTENTION_SETTLED_SLOWDOWN``)."""
+        return self.seconds_per_byte > 0.0 and self.slowdown >= CONTENTION_SETTLED_SLOWDOWN
+
+
 def _contention_reading(
     alone: Sequence[float], beside: Sequence[float], sent: float, transfer_seconds: float
-) -> float:
-    """Compute seconds per byte sent that a transfer took from the timed loops beside it
-    (medians of ``alone`` and ``beside``); 0 under ``CONTENTION_MIN_SLOWDOWN`` of the quiet
-    loop."""
+) -> tuple[float, float]:
+    """(compute seconds per byte sent that a transfer took from the timed loops beside it,
+    the slowdown as a fraction of the quiet loop), from the medians of ``alone`` and
+    ``beside``; the first is 0 under ``CONTENTION_MIN_SLOWDOWN``."""
     quiet, busy = statistics.median(alone), statistics.median(beside)
     overlapped = sent * min(1.0, busy / transfer_seconds) if transfer_seconds > 0 else 0.0
     slowdown = busy - quiet
+    share = max(0.0, slowdown / quiet) if quiet > 0 else 0.0
     if overlapped > 0 and slowdown > CONTENTION_MIN_SLOWDOWN * quiet:
-        return slowdown / overlapped
-    return 0.0
+        return slowdown / overlapped, share
+    return 0.0, share
 
 
 class ProbeRunner:
@@ -370,7 +397,13 @@ class ProbeRunner:
                 contention = self.contention(size, -least, device, group, node)
                 halves = self.half_sums(size, -least, device, group, node, gradient_bytes=raw_bytes)
                 return OpeningProbe(
-                    size, -least, slowest_forward, missing != 0.0, contention, halves
+                    size,
+                    -least,
+                    slowest_forward,
+                    missing != 0.0,
+                    contention.seconds_per_byte,
+                    contention.settled,
+                    halves,
                 )
             size = min(cap, size * 4)
 
@@ -381,9 +414,9 @@ class ProbeRunner:
         device: torch.device,
         group: dist.ProcessGroup | None,
         node: dist.ProcessGroup | None = None,
-    ) -> float:
+    ) -> ContentionReading:
         """Compute seconds a transfer takes from this machine's compute, per byte a rank sends:
-        the most any rank measured, agreed through one all-reduce.
+        the most any rank measured, agreed through one all-reduce with the largest slowdown.
 
         A transfer is not free for the compute beside it. On CPU the sockets, copies and
         gloo's threads run on the backward's cores: on 2 cores a hidden 300 kB all-gather at
@@ -411,7 +444,7 @@ class ProbeRunner:
         sent = link_bytes(Collective.ALL_REDUCE, payload_bytes, dist.get_world_size(group))
         alone: list[float] = []
         beside: list[float] = []
-        reading = 0.0
+        reading = ContentionReading(0.0, 0.0)
         for _ in range(CONTENTION_BATCHES):
             for _ in range(CONTENTION_PAIRS):
                 alone.append(_compute_seconds(matrix, reps))
@@ -419,12 +452,13 @@ class ProbeRunner:
                 beside.append(_compute_seconds(matrix, reps))
                 work.wait()
             local = _contention_reading(alone, beside, sent, transfer_seconds)
-            agreed = torch.tensor([local], dtype=torch.float64).to(device)
+            agreed = torch.tensor(local, dtype=torch.float64).to(device)
             dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
             if node is not None:
                 dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=node)
-            reading = float(agreed.item())
-            if reading > 0.0:
+            per_byte, slowdown = agreed.cpu().tolist()
+            reading = ContentionReading(per_byte, slowdown)
+            if per_byte > 0.0:
                 break
         return reading
 

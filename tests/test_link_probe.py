@@ -263,31 +263,39 @@ def _scripted_contention(rank: int, world: int, script: list[list[float]]) -> di
     opening._compute_seconds = scripted
     reading = opening.ProbeRunner().contention(1 << 16, 0.02, torch.device("cpu"), None)
     loops = calls["loops"] - 2
-    return {"reading": reading, "batches": loops // (2 * opening.CONTENTION_PAIRS)}
+    return {
+        "reading": reading.seconds_per_byte,
+        "slowdown": reading.slowdown,
+        "settled": reading.settled,
+        "batches": loops // (2 * opening.CONTENTION_PAIRS),
+    }
 
 
 @pytest.mark.multirank
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
-    ("script", "batches", "slowdown"),
+    ("script", "batches", "slowdown", "settled"),
     [
         # Rank 1's first batch shows contention: one batch on both ranks, its reading agreed.
-        ([[0.020, 0.0202], [0.020, 0.024]], 1, 0.004),
+        ([[0.020, 0.0202], [0.020, 0.024]], 1, 0.004, True),
         # Both first batches read under the cut; rank 1's second shows it: pooled, both
         # batches' medians meet half-way.
-        ([[0.020, 0.0202, 0.020, 0.0202], [0.020, 0.0202, 0.020, 0.024]], 2, 0.0021),
+        ([[0.020, 0.0202, 0.020, 0.0202], [0.020, 0.0202, 0.020, 0.024]], 2, 0.0021, True),
         # Quiet in both batches on both ranks: no contention, after the second batch.
-        ([[0.020, 0.0202, 0.020, 0.0201], [0.020, 0.0203, 0.020, 0.0202]], 2, 0.0),
+        ([[0.020, 0.0202, 0.020, 0.0201], [0.020, 0.0203, 0.020, 0.0202]], 2, 0.0, False),
+        # Rank 0 reads 5% (over the 3% cut, under twice it): a reading, but not a settled one.
+        ([[0.020, 0.021], [0.020, 0.0205]], 1, 0.001, False),
     ],
 )
 def test_a_contention_reading_of_zero_rests_on_a_second_batch(
-    script: list[list[float]], batches: int, slowdown: float, tmp_path: Path
+    script: list[list[float]], batches: int, slowdown: float, settled: bool, tmp_path: Path
 ) -> None:
     """A zero prices every hidden transfer as free (on the held-out 12-layer GPT it put five
     first-bucket matrices uncompressed), and one batch of pairs read under the cut on a rank
     of a 2-core pair in 4 of 12 tries. So when every rank's first batch reads none, every
     rank times a second and judges all pairs together; when any rank reads contention, none
-    times more. Every rank ends with the same reading and the same collectives."""
+    times more. Every rank ends with the same reading and the same collectives, and the same
+    verdict on whether it cleared twice the cut (``settled``)."""
     from autocomp.compressors import Collective
     from autocomp.link_model import link_bytes
 
@@ -296,6 +304,10 @@ def test_a_contention_reading_of_zero_rests_on_a_second_batch(
     assert zero["batches"] == batches
     sent = link_bytes(Collective.ALL_REDUCE, 1 << 16, 2)
     assert zero["reading"] == pytest.approx(slowdown / sent)
+    assert zero["settled"] is settled
+    if batches == 1:  # the slowdown agreed is the larger rank's, as a share of its quiet loop
+        shares = [(beside - alone) / alone for alone, beside in (pairs[:2] for pairs in script)]
+        assert zero["slowdown"] == pytest.approx(max(shares))
 
 
 def _opening_sizes(rank: int, world: int) -> list[int]:

@@ -112,7 +112,7 @@ def _machine_costs(
     runner.time_all_reduce(payload_bytes, device, group)  # primes the probe buffer's path
     contention = runner.contention(payload_bytes, fastest, device, group)
     halves = runner.half_sums(payload_bytes, fastest, device, group)
-    return contention, halves
+    return contention.seconds_per_byte, halves
 
 
 def _fit(samples: list[tuple[int, float]], world: int) -> LinkMeasurement | None:

@@ -96,7 +96,7 @@ def _assert_identical_and_learning(results: list[dict[str, Any]], label: str) ->
 def test_every_compressor_keeps_ranks_identical(tmp_path: Path) -> None:
     """Each compressor alone on 2 ranks. Four ranks (more than two payloads to decode and
     sum) are covered by the mixed model below, which holds every compressor at once; running
-    each alone on 4 ranks as well cost ~20 s of the suite's 15 minutes and checked nothing
+    each alone on 4 ranks as well cost ~20 s of the suite and checked nothing
     the two do not."""
     world_size = 2
     results = run_ranks(_every_compressor, world_size, tmp_path, timeout=540)

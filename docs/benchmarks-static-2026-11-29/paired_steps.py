@@ -1,0 +1,118 @@
+"""Step time of several comm methods on one shaped link, alternated step by step (scratch).
+
+The machine's speed drifts by 10-30% within an hour (the hook's median step ran 0.33-0.46 s
+on one model over 90 minutes, 2026-11-29), more than the step differences between plans, so
+separate 60 s runs cannot rank plans by step time. Here every rank builds one model per
+method from the same seed, each under its own DDP and comm hook, and steps them in turn
+(A, B, C, A, B, C, ...) on the same 2-rank link. Drift then falls on all methods alike, and
+per method the median of its own steps (forward, backward, optimizer; a barrier before each)
+is comparable with the others'.
+
+Run from the repository root, as root (needs iproute2):
+    PYTHONPATH=docs/benchmarks-heldout-gpt12-2026-11-26 .venv/bin/python \
+        docs/benchmarks-static-2026-11-29/paired_steps.py --rate 50 --steps 60 --out OUT.json
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+PLANS = {
+    "psgd4": {"*": "powersgd:rank=4"},
+    "s8plan": {
+        "embed.weight": "int8:chunk=256,ef=true",
+        "blocks.0.attn.out_proj.weight": "int8:chunk=256,ef=true",
+        "position": "fp16:ef=false",
+        "*": "powersgd:rank=4",
+    },
+}
+
+
+def method_cfg(name: str) -> dict:
+    if name in PLANS:
+        return {"method": "static", "plan": PLANS[name], "plan_warmup_steps": 2}
+    return {"method": name}
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    import sitecustomize  # noqa: F401  (registers gpt-deep when on PYTHONPATH)
+    from autocomp_bench.tasks import build_task
+    from autocomp_bench.worker import attach
+
+    task = build_task(args.task)
+    methods = args.methods.split(",")
+    runs = []
+    for m in methods:
+        torch.manual_seed(args.seed)
+        model = task.build_model()
+        cfg = method_cfg(m)
+        attached = attach(cfg["method"], model, cfg)
+        runs.append((m, attached, task.make_optimizer(attached.ddp.parameters())))
+    times: dict[str, list[float]] = {m: [] for m in methods}
+    losses: dict[str, float] = {}
+    for step in range(args.warm + args.steps):
+        order = runs if step % 2 == 0 else runs[::-1]  # no method always follows the same one
+        for m, attached, opt in order:
+            x, y = task.batch(rank, step, args.seed)
+            dist.barrier()
+            t0 = time.perf_counter()
+            loss = task.loss(attached.ddp(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            t1 = time.perf_counter()
+            if step >= args.warm:
+                times[m].append(t1 - t0)
+            losses[m] = float(loss.detach())
+    for _, attached, _ in runs:
+        if attached.ctl is not None:
+            attached.ctl.close()
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump({"times": times, "last_train_loss": losses, "args": vars(args)}, f)
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--methods", default="powersgd,psgd4,s8plan,limit")
+    p.add_argument("--task", default="gpt-deep")
+    p.add_argument("--rate", type=float, default=50.0, help="Mbit/s")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--warm", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="/tmp/paired_steps.json")
+    p.add_argument("--worker", action="store_true")
+    args = p.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    from autocomp_bench.shaped_link import ShapedLink
+
+    argv = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--worker"]
+    with ShapedLink(ShapedLink.Config(hosts=2, rate_mbit=args.rate)) as link:
+        procs = [link.popen(h, argv, env=link.rank_env(h, 2, 29611)) for h in range(2)]
+        codes = [proc.wait(timeout=1800) for proc in procs]
+    if any(codes):
+        raise SystemExit(f"workers exited with {codes}")
+    result = json.load(open(args.out))
+    med = {m: statistics.median(v) for m, v in result["times"].items()}
+    result["median_step_s"] = med
+    json.dump(result, open(args.out, "w"), indent=1)
+    base = med.get("powersgd")
+    for m, v in med.items():
+        print(f"{m:10s} {v:.4f} s" + (f"  {v / base:.3f}x the hook" if base else ""), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Replay a recorded run (AUTOCOMP_RECORD_WINDOWS) through a fresh planner (default policy,
+window 50, warm-up 100, target 0.9: the tta defaults), as the twenty-seventh session's
+replay.py does; at every boundary also ask the engine for two whole pinned plans from the
+same measured context: rank 4 everywhere (psgd4) and seed 8's adaptive plan (s8plan, as in
+ab3.sh). Prints each plan's predicted step, its summed option error and its predicted
+progress per second relative to rank 4 everywhere, (1 - a E) / step with a = error_cost
+over all layers' weight (taken from the unpinned decision's search).
+  PYTHONPATH=<repo> python docs/benchmarks-static-2026-11-29/replay_plans.py \
+      docs/benchmarks-contention-2026-11-28/windows-adaptive2.jsonl   (from the repository root)"""
+import copy, json, sys
+import torch
+from autocomp.planner import WindowPlanner
+from autocomp.window import WindowMeasurement
+from autocomp.policy.rules import load_policy
+from autocomp.opening import calibrate
+from autocomp.cost_model import HALF_DTYPES, load_regressor
+
+grid = {
+    "psgd4": {"*": "powersgd:rank=4"},
+    "s8plan": {"embed.weight": "int8:chunk=256,ef=true", "blocks.0.attn.out_proj.weight": "int8:chunk=256,ef=true",
+               "position": "fp16:ef=false", "*": "powersgd:rank=4"},
+}
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+first = next(l for l in lines if 'measurement' in l)
+shapes = {n: torch.Size(s) for n, s in first['shapes'].items()}
+names = list(shapes)
+rules = load_policy('default')
+planner = WindowPlanner(rules, names, shapes, dict.fromkeys(names, torch.float32), [],
+    WindowPlanner.Config(target_overlap=0.9, window=50, warmup_steps=100), world_size=2)
+calibrate(planner.cost_model, rules.candidates, 2, torch.device('cpu'))
+load_regressor()
+
+preds = {}
+_orig = planner.engine.decide
+per_error = [0.0]
+def _wrapped(profiles, timing, step, world, **kw):
+    layers = list(profiles.values()) if isinstance(profiles, dict) else list(profiles)
+    # the search weighs the layers it solves (matrices; 1-D tensors are rule-decided)
+    per_error[0] = rules.error_cost / sum(planner.engine._weight(x) for x in layers if len(x.shape) >= 2)
+    for name in ('psgd4', 's8plan'):
+        kw2 = dict(kw); kw2['pins'] = list(grid[name].items()); kw2['locked'] = {}
+        preds[name] = _orig(profiles, timing, step, world, **kw2)
+    return _orig(profiles, timing, step, world, **kw)
+planner.engine.decide = _wrapped
+
+for l in lines:
+    if 'opening' in l:
+        o = l['opening']
+        import os; planner.cost_model.update_contention(float(os.environ.get('CONT') or o['contention_seconds_per_byte']))
+        for dt, c in zip(HALF_DTYPES, o['half_sum_seconds_per_element']):
+            planner.cost_model.update_half_sum(dt, c)
+        planner.row_shares = dict(o.get('row_shares', {}))
+        print('opening contention', o['contention_seconds_per_byte'])
+        continue
+    m = WindowMeasurement.from_dict(l['measurement'])
+    current = l['current']
+    preds.clear()
+    u = planner.decide(m, current)
+    d = planner.last_decision
+    rec = l['decision']
+    t = m.timings
+    a = per_error[0]
+    rate = lambda x: (1 - a * x.predicted_error) / x.predicted_step_seconds
+    print(f"step {m.step:4d} measured step {t['step_seconds']:.4f} | chosen ({d.solver}) {d.predicted_step_seconds:.4f} s E {d.predicted_error:.4f} progress/s {rate(d) / rate(preds['psgd4']) - 1:+.2%} on psgd4"
+          f" | fastest {d.fastest_step_seconds or 0:.4f}")
+    for name, p in preds.items():
+        print(f"    pinned {name}: {p.predicted_step_seconds:.4f} s ({p.predicted_step_seconds / preds['psgd4'].predicted_step_seconds - 1:+.2%} on psgd4), E {p.predicted_error:.4f}, per step 1 - aE = {1 - a * p.predicted_error:.3f}, progress/s {rate(p) / rate(preds['psgd4']) - 1:+.2%} on psgd4")
+    print("    chosen, not rank 4:", {x.name: x.spec[:12] for x in d.layers if not x.spec.startswith(('powersgd:rank=4', 'none'))})

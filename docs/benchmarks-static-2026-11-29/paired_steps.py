@@ -29,6 +29,10 @@ PLANS = {
         "position": "fp16:ef=false",
         "*": "powersgd:rank=4",
     },
+    # s8plan's three departures from rank 4, one at a time
+    "emb8": {"embed.weight": "int8:chunk=256,ef=true", "*": "powersgd:rank=4"},
+    "out8": {"blocks.0.attn.out_proj.weight": "int8:chunk=256,ef=true", "*": "powersgd:rank=4"},
+    "pos16": {"position": "fp16:ef=false", "*": "powersgd:rank=4"},
 }
 
 

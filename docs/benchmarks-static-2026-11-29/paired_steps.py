@@ -64,6 +64,7 @@ def worker(args: argparse.Namespace) -> None:
         runs.append((m, attached, task.make_optimizer(attached.ddp.parameters())))
     times: dict[str, list[float]] = {m: [] for m in methods}
     losses: dict[str, float] = {}
+    parts: dict[str, list[tuple[float, float, float]]] = {m: [] for m in methods}
     for step in range(args.warm + args.steps):
         order = runs if step % 2 == 0 else runs[::-1]  # no method always follows the same one
         for m, attached, opt in order:
@@ -72,18 +73,23 @@ def worker(args: argparse.Namespace) -> None:
             t0 = time.perf_counter()
             loss = task.loss(attached.ddp(x), y)
             opt.zero_grad(set_to_none=True)
+            tf = time.perf_counter()
             loss.backward()
+            tb = time.perf_counter()
             opt.step()
             t1 = time.perf_counter()
             if step >= args.warm:
                 times[m].append(t1 - t0)
+                parts[m].append((tf - t0, tb - tf, t1 - tb))
             losses[m] = float(loss.detach())
     for _, attached, _ in runs:
         if attached.ctl is not None:
             attached.ctl.close()
     if rank == 0:
         with open(args.out, "w") as f:
-            json.dump({"times": times, "last_train_loss": losses, "args": vars(args)}, f)
+            json.dump(
+                {"times": times, "parts": parts, "last_train_loss": losses, "args": vars(args)}, f
+            )
     dist.destroy_process_group()
 
 
@@ -115,7 +121,13 @@ def main() -> None:
     json.dump(result, open(args.out, "w"), indent=1)
     base = med.get("powersgd")
     for m, v in med.items():
-        print(f"{m:10s} {v:.4f} s" + (f"  {v / base:.3f}x the hook" if base else ""), flush=True)
+        fwd, bwd, opt = (statistics.median(p[i] for p in result["parts"][m]) for i in range(3))
+        print(
+            f"{m:10s} {v:.4f} s" + (f"  {v / base:.3f}x the hook" if base else "")
+            + f"  (medians: forward {fwd * 1e3:.1f} ms, backward with the hook {bwd * 1e3:.1f} ms,"
+            f" optimizer {opt * 1e3:.1f} ms)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

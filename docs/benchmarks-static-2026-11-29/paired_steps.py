@@ -11,9 +11,12 @@ is comparable with the others'.
 Run from the repository root, as root (needs iproute2):
     PYTHONPATH=docs/benchmarks-heldout-gpt12-2026-11-26 .venv/bin/python \
         docs/benchmarks-static-2026-11-29/paired_steps.py --rate 50 --steps 60 --out OUT.json
+``--profile N`` then takes N more steps of every method, in turn, under one torch.profiler
+on rank 0 and records each operator's self CPU time per method and step.
 """
 
 import argparse
+from contextlib import nullcontext
 import json
 import os
 import statistics
@@ -82,13 +85,52 @@ def worker(args: argparse.Namespace) -> None:
                 times[m].append(t1 - t0)
                 parts[m].append((tf - t0, tb - tf, t1 - tb))
             losses[m] = float(loss.detach())
+    profiles: dict[str, dict[str, list[float]]] = {}
+    if args.profile:
+        # Then --profile more steps of every method, still in turn, under one torch.profiler
+        # on rank 0, each method's step inside a record_function label: per method and
+        # operator, the CPU time of that operator's events below the label (self time), so
+        # drift falls on every method alike here too.
+        from torch.autograd.profiler import record_function
+        from torch.profiler import ProfilerActivity, profile
+
+        recorder = profile(activities=[ProfilerActivity.CPU]) if rank == 0 else nullcontext()
+        with recorder as prof:
+            for step in range(args.profile):
+                order = runs if step % 2 == 0 else runs[::-1]
+                for m, attached, opt in order:
+                    x, y = task.batch(rank, args.warm + args.steps + step, args.seed)
+                    dist.barrier()
+                    with record_function(f"method:{m}"):
+                        loss = task.loss(attached.ddp(x), y)
+                        opt.zero_grad(set_to_none=True)
+                        loss.backward()
+                        opt.step()
+        if rank == 0:
+            for event in prof.events():
+                top = event
+                while top.cpu_parent is not None:
+                    top = top.cpu_parent
+                if top is event or not top.name.startswith("method:"):
+                    continue
+                ops = profiles.setdefault(top.name[len("method:") :], {})
+                entry = ops.setdefault(event.name, [0.0, 0])
+                entry[0] += event.self_cpu_time_total / args.profile / 1e3
+                entry[1] += 1
     for _, attached, _ in runs:
         if attached.ctl is not None:
             attached.ctl.close()
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump(
-                {"times": times, "parts": parts, "last_train_loss": losses, "args": vars(args)}, f
+                {
+                    "times": times,
+                    "parts": parts,
+                    "profiles": profiles,
+                    "last_train_loss": losses,
+                    "args": vars(args),
+                },
+                f,
             )
     dist.destroy_process_group()
 
@@ -102,6 +144,7 @@ def main() -> None:
     p.add_argument("--warm", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="/tmp/paired_steps.json")
+    p.add_argument("--profile", type=int, default=0, help="then N steps per method profiled")
     p.add_argument("--worker", action="store_true")
     args = p.parse_args()
     if args.worker:

@@ -7,7 +7,7 @@ progress per second relative to rank 4 everywhere, (1 - a E) / step with a = err
 over all layers' weight (taken from the unpinned decision's search).
   PYTHONPATH=<repo> python docs/benchmarks-static-2026-11-29/replay_plans.py \
       docs/benchmarks-contention-2026-11-28/windows-adaptive2.jsonl   (from the repository root)"""
-import copy, json, sys
+import copy, json, os, sys
 import torch
 from autocomp.planner import WindowPlanner
 from autocomp.window import WindowMeasurement
@@ -25,6 +25,11 @@ first = next(l for l in lines if 'measurement' in l)
 shapes = {n: torch.Size(s) for n, s in first['shapes'].items()}
 names = list(shapes)
 rules = load_policy('default')
+import dataclasses
+for key in ('error_cost', 'time_slack'):  # ERROR_COST=<x>, TIME_SLACK=<x>: the default preset otherwise
+    if os.environ.get(key.upper()):
+        rules = dataclasses.replace(rules, **{key: float(os.environ[key.upper()])})
+        print(key, getattr(rules, key))
 planner = WindowPlanner(rules, names, shapes, dict.fromkeys(names, torch.float32), [],
     WindowPlanner.Config(target_overlap=0.9, window=50, warmup_steps=100), world_size=2)
 calibrate(planner.cost_model, rules.candidates, 2, torch.device('cpu'))

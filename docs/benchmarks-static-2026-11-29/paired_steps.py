@@ -20,7 +20,6 @@ from contextlib import nullcontext
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -135,6 +134,20 @@ def worker(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
+def run_ranks_on_shaped_link(script: str, rate_mbit: float, port: int, timeout_s: float) -> None:
+    """Run ``script`` with this command line plus ``--worker`` as 2 ranks, one per namespace
+    of a 2-host ShapedLink at ``rate_mbit``; raise SystemExit if a rank fails. The
+    namespaces are removed on exit (ShapedLink's context). Also used by tail_collectives.py."""
+    from autocomp_bench.shaped_link import ShapedLink
+
+    argv = [sys.executable, os.path.abspath(script), *sys.argv[1:], "--worker"]
+    with ShapedLink(ShapedLink.Config(hosts=2, rate_mbit=rate_mbit)) as link:
+        procs = [link.popen(h, argv, env=link.rank_env(h, 2, port)) for h in range(2)]
+        codes = [proc.wait(timeout=timeout_s) for proc in procs]
+    if any(codes):
+        raise SystemExit(f"workers exited with {codes}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--methods", default="powersgd,psgd4,s8plan,limit")
@@ -150,14 +163,7 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    from autocomp_bench.shaped_link import ShapedLink
-
-    argv = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--worker"]
-    with ShapedLink(ShapedLink.Config(hosts=2, rate_mbit=args.rate)) as link:
-        procs = [link.popen(h, argv, env=link.rank_env(h, 2, 29611)) for h in range(2)]
-        codes = [proc.wait(timeout=1800) for proc in procs]
-    if any(codes):
-        raise SystemExit(f"workers exited with {codes}")
+    run_ranks_on_shaped_link(__file__, args.rate, port=29611, timeout_s=1800)
     result = json.load(open(args.out))
     med = {m: statistics.median(v) for m, v in result["times"].items()}
     result["median_step_s"] = med

@@ -7,7 +7,7 @@ progress per second relative to rank 4 everywhere, (1 - a E) / step with a = err
 over all layers' weight (taken from the unpinned decision's search).
   PYTHONPATH=<repo> python docs/benchmarks-static-2026-11-29/replay_plans.py \
       docs/benchmarks-contention-2026-11-28/windows-adaptive2.jsonl   (from the repository root)"""
-import copy, json, os, sys
+import json, os, sys
 import torch
 from autocomp.planner import WindowPlanner
 from autocomp.window import WindowMeasurement
@@ -15,11 +15,8 @@ from autocomp.policy.rules import load_policy
 from autocomp.opening import calibrate
 from autocomp.cost_model import HALF_DTYPES, load_regressor
 
-grid = {
-    "psgd4": {"*": "powersgd:rank=4"},
-    "s8plan": {"embed.weight": "int8:chunk=256,ef=true", "blocks.0.attn.out_proj.weight": "int8:chunk=256,ef=true",
-               "position": "fp16:ef=false", "*": "powersgd:rank=4"},
-}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from paired_steps import PLANS as grid  # psgd4 and s8plan, as ab3.sh runs them
 lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 first = next(l for l in lines if 'measurement' in l)
 shapes = {n: torch.Size(s) for n, s in first['shapes'].items()}

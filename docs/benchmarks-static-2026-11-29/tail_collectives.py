@@ -94,14 +94,10 @@ def main() -> None:
         return
     import os
 
-    from autocomp_bench.shaped_link import ShapedLink
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from paired_steps import run_ranks_on_shaped_link
 
-    argv = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--worker"]
-    with ShapedLink(ShapedLink.Config(hosts=2, rate_mbit=args.rate)) as link:
-        procs = [link.popen(h, argv, env=link.rank_env(h, 2, 29612)) for h in range(2)]
-        codes = [proc.wait(timeout=900) for proc in procs]
-    if any(codes):
-        raise SystemExit(f"workers exited with {codes}")
+    run_ranks_on_shaped_link(__file__, args.rate, port=29612, timeout_s=900)
     times = json.load(open(args.out))
     work = times.pop("_work")
     print(f"work between the rounds: median {statistics.median(work) * 1e3:.2f} ms (rank 0)")

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from autocomp.compressors import Collective, Compressor, NoCompression, PowerSGD, TopK
+from autocomp.compressors import Collective, Compressor, PowerSGD, TopK
 from autocomp.compressors.sparse import selects_among_nonzeros
 
 __all__ = [
@@ -139,13 +139,14 @@ def prior_seconds(
     """Analytic hook cost of ``compressor`` on a layer of ``shape`` (0 for ``none``) whose
     gradient has ``nonzero_share`` of its elements nonzero, computed on ``device_type``.
 
-    ``none`` costs nothing by definition: the hook hands its gradient to the all-reduce as is.
+    ``none`` costs nothing by definition: the hook hands its gradient to the all-reduce as is;
+    so does a compressor on a tensor it would send whole (PowerSGD on a 1-D tensor).
     Compressors without a measured prior get :data:`FALLBACK_PRIOR` (conservatively slow).
     """
-    if type(compressor) is NoCompression:
-        return 0.0
-    prior = PRIORS.get(compressor.name, FALLBACK_PRIOR)
     size = torch.Size(shape)
+    if compressor.sends_as_is(size):
+        return 0.0  # the hook sends it as 'none' (``effective_compressor``)
+    prior = PRIORS.get(compressor.name, FALLBACK_PRIOR)
     numel = size.numel()
     best_case = prior.seconds(
         numel,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from autocomp.compressors import Compressor
+from autocomp.compressors import Compressor, effective_compressor
 from autocomp.hook_layer import LayerSlot, is_identity
 from autocomp.profiler import StepProfiler
 
@@ -195,8 +195,11 @@ class HookState:
         to the next gradient once, so no gradient mass is lost in the switch.
         """
         changed = []
-        for name, compressor in assignment.items():
+        for name, assigned in assignment.items():
             slot = self.slots[name]
+            # A compressor that would send this tensor whole runs as 'none' (no copy, state
+            # or residual); ``plan`` then reports 'none' for it.
+            compressor = effective_compressor(assigned, slot.shape)
             if slot.sparse and not is_identity(compressor):
                 # wrap pins these to 'none'; an operator's override may still ask. Every rank
                 # gets the same assignment, so every rank refuses alike.

@@ -498,6 +498,23 @@ def test_adaptive_plan_comes_from_the_policy_engine(whatif: WhatIfModel) -> None
     assert all(spec == "none" for spec in fast.result("adaptive").plan.values())
 
 
+def test_the_what_if_prices_a_layer_powersgd_would_send_whole_as_none() -> None:
+    """A plan with PowerSGD on the biases runs them as 'none' in the hook
+    (``effective_compressor``); the what-if prices them so: the same timeline and bytes as
+    the plan that says 'none'."""
+    link = scenario(0.05, world=2)
+    matrices = {"big.weight": "powersgd:rank=4", "head.weight": "powersgd:rank=4"}
+    everywhere = {**matrices, "big.bias": "powersgd:rank=4", "head.bias": "powersgd:rank=4"}
+    plain = make_profile()
+    # bf16 gradients: 'none' sends the biases in bf16, PowerSGD's own path in float32.
+    (model,) = plain.models
+    layers = tuple(dataclasses.replace(x, dtype="bfloat16") for x in model.layers)
+    half = dataclasses.replace(plain, models=(dataclasses.replace(model, layers=layers),))
+    for profile in (plain, half):
+        whatif = WhatIfModel(profile)
+        assert whatif.simulate(everywhere, link) == whatif.simulate(matrices, link)
+
+
 def test_the_what_if_prices_the_machines_contention_and_half_sums() -> None:
     """Measured contention stretches the backward beside hidden transfers, and a measured
     half-sum cost makes an fp16 all-reduce dearer than its bytes, in the advisor's plan

@@ -29,7 +29,12 @@ import types
 import pytest
 import torch
 
-from autocomp.compressors import Collective, build_compressor, run_rounds_locally
+from autocomp.compressors import (
+    Collective,
+    build_compressor,
+    effective_compressor,
+    run_rounds_locally,
+)
 from autocomp.compressors.sparse import largest_indices
 from autocomp.hook_layer import LayerSlot, decode_into, encode_locally
 
@@ -314,6 +319,26 @@ def test_powersgd_sends_1d_and_thin_tensors_uncompressed(shape: tuple[int, ...],
         assert _nbytes(payload) == x.numel() * 4 == c.wire_bytes(x.shape, torch.float32)
         assert torch.equal(c.decompress(payload, x.shape, state), x)
         c.commit(payload, state)
+
+
+def test_effective_compressor_is_none_where_the_compressor_would_send_whole() -> None:
+    """What the hook runs: PowerSGD on a 1-D tensor or a matrix no wider than its rank is
+    'none'; on a matrix it compresses, and every other compressor anywhere, unchanged."""
+    none = build_compressor("none")
+    psgd = build_compressor("powersgd:rank=4")
+    for shape in [(17,), (), (4, 4), (9, 3), (8, 1, 1, 1)]:
+        assert psgd.sends_as_is(torch.Size(shape))
+        assert effective_compressor(psgd, torch.Size(shape)) == none
+    assert effective_compressor(psgd, torch.Size([5, 5])) is psgd
+    assert none.sends_as_is(torch.Size([3, 3]))
+    assert effective_compressor(none, torch.Size([3])) is none
+    for spec in SPECS:
+        c = build_compressor(spec)
+        if c.name in ("powersgd", "none"):
+            continue
+        for shape in SHAPES:
+            assert not c.sends_as_is(torch.Size(shape)), (spec, shape)
+            assert effective_compressor(c, torch.Size(shape)) is c
 
 
 def test_powersgd_shared_instance_keeps_layers_independent() -> None:

@@ -341,6 +341,23 @@ def test_pins_win_in_order() -> None:
     assert decision.layer("head.weight").reason == "pinned by head.*"
 
 
+def test_a_pin_powersgd_cannot_apply_is_priced_and_sent_as_none() -> None:
+    """``*`` pinned to PowerSGD reaches the 1-D tensors, which the hook sends as 'none'
+    (``effective_compressor``): the engine decides them so, and prices the plan as the one
+    that spells it out."""
+    glob = decide(200, pins=[("*", "powersgd:rank=4")])
+    spelled = decide(200, pins=[("*.bias", "none"), ("norm.*", "none"), ("*", "powersgd:rank=4")])
+    for name in ("fc0.bias", "fc1.bias", "norm.weight", "norm.bias"):
+        layer = glob.layer(name)
+        assert (layer.spec, layer.rule) == ("none", "pin")
+        assert layer.reason == "pinned by *; sent whole as none"
+        assert layer.predicted_seconds == spelled.layer(name).predicted_seconds
+        assert layer.predicted_work_seconds == 0.0
+    assert glob.layer("fc0.weight").spec == "powersgd:rank=4,ef=true"
+    assert glob.plan == spelled.plan
+    assert glob.predicted_step_seconds == spelled.predicted_step_seconds
+
+
 def test_pins_count_against_the_budget() -> None:
     free = decide(200)
     pinned = decide(200, pins=[("fc1.weight", "none")])

@@ -37,8 +37,6 @@ import torch
 from autocomp.advisor.profile import CompressorMeasurement
 from autocomp.compressors import (
     Compressor,
-    NoCompression,
-    PowerSGD,
     build_compressor,
     run_rounds_locally,
 )
@@ -127,8 +125,8 @@ class CostMeter:
             if progress is not None:
                 progress(done, len(cases))
             label = f"{compressor.spec} on {'x'.join(map(str, shape))}"
-            if type(compressor) is NoCompression:
-                continue
+            if compressor.sends_as_is(torch.Size(shape)):
+                continue  # 'none', or sent as 'none' does (``effective_compressor``)
             if time.perf_counter() >= deadline:
                 self.skipped.append(f"{label}: compressor budget of {cfg.budget_s:g} s used up")
                 continue
@@ -156,8 +154,6 @@ class CostMeter:
             local.append(seconds_local)
             decode.append(seconds_decode)
         error = _rel_error(compressor, grad, replay.slot.state)
-        if isinstance(compressor, PowerSGD) and not compressor.compresses(shape):
-            error = 0.0
         return CompressorMeasurement(
             spec=compressor.spec,
             shape=tuple(shape),

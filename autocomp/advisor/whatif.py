@@ -57,7 +57,13 @@ from autocomp.advisor.verdict import DO_NOT_COMPRESS_COSTLY as DO_NOT_COMPRESS_C
 from autocomp.advisor.verdict import DO_NOT_COMPRESS_HIDDEN as DO_NOT_COMPRESS_HIDDEN
 from autocomp.advisor.verdict import Verdict, judge
 from autocomp.attach import sparse_pins
-from autocomp.compressors import Collective, Compressor, NoCompression, build_compressor
+from autocomp.compressors import (
+    Collective,
+    Compressor,
+    NoCompression,
+    build_compressor,
+    effective_compressor,
+)
 from autocomp.cost_model import HALF_DTYPES_BY_NAME, CostModel
 from autocomp.cost_prior import CostSample, payload_count
 from autocomp.exposure import Group, Timeline, simulate
@@ -514,7 +520,10 @@ class WhatIfModel:
             first_bytes: dict[Collective, int] = defaultdict(int)
             for name in bucket.params:
                 layer = self.layers[name]
-                compressor = self.compressor(plan.get(name, "none"))
+                # As the hook runs it: a compressor that sends this layer whole is 'none'.
+                compressor = effective_compressor(
+                    self.compressor(plan.get(name, "none")), torch.Size(layer.shape)
+                )
                 dtype = layer.torch_dtype
                 if layer.sparse_bytes is not None:
                     # Never compressed: gloo's sparse all-reduce gathers every rank's values

@@ -14,7 +14,7 @@ from autocomp.compressors.base import (
     register_compressor,
     run_rounds_locally,
 )
-from autocomp.compressors.cast import BFloat16, Float16, NoCompression
+from autocomp.compressors.cast import BFloat16, Float16, NoCompression, effective_compressor
 from autocomp.compressors.powersgd import PowerSGD
 from autocomp.compressors.quantize import QSGD, Int8, Sign
 from autocomp.compressors.sparse import RandomK, TopK
@@ -34,6 +34,7 @@ __all__ = [
     "TopK",
     "available_compressors",
     "build_compressor",
+    "effective_compressor",
     "parse_spec",
     "register_compressor",
     "run_rounds_locally",

@@ -190,6 +190,12 @@ class Compressor(ABC):
         """Collectives this compressor needs per step for a tensor of ``shape`` (>= 1)."""
         return 1
 
+    def sends_as_is(self, shape: torch.Size) -> bool:
+        """True when this compressor cannot compress a tensor of ``shape`` and would send it
+        whole (PowerSGD on a 1-D tensor). The hook then sends it as ``none`` does (see
+        :func:`~autocomp.compressors.cast.effective_compressor`)."""
+        return False
+
     def round_wire_bytes(self, shape: torch.Size, dtype: torch.dtype) -> tuple[int, ...]:
         """Bytes of each round's payload; they add up to ``wire_bytes``."""
         return (self.wire_bytes(shape, dtype),)

@@ -21,7 +21,8 @@ The hook pipelines the two rounds across DDP buckets so that every rank still la
 same collectives in the same order from the hook itself (see ``autocomp/hook.py``).
 
 Tensors that cannot be compressed (1-D, or rank >= min(rows, cols)) are sent as they are in a
-single round.
+single round: as a float32 copy when the compressor is called on its own; the hook sends them
+as ``none`` (``sends_as_is``, ``effective_compressor``).
 """
 
 from __future__ import annotations
@@ -64,6 +65,9 @@ class PowerSGD(Compressor):
 
     def rounds_for(self, shape: torch.Size) -> int:
         return 2 if self.compresses(shape) else 1
+
+    def sends_as_is(self, shape: torch.Size) -> bool:
+        return not self.compresses(shape)
 
     def work_shares(self, shape: torch.Size) -> tuple[float, float]:
         # Measured: P = MQ encodes (0.47), Q = M^T P and the error feedback's update run

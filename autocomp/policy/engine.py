@@ -33,7 +33,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from autocomp.compressors import Collective, Compressor, NoCompression, PowerSGD
+from autocomp.compressors import (
+    Collective,
+    Compressor,
+    NoCompression,
+    effective_compressor,
+)
 from autocomp.policy.costs import LatencyCache, OptionCost, latency_shares, option_cost
 from autocomp.policy.explain import optimizer_decision
 from autocomp.policy.optimizer import LayerOption
@@ -556,6 +561,10 @@ class PolicyEngine:
         if force_none:
             return RULE_FORCE_NONE, NONE_SPEC, "operator override: force none"
         if pin is not None:
+            pinned = effective_compressor(built(pin.compressor), layer.shape)
+            if pinned.spec != built(pin.compressor).spec:
+                # Priced and sent as the hook runs it (PowerSGD on a 1-D tensor: 'none').
+                return RULE_PIN, pinned.spec, f"pinned by {pin.match}; sent whole as none"
             return RULE_PIN, pin.compressor, f"pinned by {pin.match}"
         if layer.numel < rules.min_numel:
             return (
@@ -584,7 +593,7 @@ class PolicyEngine:
         """Whether the candidate would actually compress this layer and send fewer bytes."""
         if isinstance(compressor, NoCompression):
             return True
-        if isinstance(compressor, PowerSGD) and not compressor.compresses(layer.shape):
+        if compressor.sends_as_is(layer.shape):
             return False
         return compressor.wire_bytes(layer.shape, layer.dtype) < layer.raw_bytes
 

@@ -35,6 +35,8 @@ PLANS = {
     "emb8": {"embed.weight": "int8:chunk=256,ef=true", "*": "powersgd:rank=4"},
     "out8": {"blocks.0.attn.out_proj.weight": "int8:chunk=256,ef=true", "*": "powersgd:rank=4"},
     "pos16": {"position": "fp16:ef=false", "*": "powersgd:rank=4"},
+    # rank 4 on the matrices only: the 1-D tensors (biases, norms) on the plain all-reduce
+    "psgd4-2d": {"*bias": "none", "*norm*": "none", "*": "powersgd:rank=4"},
 }
 
 

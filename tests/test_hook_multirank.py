@@ -297,8 +297,8 @@ def test_bytes_handed_to_collectives_equal_reported_wire_bytes(tmp_path: Path) -
 def test_tensors_powersgd_cannot_compress_ride_in_the_plain_all_reduce(tmp_path: Path) -> None:
     """``{"*": "powersgd:rank=2"}`` sends the biases and the LayerNorm (1-D) as 'none': the
     same collectives, bytes and gradients as the plan that says so, no residual kept for
-    them, and the plan reports 'none' (PowerSGD's float32 copy path for 1-D tensors cost
-    2-13 ms a step on a 12-layer GPT's 98 of them, docs/benchmarks.md)."""
+    them, and the plan reports 'none' (PowerSGD's float32 copy path costs 20-40 us per 1-D
+    tensor, and the engine priced a 12-layer GPT's 98 of them at 22 ms a step)."""
     everywhere = run_ranks(_wire_bytes_probe, 2, tmp_path / "glob", {"*": "powersgd:rank=2"})
     spelled = {"*bias": "none", "norm.*": "none", "*": "powersgd:rank=2"}
     explicit = run_ranks(_wire_bytes_probe, 2, tmp_path / "explicit", spelled)

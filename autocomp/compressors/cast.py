@@ -51,11 +51,11 @@ def effective_compressor(compressor: Compressor, shape: torch.Size) -> Compresso
     compressor would send it whole anyway (:meth:`Compressor.sends_as_is`).
 
     Such a tensor then rides in its bucket's plain all-reduce in its own dtype, with no
-    float32 copy, compressor state or (all-zero) residual. PowerSGD's own path for them cost
-    about 20 us per tensor in isolation and 0.1 ms in training: rank 4 everywhere stepped 2-13
-    ms slower than rank 4 on the matrices alone on a 12-layer GPT with 98 biases and norms
-    (50 Mbit/s, 2026-11-29, docs/benchmarks.md). The engine, the advisor and the cost prior
-    price the same choice through this function."""
+    float32 copy, compressor state or (all-zero) residual. PowerSGD's own path for them
+    costs 20-40 us per tensor replayed alone (minimum to median), 2-4 ms a step for the 98
+    biases and norms of a 12-layer GPT, which the engine had priced at 22 ms (2026-11-29,
+    docs/benchmarks.md). The engine, the advisor and the cost prior price the same choice
+    through this function."""
     if type(compressor) is not NoCompression and compressor.sends_as_is(torch.Size(shape)):
         return NoCompression()
     return compressor

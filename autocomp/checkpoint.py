@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from autocomp.compressors import build_compressor
+from autocomp.compressors import build_compressor, effective_compressor
 
 if TYPE_CHECKING:
     from autocomp.controller import Controller
@@ -187,10 +187,14 @@ def _check_entry(entry: Mapping[str, Any], rank: int, world: int) -> None:
 
 
 def _check_specs(state: HookState, plan: Mapping[str, str]) -> None:
-    """Refuse a plan this job's compressors do not run (static plans are not replaced)."""
+    """Refuse a plan this job's compressors do not run (static plans are not replaced).
+
+    Specs compare as the hook runs them (``effective_compressor``): a checkpoint saved before
+    PowerSGD's 1-D tensors ran as 'none' names PowerSGD for them, and resumes."""
     for name, spec in plan.items():
-        canonical = build_compressor(spec).spec
-        if canonical != state.slots[name].compressor.spec:
+        slot = state.slots[name]
+        canonical = effective_compressor(build_compressor(spec), slot.shape).spec
+        if canonical != slot.compressor.spec:
             raise ValueError(
                 f"{name}: state dict was saved with compressor {canonical}, this job uses "
                 f"{state.slots[name].compressor.spec}; wrap with the same plan to resume"

@@ -135,6 +135,7 @@ RESUME_PLAN = {
     "fc3.weight": "qsgd:levels=4",
     "head.weight": "randomk:ratio=0.3",
     "*.bias": "fp16",
+    "norm.*": "powersgd:rank=2",  # 1-D: the hook runs these as 'none'
 }
 RESUME_AT, RESUME_TOTAL = 7, 14
 
@@ -188,6 +189,11 @@ def _resume(rank: int, world_size: int, ckpt_dir: str) -> dict[str, Any]:
     changed = dict(saved["ac"], plan=json.dumps(dict(plan, **{"fc2.weight": "int8"})))
     errors["plan"] = _error_of(lambda: ctl.load_state_dict(changed))
     errors["foreign"] = _error_of(lambda: ctl.load_state_dict({"weights": 1}))
+    # Saved before PowerSGD's 1-D tensors ran as 'none': the plan names PowerSGD for them.
+    legacy = dict(plan, **{"norm.weight": "powersgd:rank=2,ef=true"})
+    errors["legacy"] = _error_of(
+        lambda: ctl.load_state_dict(dict(saved["ac"], plan=json.dumps(legacy)))
+    )
     # Another world size is not an error: plan and step carry over, residuals start afresh.
     ctl.load_state_dict(dict(saved["ac"], world_size=8))
     residuals_after_world_change = [s.residual for s in ctl._state.slots.values()]
@@ -420,6 +426,7 @@ def test_resume_is_bit_identical(tmp_path: Path) -> None:
         assert errors["entry"].startswith("ValueError") and "rank=" in errors["entry"]
         assert errors["plan"].startswith("ValueError") and "fc2.weight" in errors["plan"]
         assert errors["foreign"].startswith("ValueError")
+        assert errors["legacy"] == "no error"
         assert out["dropped"] and out["step"] == RESUME_AT
     assert not torch.equal(results[0]["resumed"], torch.zeros_like(results[0]["resumed"]))
 

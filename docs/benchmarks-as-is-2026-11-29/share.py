@@ -1,13 +1,15 @@
 """Rank 4 everywhere's per-step gap to DDP at the last evaluation, in steps of DDP's own curve:
 the step at which DDP's (interpolated, seed-mean) curve reaches rank 4's final loss, over the
-steps taken: the fraction of an uncompressed step rank 4 delivers.
-  python share.py quality-gpt-130.json gpt ../benchmarks-static-2026-11-29/quality-s4-7.json gpt-deep"""
+steps taken: the fraction of an uncompressed step rank 4 delivers. From the repository root:
+  python docs/benchmarks-as-is-2026-11-29/share.py QUALITY.json TASK [QUALITY.json TASK ...]
+(the files and tasks of share.txt; the held-out GPT's is
+docs/benchmarks-static-2026-11-29/quality-s4-7.json)."""
 import json, sys, statistics as st
 for path, task in zip(sys.argv[1::2], sys.argv[2::2]):
     d = json.load(open(path))
     curves = {}
     for r in d["results"]:
-        curves.setdefault(r["method"], []).append([(p["step"], p["valid_loss"]) for p in r["curve"]])
+        curves.setdefault(r["method"], []).append([(p["step"], p["valid_loss"]) for p in r["curve"]])  # loss even for classifiers
     mean = {m: [(c[0][i][0], st.fmean(x[i][1] for x in c)) for i in range(len(c[0]))] for m, c in curves.items()}
     ddp = mean["ddp"]; psgd = mean["autocomp:powersgd:rank=4"]
     final = psgd[-1][1]; steps = psgd[-1][0]

@@ -1,7 +1,8 @@
 """Per model: how alike a layer's averaged gradient is from one step to the next (cosine of
-g_t and g_{t-1}, 2-rank average, AdamW as the task trains), L1-weighted over the matrices,
+g_t and g_{t-1}, 2-rank average, each task's own optimizer), L1-weighted over the matrices,
 steps 40-130. Error feedback delivers a dropped part of the gradient later; that costs less
-where the gradient keeps its direction (hypothesis for the per-model price of error)."""
+where the gradient keeps its direction (hypothesis for the per-model price of error).
+From the repository root: python docs/benchmarks-as-is-2026-11-29/temporal.py gpt gpt-deep mlp-lm lstm-lm cnn"""
 import json, sys, torch
 import autocomp_bench.tasks as T
 sys.path.insert(0, "docs/benchmarks-heldout-gpt12-2026-11-26"); import sitecustomize  # noqa
@@ -36,5 +37,5 @@ for name in sys.argv[1:]:
     out[name] = {"per_layer": mean, "l1_share": {n: l1[n] / total for n in cos}, "weighted": weighted}
     print(name, f"L1-weighted mean cos(g_t, g_t-1) = {weighted:.3f};",
           "embed", f"{mean.get('embed.weight', float('nan')):.3f}", "position", f"{mean.get('position', float('nan')):.3f}",
-          "blocks median", f"{sorted(v for n, v in mean.items() if n.startswith('blocks'))[len([1 for n in mean if n.startswith('blocks')])//2]:.3f}")
+          "median over matrices", f"{sorted(mean.values())[len(mean) // 2]:.3f}")
 json.dump(out, open(sys.argv[0].replace(".py", ".json"), "w"), indent=1)

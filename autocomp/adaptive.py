@@ -90,7 +90,7 @@ reading stands. The opening's probe reads a 2-core pair's contention in one mome
 held-out 12-layer GPT at 50 Mbit/s it read none on both ranks in about one opening in eight,
 even with its second batch, and that run's step-50 plan put five first-bucket matrices
 uncompressed where a reading of 10 ns/B or more keeps one; one opening in twelve read 7.8
-ns/B, and its plan put four of them on fp16 (docs/benchmarks.md, twenty-seventh session).
+ns/B, and its plan put four of them on fp16 (docs/benchmarks-history.md, twenty-seventh session).
 Every rank holds the same agreed reading and plan, so every rank re-reads at the same
 boundaries."""
 QUIET_DECISIONS = 5

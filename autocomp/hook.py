@@ -365,8 +365,8 @@ def launch_bucket(
     collectives of one group concurrently, so launched together they share the link with the
     round the final round waits for, and every millisecond they take from it lands on the
     step's tail (the GPT LM at 50 Mbit/s, int8 on three layers of the last bucket: its first
-    round took 35 ms beside the all-gather instead of 13 alone; docs/benchmarks.md). Launched
-    after the wait they run while the final round is computed, as the exposure model
+    round took 35 ms beside the all-gather instead of 13 alone; docs/benchmarks-history.md).
+    Launched after the wait they run while the final round is computed, as the exposure model
     assumes (one link serving collectives in launch order). On NCCL, whose collectives run
     in launch order on one stream, the wait does not block the host and nothing changes.
     """

@@ -57,7 +57,7 @@ class LinkProbe:
     early step's, with one-off costs in it), and nothing else can correct it: on the digits
     CNN on loopback, runs put a layer on fp16 at steps 1-4 on readings of 178-272 MB/s, and
     with a 10 ms step the budget bought the next probe 32 windows later, 1,400 steps of a
-    slower plan (docs/benchmarks.md, "The link estimate frozen by the plan it chose"). A
+    slower plan (docs/benchmarks-history.md, "The link estimate frozen by the plan it chose"). A
     switch costs at most one such probe, and switches are rate-limited by the dwell rules.
     """
 

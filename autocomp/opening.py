@@ -71,7 +71,7 @@ CALIBRATION_SHAPE = torch.Size([1024, 1024])
 CONTENTION_PAIRS = 7
 """Timed pairs (compute alone, compute beside a transfer) of the contention probe. Three
 read 0-54 ns a byte over 15 repeats on one 50 Mbit/s link (one a 0, which prices every hidden
-transfer as free), seven 10-45 with none (docs/benchmarks.md, twenty-second session)."""
+transfer as free), seven 10-45 with none (docs/benchmarks-history.md, twenty-second session)."""
 CONTENTION_MIN_SLOWDOWN = 0.03
 """A median slowdown under this fraction of the compute alone reads as no contention."""
 CONTENTION_SETTLED_SLOWDOWN = 2 * CONTENTION_MIN_SLOWDOWN
@@ -81,14 +81,14 @@ compressed (``adaptive.CONTENTION_REREADS``). Repeated in a warm process, a 2-co
 probe at 50 Mbit/s read 14-36 ns a byte in 8 of 10 batches (its 30 ms loop slowed by 8-21%),
 but one held-out 12-layer GPT opening in twelve read 7.8 ns a byte (about 4.5%), and its plan
 then put four first-bucket matrices on fp16 where a reading of 25 ns a byte keeps three on
-PowerSGD rank 4 (docs/benchmarks.md, twenty-seventh and twenty-eighth sessions)."""
+PowerSGD rank 4 (docs/benchmarks-history.md, twenty-seventh and twenty-eighth sessions)."""
 CONTENTION_BATCHES = 2
 """Batches of ``CONTENTION_PAIRS`` at most. When every rank's first batch reads no contention,
 another is timed and all pairs are judged together. One rank of a 2-core 50 Mbit/s pair read
 under the cut in 4 of 12 batches and 17-28 ns a byte in the rest (the transfer's CPU work
 lands on one core or the other for a while), and when both ranks read under it the opening
 priced every hidden transfer as free: on the held-out 12-layer GPT that put five first-bucket
-matrices uncompressed where any reading from 10 ns a byte up kept one (docs/benchmarks.md,
+matrices uncompressed where any reading from 10 ns a byte up kept one (docs/benchmarks-history.md,
 twenty-seventh session)."""
 CONTENTION_SECONDS = (0.01, 0.03)
 """Bounds of the contention probe's compute per pass (it is sized like the transfer)."""

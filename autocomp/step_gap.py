@@ -12,7 +12,7 @@ that no plan's prediction contains:
 The link meter leaves the first two out on purpose: it reads transfer times without the
 ranks' skew. On the cnn task (2 gloo ranks, loopback) a comm hook that all-reduces one element
 per bucket stepped about 2 ms slower than one that sends nothing, against a 4.7 ms
-compute-only step (``docs/benchmarks.md``, "The predicted step against the measured one").
+compute-only step (``docs/benchmarks-history.md``, "The predicted step against the measured one").
 Uncompressed there, the model predicted 4.7-5.6 ms and the steps measured 7.6-8.3 ms.
 
 The plans differ little in this cost, and every plan that sends anything pays it. So it

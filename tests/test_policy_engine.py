@@ -986,7 +986,7 @@ def test_powersgd_rank4_in_use_error_is_not_near_useless() -> None:
     still learns 0.70-0.88 of an uncompressed step on the GPT LM, so at the default threshold
     (0.95) it stays a choice on a projection where a far more accurate option is affordable.
     At 0.9 it was dropped there, and the GPT LM's projections went to int8 and stepped 9-10%
-    slower at 50 Mbit/s (docs/benchmarks.md, twenty-first session)."""
+    slower at 50 Mbit/s (docs/benchmarks-history.md, twenty-first session)."""
     rules = PolicyRules(candidates=("none", "fp16:ef=false", "powersgd:rank=4"), time_slack=0.03)
     timing = StepTiming(backward_seconds=0.3, hideable_seconds=1e-4, step_seconds=0.5)
     layers = [

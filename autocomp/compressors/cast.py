@@ -54,7 +54,7 @@ def effective_compressor(compressor: Compressor, shape: torch.Size) -> Compresso
     float32 copy, compressor state or (all-zero) residual. PowerSGD's own path for them
     costs 20-40 us per tensor replayed alone (minimum to median), 2-4 ms a step for the 98
     biases and norms of a 12-layer GPT, which the engine had priced at 22 ms (2026-11-29,
-    docs/benchmarks.md). ``HookState.assign``, the engine's pins, the advisor's what-if and
+    docs/benchmarks-history.md). ``HookState.assign``, the engine's pins, the advisor's what-if and
     the checkpoint's plan check go through this function; the cost prior charges such
     tensors no work."""
     if type(compressor) is not NoCompression and compressor.sends_as_is(torch.Size(shape)):

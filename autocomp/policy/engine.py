@@ -102,7 +102,7 @@ class PolicyEngine:
         Not 0.9: PowerSGD rank 4 measures 0.9-0.95 in use under error feedback (its prior
         is 0.92) and still delivers 0.70-0.88 of an uncompressed step on the GPT LM. At 0.9
         the rule took rank 4 off the GPT LM's attention projections for int8, which stepped
-        9-10% slower (docs/benchmarks.md, twenty-first session)."""
+        9-10% slower (docs/benchmarks-history.md, twenty-first session)."""
         much_better: float = 0.25
         """A near-useless option is dropped when another is this much more accurate
         (absolute relative error) and costs the layer at most the time slack more, the

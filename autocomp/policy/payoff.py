@@ -16,7 +16,7 @@ twice as long as the last (up to 8x): each try costs a few compressed windows.
 The same errors decide between two compressed plans: the engine keeps a plan whose
 predicted step is within ``time_slack`` of the fastest one, and on two cores a plan that sends
 more bytes (gloo's transfer threads take the backward's core) can be predicted within the slack
-and measure 5-15% slower (GPT LM at 10 and 50 Mbit/s, docs/benchmarks.md). So the check also
+and measure 5-15% slower (GPT LM at 10 and 50 Mbit/s, docs/benchmarks-history.md). So the check also
 keeps a ledger of settled compressed plans: each one's last ``ledger_windows`` window medians,
 on the current link. When the plan in use measures more than ``revert_slack`` slower than the
 fastest plan in the ledger (medians), and each of its windows slower than each of that plan's

@@ -436,7 +436,7 @@ def _drop_useless(pending: Sequence[Pending], allowance: float, config: SearchCo
     whole slack: twelve 128x128 output projections of a 12-layer GPT at 50 Mbit/s each lost
     PowerSGD rank 4 (measured 0.906) for int8 at 2 ms more, 24 ms together against a 9 ms
     slack, and the plan measured 10% slower than rank 4 everywhere, which learned more per
-    second (docs/benchmarks.md, "Held-out: a 12-layer GPT").
+    second (docs/benchmarks-history.md, "Held-out: a 12-layer GPT").
 
     The slack goes first to options at ``hopeless_error`` or more, which send nothing a
     layer can train on, the worst first; then to the band below, cheapest first. Cheapest
@@ -600,7 +600,7 @@ def search(
     the held plan's own fastest step instead, each window's locks raised T* and the next
     free layers got a fresh slack on top: on the held-out 12-layer GPT at 50 Mbit/s, int8
     spread from 8 to 19 matrices in four windows, and the predicted step from 0.327 to
-    0.355 s with T* rising alongside (docs/benchmarks.md, "Held-out: a 12-layer GPT").
+    0.355 s with T* rising alongside (docs/benchmarks-history.md, "Held-out: a 12-layer GPT").
     """
     problem = _Problem(pending, groups, fixed.copy())
     # Every plan's step starts from the compute-only step plus the measured per-step gap.

@@ -11,7 +11,9 @@ Modes:
   temporal     per matrix, cos(g_t, g_t-1) of the averaged gradient, steps 40-130;
   inuse        rank 4 with error feedback on every matrix, the averaged update's relative
                error per matrix (exactly the mean of the 2-rank system: every step is linear
-               in the ranks' gradients given the shared basis), steps 40-130.
+               in the ranks' gradients given the shared basis), steps 40-130;
+  ranks        rank 4 as the hook runs it on two ranks: the hook's per-rank error reading,
+               the averaged update's error, and a count-sketch estimate of the latter.
 The held-out 12-layer GPT is task gpt-deep (registered from docs/benchmarks-heldout-gpt12-2026-11-26).
 """
 import json, os, sys
@@ -140,7 +142,76 @@ def inuse(name):
             "l1_share": {n: l1[n] / total for n in err2}, "valid": task.evaluate(model)}
 
 
-MODES = {"noise": noise, "layer-noise": layer_noise, "temporal": temporal, "inuse": inuse}
+def count_sketch(x, k, seed):
+    """A k-bucket count sketch of ``x`` (hash and signs from ``seed``, alike on every rank):
+    linear, so the ranks' sketches sum to the sketch of their sum, and its squared norm
+    estimates ||x||^2 (relative spread about sqrt(2 / k))."""
+    g = torch.Generator().manual_seed(seed)
+    n = x.numel()
+    bucket = torch.randint(0, k, (n,), generator=g)
+    sign = torch.randint(0, 2, (n,), generator=g).float() * 2 - 1
+    return torch.zeros(k).index_add_(0, bucket, sign * x.flatten())
+
+
+def ranks(name, sketch_sizes=(64, 256)):
+    """Rank 4 as the hook runs it on two ranks: each rank's gradient pre-divided by 2 plus its
+    own residual, P summed, Q local then summed, each rank's residual (I - P P^T) x_i, the
+    summed estimate to the optimizer. Per matrix, steps 40-130, the L1-weighted mean e^2 of:
+    the hook's reading (each rank's residual against its own x_i, averaged over ranks); the
+    averaged update's (the summed residual against the summed x); and the count-sketch
+    estimate of the latter, S / (S + ||Q_sum||^2) with S the summed residual sketch's squared
+    norm (||sum x||^2 = ||P^T sum x||^2 + ||sum r||^2)."""
+    c = build_compressor("powersgd:rank=4")
+    states, residual, l1 = {}, {}, {}
+    sums = {"hook": {}, "average": {}, **{f"sketch{k}": {} for k in sketch_sizes}}
+    step_grads = {}
+
+    def keep(step, named, grads, avg):
+        step_grads.clear()
+        for (n, _), a, b in zip(named, *grads):
+            step_grads[n] = (a, b)
+
+    def compress(step, index, n, p, g):
+        if not c.compresses(p.shape) or step < 2:
+            return g
+        if n not in states:
+            states[n] = [c.init_state(p.shape, index, 0) for _ in range(2)]
+            residual[n] = [torch.zeros_like(g) for _ in range(2)]
+        xs = [gi / 2 + ri for gi, ri in zip(step_grads[n], residual[n])]
+        p_sum = sum(c.compress(x, st) for x, st in zip(xs, states[n]))
+        qs = [c.compress_round(x, 1, p_sum, st) for x, st in zip(xs, states[n])]
+        q_sum = qs[0] + qs[1]
+        estimate = c.decompress(q_sum, p.shape, states[n][0])
+        x_norms = [float(x.norm()) for x in xs]
+        x_sum_norm = float((xs[0] + xs[1]).norm())
+        rs = [c.subtract_estimate_(x, q, st) for x, q, st in zip(xs, qs, states[n])]
+        for st in states[n]:
+            c.commit(q_sum, st)
+        residual[n] = rs
+        if step >= FROM:
+            summed = rs[0] + rs[1]
+            add = lambda key, v: sums[key].__setitem__(n, sums[key].get(n, 0.0) + v)
+            add("hook", sum(float(r.norm()) ** 2 / xn**2 for r, xn in zip(rs, x_norms)) / 2)
+            add("average", float(summed.norm()) ** 2 / x_sum_norm**2)
+            q2 = float(q_sum.norm()) ** 2
+            for k in sketch_sizes:
+                sk = sum(count_sketch(r, k, 1000 * index + step) for r in rs)
+                s2 = float(sk.norm()) ** 2
+                add(f"sketch{k}", s2 / (s2 + q2))
+            l1[n] = l1.get(n, 0.0) + float(g.abs().sum())
+        return estimate
+
+    train(name, keep, compress)
+    total, count = sum(l1.values()), STEPS - FROM
+    out = {key: sum(v[n] / count * l1[n] / total for n in v) for key, v in sums.items()}
+    out["embed"] = {key: (v["embed.weight"] / count) ** 0.5 for key, v in sums.items()} if "embed.weight" in l1 else None
+    print(name, {k: round(v, 3) for k, v in out.items() if k != "embed"}, "embedding e:",
+          out["embed"] and {k: round(v, 3) for k, v in out["embed"].items()})
+    return out
+
+
+MODES = {"noise": noise, "layer-noise": layer_noise, "temporal": temporal, "inuse": inuse,
+         "ranks": ranks}
 
 if __name__ == "__main__":
     torch.set_num_threads(2)

@@ -47,7 +47,6 @@ import torch
 from autocomp.compressors import (
     Collective,
     Compressor,
-    NoCompression,
     available_compressors,
     build_compressor,
 )
@@ -455,12 +454,13 @@ class CostModel:
         nonzero); refits when ``refit_every`` samples have accumulated.
 
         The prediction is recorded first (for :meth:`prediction_error`), so the error is always
-        out of sample. ``none`` (which costs nothing by definition) and non-positive or
-        non-finite times are ignored.
+        out of sample. ``none`` (which costs nothing by definition), a compressor on a tensor it
+        sends whole (the hook runs it as ``none``; its prior is 0, so it has no correction to
+        learn) and non-positive or non-finite times are ignored.
         """
         compressor = self._compressor(compressor)
         shape = torch.Size(shape)
-        if type(compressor) is NoCompression or not (math.isfinite(seconds) and seconds > 0):
+        if compressor.sends_as_is(shape) or not (math.isfinite(seconds) and seconds > 0):
             return
         share = self._priced_share(compressor, shape, _checked_share(nonzero_share))
         predicted = self.compress_seconds(compressor, shape, share)
@@ -506,8 +506,8 @@ class CostModel:
             if not isinstance(sample, CostSample):
                 sample = CostSample.from_dict(sample)
             compressor = self._compressor(sample.spec)
-            if type(compressor) is NoCompression:
-                continue
+            if compressor.sends_as_is(torch.Size(sample.shape)):
+                continue  # as in add_sample
             if not (math.isfinite(sample.seconds) and sample.seconds > 0):
                 continue
             self._store((compressor.spec, tuple(sample.shape), sample.world_size), sample.seconds)
@@ -631,7 +631,10 @@ class CostModel:
             shares: dict[_Key, float] = {}
             for entry in state["groups"]:
                 key = _key(entry)
-                self._compressor(key[0])  # unknown compressors fail here, not later
+                # Unknown compressors fail here, not later. A state saved before 279adbe may
+                # hold PowerSGD's own timings of 1-D tensors, now run as 'none': dropped.
+                if self._compressor(key[0]).sends_as_is(torch.Size(key[1])):
+                    continue
                 values = [float(s) for s in entry["seconds"]]
                 groups[key] = deque(values[-self.config.per_key :], maxlen=self.config.per_key)
                 shares[key] = _checked_share(entry.get("nonzero_share", 1.0))
@@ -646,8 +649,12 @@ class CostModel:
                     )
                     for r in state["fit_rows"]
                 ]
+                fit_rows = [
+                    row
+                    for row in fit_rows
+                    if not self._compressor(row.key[0]).sends_as_is(torch.Size(row.key[1]))
+                ]
                 for row in fit_rows:
-                    self._compressor(row.key[0])
                     if not row.seconds > 0:
                         raise ValueError(f"non-positive time in fit row {row}")
             errors = {

@@ -128,10 +128,28 @@ def test_a_tensor_powersgd_would_send_whole_is_priced_as_none() -> None:
     assert prior_seconds(build_compressor("powersgd:rank=4"), thin, 2) > 0.0
     model = CostModel()
     assert model.compress_seconds("powersgd:rank=4", bias) == 0.0
-    # A measurement of PowerSGD's own copy path (the compressor benchmark's warm start) does
-    # not override it: the hook never runs that path.
-    model.add_sample("powersgd:rank=4", bias, 5e-5)
-    assert model.compress_seconds("powersgd:rank=4", bias) == 0.0
+    # A measurement of PowerSGD's own copy path (the compressor benchmark times it) is not a
+    # sample: the hook never runs that path, and its prior of 0 has no correction to learn
+    # (taken as one, the refit divided by it).
+    fitting = CostModel(CostModel.Config(refit_every=1, min_fit_samples=2))
+    fitting.add_sample("powersgd:rank=4", bias, 5e-5)
+    assert fitting.samples == 0
+    assert fitting.compress_seconds("powersgd:rank=4", bias) == 0.0
+    bench = [
+        {"spec": "powersgd:rank=4", "shape": [128], "seconds": 5e-5},
+        {"spec": "fp16", "shape": [64, 64], "seconds": 1e-4},
+        {"spec": "int8", "shape": [64, 64], "seconds": 2e-4},
+    ]
+    assert fitting.warm_start(bench) == 2 and fitting.fitted
+    # A state saved before such timings were refused still loads, without them.
+    state = fitting.state_dict()
+    old_group = {"spec": "powersgd:rank=4,ef=true", "shape": [128], "world_size": 2}
+    state["groups"].append({**old_group, "seconds": [5e-5]})
+    state["fit_rows"].append({**old_group, "seconds": 5e-5, "weight": 1})
+    clone = CostModel(fitting.config)
+    clone.load_state_dict(state)
+    assert clone.samples == fitting.samples and clone.fitted
+    assert clone.compress_seconds("powersgd:rank=4", bias) == 0.0
 
 
 TABLE = torch.Size([1 << 17, 64])

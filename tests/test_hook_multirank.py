@@ -302,8 +302,15 @@ def test_tensors_powersgd_cannot_compress_ride_in_the_plain_all_reduce(tmp_path:
     everywhere = run_ranks(_wire_bytes_probe, 2, tmp_path / "glob", {"*": "powersgd:rank=2"})
     spelled = {"*bias": "none", "norm.*": "none", "*": "powersgd:rank=2"}
     explicit = run_ranks(_wire_bytes_probe, 2, tmp_path / "explicit", spelled)
-    one_d = ["conv.bias", "fc1.bias", "norm.weight", "norm.bias", "fc2.bias", "fc3.bias"]
-    one_d.append("head.bias")
+    one_d = [
+        "conv.bias",
+        "fc1.bias",
+        "norm.weight",
+        "norm.bias",
+        "fc2.bias",
+        "fc3.bias",
+        "head.bias",
+    ]
     for result in everywhere:
         assert {n: result["plan"][n] for n in one_d} == dict.fromkeys(one_d, "none")
         assert result["plan"]["fc1.weight"] == "powersgd:rank=2,ef=true"

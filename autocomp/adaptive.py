@@ -51,6 +51,7 @@ from autocomp.compressors import Collective, build_compressor
 from autocomp.cost_model import HALF_DTYPES, CostModel, load_regressor
 from autocomp.distributed import collective_device
 from autocomp.exposure import overlap
+from autocomp.hook_layer import is_identity
 from autocomp.hook_state import HookState
 from autocomp.link_model import link_bytes
 from autocomp.link_probe import LinkProbe
@@ -440,6 +441,7 @@ class AdaptiveLoop:
         local_nonfinite = {name for _, name in self.state.nonfinite_events}
         self.state.nonfinite_events.clear()
         sent, raw = self._bytes_totals()
+        sketched = self._sketched()
         combined = self._vector.pack(
             profile,
             self._loss_sum,
@@ -448,6 +450,8 @@ class AdaptiveLoop:
             self.state.bucket_of(),
             sent_bytes=sent - self._bytes_mark[0],
             raw_bytes=raw - self._bytes_mark[1],
+            sketched=sketched,
+            sketch_steps=self.config.sampled_steps,
         ).to(device)
         self._bytes_mark = (sent, raw)
         dist.all_reduce(combined, group=group)
@@ -489,7 +493,7 @@ class AdaptiveLoop:
         if self.state.rank == 0:
             self._decision_started = time.perf_counter()
             measurement = self._measurement(
-                step, steps, profile, combined, busy_min, probe, nonfinite
+                step, steps, profile, combined, busy_min, probe, nonfinite, sketched
             )
             measurement.bytes_per_step = bytes_per_step
             measurement.uncompressed_bytes_per_step = raw_per_step
@@ -814,12 +818,20 @@ class AdaptiveLoop:
         busy_min: list[float],
         probe: tuple[int, float] | None,
         nonfinite: list[str],
+        sketched: list[str],
     ) -> WindowMeasurement:
         """Rank 0: the combined vector as the planner's input."""
         world = self.state.link_world_size  # hook costs: summed over the layer's owners
         timings, loss = self._vector.means(combined)
         specs = {name: self.state.slots[name].compressor.spec for name in self.names}
-        layers = self._vector.layers(combined, specs, self.state.bucket_of(), world)
+        layers = self._vector.layers(
+            combined,
+            specs,
+            self.state.bucket_of(),
+            world,
+            sketched,
+            sketch_steps=self.config.sampled_steps,
+        )
         return WindowMeasurement(
             step=step,
             world_size=world,
@@ -833,6 +845,14 @@ class AdaptiveLoop:
             probe=probe,
             nonfinite=nonfinite,
         )
+
+    def _sketched(self) -> list[str]:
+        """The layers whose error sketches this window's vector carries: the compressed ones
+        (the plan, and so the list, is the same on every rank)."""
+        if not self.state.sketch_errors:
+            return []
+        slots = self.state.slots
+        return [name for name in self.names if not is_identity(slots[name].compressor)]
 
     def _last_window_step(self) -> int:
         return self.history[-1].step if self.history else 0

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from autocomp.compressors import Collective, Compressor, NoCompression
+from autocomp.error_sketch import sign_sketch, sketch_buckets, sketch_seed
 from autocomp.profiler import StepProfiler
 from autocomp.timing import clock_for
 
@@ -136,6 +137,8 @@ class Encoding:
     """L1 norm of this step's gradient alone (sampled steps only)."""
     nonzero: torch.Tensor | float = 1.0
     """:func:`nonzero_share` of this step's gradient alone (sampled steps only)."""
+    step: int = 0
+    """The step this payload belongs to (seeds the sampled error sketch)."""
 
     @property
     def settled(self) -> bool:
@@ -194,6 +197,7 @@ def begin_encoding(
         grad_norm=grad_norm,
         grad_l1=grad_l1,
         nonzero=nonzero,
+        step=step,
     )
     if state.check_wire_bytes:
         _check_round_bytes(encoding)
@@ -223,17 +227,26 @@ def _settle(encoding: Encoding, state: Any) -> None:
     profiler = state.profiler if sampling else None
     # Norms stay on the device: the profiler reads a window's worth in one transfer.
     x_norm = torch.linalg.vector_norm(x) if profiler is not None else 0.0
-    error: torch.Tensor | float = 0.0
+    # The input's and the lost part's sketches, summed over ranks at the boundary, give the
+    # averaged update's error (autocomp.error_sketch). The input is sketched first: error
+    # feedback turns it into the residual in place.
+    input_sketch: torch.Tensor | None = None
+    if profiler is not None and getattr(state, "sketch_errors", False):
+        seed, buckets = sketch_seed(slot.seed, encoding.step), sketch_buckets(slot.shape)
+        input_sketch = sign_sketch((x,), seed, buckets)
+    lost: torch.Tensor | None = None
     if compressor.error_feedback:
         slot.residual = compressor.subtract_estimate_(x, payload, slot.state)
-        if profiler is not None:
-            error = torch.linalg.vector_norm(slot.residual)
+        lost = slot.residual
     else:
         slot.residual = None
         if profiler is not None:
-            estimate = compressor.decompress(payload, slot.shape, slot.state)
-            error = torch.linalg.vector_norm(x - estimate)
+            lost = x - compressor.decompress(payload, slot.shape, slot.state)
     if profiler is not None:
+        error = torch.linalg.vector_norm(lost) if lost is not None else 0.0
+        sketch = None
+        if input_sketch is not None and lost is not None:
+            sketch = torch.cat((sign_sketch((lost,), seed, buckets), input_sketch))
         profiler.layer_sample(
             slot.name,
             compressor.spec,
@@ -243,6 +256,8 @@ def _settle(encoding: Encoding, state: Any) -> None:
             residual_norm=error if slot.residual is not None else 0.0,
             error=error,
             x_norm=x_norm,
+            sketch=sketch,
+            sketch_step=encoding.step,
         )
 
 

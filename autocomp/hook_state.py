@@ -72,6 +72,9 @@ class HookState:
         """A bucket whose final round the next bucket's hook call launches."""
         self.hierarchy: HierarchicalReduce | None = None
         """Set when gradients are reduced inside each node first (the hierarchical hook)."""
+        self.sketch_errors = True
+        """On sampled steps, sketch each compressed layer's input and loss so that the window
+        can estimate the averaged update's error (:mod:`autocomp.error_sketch`)."""
         self._layouts: dict[int, BucketLayout] = {}
         self._pending_checks: list[tuple[int, LayerSlot, torch.Tensor]] = []
         self._pending_reads: list[tuple[int, torch.Tensor, Any]] = []

@@ -64,6 +64,11 @@ class LayerSample:
     """Fraction of the gradient's elements that are nonzero (estimated from a sample)."""
     grad_l1: float | None = None
     """L1 norm of the gradient (None: not measured by this sample's caller)."""
+    sketches: list[tuple[int, list[float]]] = field(default_factory=list)
+    """Per sampled step that made one, in step order: (step, the sketches of what the
+    compressor lost and of its input, concatenated) (:mod:`autocomp.error_sketch`). Kept per
+    step: the ranks' sum must be squared step by step (summed over steps first, the cross
+    terms between steps leave the spread of one sketch however many steps there are)."""
 
 
 @dataclass(slots=True)
@@ -77,6 +82,8 @@ class _PendingSample:
     x_norm: Norm
     nonzero: Norm = 1.0
     grad_l1: Norm | None = None
+    sketch: torch.Tensor | None = None
+    sketch_step: int = 0
 
 
 @dataclass(slots=True)
@@ -173,20 +180,22 @@ def _mean_sample(samples: list[LayerSample]) -> LayerSample:
         spec=samples[-1].spec,
         nonzero=sum(s.nonzero for s in samples) / count,
         grad_l1=sum(l1s) / len(l1s) if l1s else None,
+        sketches=sorted(item for s in samples for item in s.sketches),
     )
 
 
 def _read_norms(pending: list[_PendingSample]) -> list[LayerSample]:
-    """The samples as floats: every device norm read in one transfer."""
+    """The samples as floats: every device norm and sketch read in one transfer."""
     tensors = [
         value
         for p in pending
         for value in (p.grad_norm, p.residual_norm, p.error, p.x_norm, p.nonzero, p.grad_l1)
         if isinstance(value, torch.Tensor)
     ]
-    read: Iterator[float] = iter(
-        torch.stack([t.detach().float().reshape(()) for t in tensors]).tolist() if tensors else []
-    )
+    sketches = [p.sketch for p in pending if p.sketch is not None]
+    parts = [t.detach().float().reshape(1) for t in tensors]
+    parts += [t.detach().float().reshape(-1) for t in sketches]
+    read: Iterator[float] = iter(torch.cat(parts).tolist() if parts else [])
 
     def value(norm: Norm) -> float:
         return next(read) if isinstance(norm, torch.Tensor) else float(norm)
@@ -203,6 +212,9 @@ def _read_norms(pending: list[_PendingSample]) -> list[LayerSample]:
         l1 = None if p.grad_l1 is None else value(p.grad_l1)
         rel = error / x_norm if x_norm > 0 else 0.0
         out.append(LayerSample(grad, residual, rel, p.spec, nonzero, l1))
+    for p, sample in zip(pending, out, strict=True):  # the sketches follow every norm
+        if p.sketch is not None:
+            sample.sketches = [(p.sketch_step, [next(read) for _ in range(p.sketch.numel())])]
     return out
 
 
@@ -370,11 +382,24 @@ class StepProfiler:
         x_norm: Norm = 0.0,
         nonzero: Norm = 1.0,
         grad_l1: Norm | None = None,
+        sketch: torch.Tensor | None = None,
+        sketch_step: int = 0,
     ) -> None:
         """Record one sampled step's norms for a layer (device tensors are read at the window's
         end); the window reports their mean."""
         self._samples.append(
-            _PendingSample(name, spec, grad_norm, residual_norm, error, x_norm, nonzero, grad_l1)
+            _PendingSample(
+                name,
+                spec,
+                grad_norm,
+                residual_norm,
+                error,
+                x_norm,
+                nonzero,
+                grad_l1,
+                sketch,
+                sketch_step,
+            )
         )
 
     # ---- window ---------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import torch
 
 from autocomp.compressors import Collective
 from autocomp.env import AUTOCOMP_RECORD_WINDOWS
+from autocomp.error_sketch import SKETCH_WIDTH, averaged_error
 
 if TYPE_CHECKING:
     from autocomp.profiler import WindowProfile
@@ -72,6 +73,12 @@ class LayerWindow:
     grad_l1: float | None = None
     """Mean over ranks and sampled steps of the gradient's L1 norm (None: not sampled, or a
     recording from before it was measured)."""
+    avg_error: float | None = None
+    """Relative error of the averaged update under ``spec``, estimated from the ranks' summed
+    sketches over the window's sampled steps (:mod:`autocomp.error_sketch`). None: not
+    sketched (uncompressed, a hierarchy, a rank without samples, or a recording from before
+    it was measured). ``rel_error`` is each rank's residual against its own input, which also
+    counts the rank's deviation from the mean."""
 
 
 @dataclass(slots=True)
@@ -267,10 +274,17 @@ class WindowVector:
     non-finite count (with a hierarchy only a layer's owners see it; summed, every rank's
     count reaches rank 0's guards), the gradient's nonzero share, its L1 norm, and whether
     that was measured.
+
+    After the layers, one block per sketched layer (``sketched``: the compressed layers, the
+    same list on every rank): whether this rank sketched it, then per sampled step (at most
+    ``sketch_steps``, the last ones) the step number plus 1 and its square (summed, they show
+    whether every rank sketched that same step) and the sketches of what the compressor lost
+    and of its input (:mod:`autocomp.error_sketch`).
     """
 
     PER_LAYER = 10
     HEADER = 1 + len(TIMING_FIELDS) + 4
+    PER_SKETCH_STEP = 2 + 2 * SKETCH_WIDTH
 
     def __init__(self, names: Sequence[str]) -> None:
         self.names = list(names)
@@ -284,11 +298,16 @@ class WindowVector:
         bucket_of: Mapping[str, int],
         sent_bytes: float = 0.0,
         raw_bytes: float = 0.0,
+        sketched: Sequence[str] = (),
+        sketch_steps: int = 0,
     ) -> torch.Tensor:
         """This rank's window as a vector (``sent_bytes``/``raw_bytes``: what its hook sent
-        this window, and their uncompressed size)."""
+        this window, and their uncompressed size; ``sketched``, ``sketch_steps``: see the class
+        docstring)."""
         header, per = self.HEADER, self.PER_LAYER
-        values = [0.0] * (header + per * len(self.names))
+        layers_end = header + per * len(self.names)
+        block = 1 + self.PER_SKETCH_STEP * sketch_steps
+        values = [0.0] * (layers_end + block * len(sketched))
         values[header - 4] = float(sent_bytes)
         values[header - 3] = float(raw_bytes)
         values[header - 2] = float(loss_sum)  # the window's one read of a device loss
@@ -318,6 +337,16 @@ class WindowVector:
                 values[base + 5] = bucket_hideable.get(
                     bucket if bucket is not None else -1, profile.times.hideable_seconds
                 )
+            for j, name in enumerate(sketched):
+                sample = profile.layer_samples.get(name)
+                if sample is None or not sample.sketches or sketch_steps <= 0:
+                    continue
+                base = layers_end + block * j
+                values[base] = 1.0
+                for k, (step, sketch) in enumerate(sample.sketches[-sketch_steps:]):
+                    at = base + 1 + self.PER_SKETCH_STEP * k
+                    values[at : at + 2] = [step + 1.0, (step + 1.0) ** 2]
+                    values[at + 2 : at + self.PER_SKETCH_STEP] = sketch
         return torch.tensor(values, dtype=torch.float64)
 
     def nonfinite(self, combined: torch.Tensor) -> list[str]:
@@ -354,8 +383,12 @@ class WindowVector:
         specs: Mapping[str, str],
         bucket_of: Mapping[str, int],
         world: int,
+        sketched: Sequence[str] = (),
+        sketch_steps: int = 0,
     ) -> dict[str, LayerWindow]:
-        """Per layer, the combined window (hook costs summed over the layer's owners)."""
+        """Per layer, the combined window (hook costs summed over the layer's owners;
+        ``sketched``, ``sketch_steps`` as packed, where every one of the ``world`` ranks must
+        have sketched the same steps)."""
         ranks = max(1.0, float(combined[0]))
         out = {}
         for i, name in enumerate(self.names):
@@ -380,7 +413,39 @@ class WindowVector:
                     float(combined[base + 5]) / ranks if bucket is not None else None
                 ),
             )
+        layers_end = self.HEADER + self.PER_LAYER * len(self.names)
+        block = 1 + self.PER_SKETCH_STEP * sketch_steps
+        for j, name in enumerate(sketched):
+            base = layers_end + block * j
+            out[name].avg_error = self._averaged_error(
+                combined[base : base + block].tolist(), sketch_steps, world
+            )
         return out
+
+    def _averaged_error(self, block: list[float], steps: int, world: int) -> float | None:
+        """One layer's sketch block, summed over ranks: the error of the averaged update, or
+        None unless every rank sketched the same steps. A rank that lost its samples (no
+        complete step) would leave its residual out of the sums: no estimate then, rather
+        than a wrong one."""
+        if round(block[0]) != world:
+            return None
+        lost = total = 0.0
+        used = 0
+        for k in range(steps):
+            at = 1 + self.PER_SKETCH_STEP * k
+            step_sum, square_sum = block[at], block[at + 1]
+            if step_sum == 0:
+                continue
+            if abs(step_sum**2 - world * square_sum) > 0.5:  # the ranks' steps differ
+                return None
+            lost += math.fsum(v * v for v in block[at + 2 : at + 2 + SKETCH_WIDTH])
+            total += math.fsum(
+                v * v for v in block[at + 2 + SKETCH_WIDTH : at + self.PER_SKETCH_STEP]
+            )
+            used += 1
+        if not used:
+            return None
+        return averaged_error(lost, total)
 
 
 def record_window_line(line: dict[str, Any]) -> None:

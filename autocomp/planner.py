@@ -66,6 +66,10 @@ from autocomp.window import PlanUpdate, WindowMeasurement, WindowRecord
 
 logger = logging.getLogger(__name__)
 
+ERROR_READING = "averaged"
+"""What the smoothed errors measure: the averaged update's error (``LayerWindow.avg_error``).
+Saved with them, so that a checkpoint of each rank's own readings is not read as one."""
+
 GLANCE_STEP = 1
 """The boundary after the first step: the warm-up ends there only if communication
 dominates (``Config.dominance_ratio``)."""
@@ -498,10 +502,14 @@ class WindowPlanner:
                 running = (layer.spec, m.step - m.window_steps)
                 self._running_since[name] = running
             settling = m.step - running[1] < self.config.settle_steps
-            if layer.spec != NONE_SPEC and layer.rel_error is not None and not settling:
+            # The averaged update's error is what the optimizer gets (autocomp.error_sketch);
+            # a rank's own reading stands in only where no sketch came (a recording from
+            # before them, or ranks that sampled different steps).
+            reading = layer.avg_error if layer.avg_error is not None else layer.rel_error
+            if layer.spec != NONE_SPEC and reading is not None and not settling:
                 known = self.rel_errors[name]
                 old = known.get(layer.spec)
-                new = layer.rel_error
+                new = reading
                 known[layer.spec] = new if old is None else old + alpha * (new - old)
         # Non-finite norms go to the guards (which react) but never into the policy's weights.
         self.grad_norms.update({n: v for n, v in grad_norms.items() if math.isfinite(v)})
@@ -712,6 +720,7 @@ class WindowPlanner:
             "guards": self.guards.state_dict(),
             "payoff": self.payoff.state_dict(),
             "rel_errors": {k: dict(v) for k, v in self.rel_errors.items()},
+            "error_reading": ERROR_READING,
             "grad_norms": dict(self.grad_norms),
             "grad_l1s": dict(self.grad_l1s),
             "nonzero_shares": dict(self.nonzero_shares),
@@ -735,7 +744,10 @@ class WindowPlanner:
         self.cost_model.update_link(self.meter.estimate)
         self.guards.load_state_dict(state["guards"])
         self.payoff.load_state_dict(state.get("payoff", {}))
-        self.rel_errors = {name: dict(state["rel_errors"].get(name, {})) for name in self.names}
+        # Errors saved before the averaged reading are each rank's own, up to 4x larger: the
+        # next windows measure them again rather than price against them.
+        saved = state["rel_errors"] if state.get("error_reading") == ERROR_READING else {}
+        self.rel_errors = {name: dict(saved.get(name, {})) for name in self.names}
         self.grad_norms = dict(state["grad_norms"])
         self.grad_l1s = {str(k): float(v) for k, v in state.get("grad_l1s", {}).items()}
         self.nonzero_shares = {str(k): float(v) for k, v in state.get("nonzero_shares", {}).items()}

@@ -686,6 +686,29 @@ def test_measured_errors_are_smoothed_across_windows() -> None:
     assert p.rel_errors["fc1.weight"]["powersgd:rank=4,ef=true"] == pytest.approx(0.62)
 
 
+def test_the_averaged_updates_error_is_what_the_planner_keeps() -> None:
+    """Where the window has the ranks' sketch estimate (``avg_error``) the planner keeps it,
+    not a rank's own reading; a window without one (a recording from before the sketches)
+    falls back to the rank's. A checkpoint of rank readings is not restored as averaged ones."""
+    p = planner(warmup_steps=0, error_smoothing=1.0, settle_steps=0)
+    spec = "powersgd:rank=4,ef=true"
+    specs = {**dict.fromkeys(NAMES, "none"), "fc1.weight": spec}
+    window = measurement(10, mbit=50, specs=specs, errors={"fc1.weight": 0.9})
+    window.layers["fc1.weight"].avg_error = 0.4
+    p.decide(window, specs)
+    assert p.rel_errors["fc1.weight"][spec] == pytest.approx(0.4)
+    p.decide(measurement(20, mbit=50, specs=specs, errors={"fc1.weight": 0.8}), specs)
+    assert p.rel_errors["fc1.weight"][spec] == pytest.approx(0.8)
+
+    restored = planner(warmup_steps=0)
+    restored.load_state_dict(json.loads(json.dumps(p.state_dict())))
+    assert restored.rel_errors == p.rel_errors
+    old = {k: v for k, v in p.state_dict().items() if k != "error_reading"}
+    older = planner(warmup_steps=0)
+    older.load_state_dict(old)
+    assert older.rel_errors == {name: {} for name in NAMES}
+
+
 def _measured_everywhere(p: WindowPlanner, error: float) -> None:
     """Give every compressed candidate a measured error on every layer (as if each had run)."""
     for name in NAMES:

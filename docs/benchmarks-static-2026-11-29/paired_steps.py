@@ -37,6 +37,16 @@ PLANS = {
     "pos16": {"position": "fp16:ef=false", "*": "powersgd:rank=4"},
     # rank 4 on the matrices only: the 1-D tensors (biases, norms) on the plain all-reduce
     "psgd4-2d": {"*bias": "none", "*norm*": "none", "*": "powersgd:rank=4"},
+    # the plan the averaged-error engine ran on seed 0 (thirty-first session), and its
+    # embedding's rank 16 alone
+    "avg0": {
+        "position": "int8:chunk=256,ef=true",
+        "embed.weight": "powersgd:rank=16",
+        "blocks.0.attn.in_proj_weight": "powersgd:rank=16",
+        "blocks.0.attn.out_proj.weight": "int8:chunk=256,ef=true",
+        "*": "powersgd:rank=4",
+    },
+    "emb16": {"embed.weight": "powersgd:rank=16", "*": "powersgd:rank=4"},
 }
 
 

@@ -25,6 +25,8 @@ _HEADS = {
     "target": "least error hiding {target:.0%} of communication behind the backward",
     "progress": "most predicted progress per second (the error-weighted plans within "
     "{slack:.0%} of the fastest step learn less per second)",
+    "fastest": "fastest plan (the least error within {slack:.0%} of its step predicts less "
+    "progress per second)",
     "kept": "plan kept (still within {slack:.0%} of the fastest step; the best alternative "
     "was not {margin:.0%} more accurate)",
 }

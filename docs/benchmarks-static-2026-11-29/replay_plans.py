@@ -39,7 +39,7 @@ def _wrapped(profiles, timing, step, world, **kw):
     layers = list(profiles.values()) if isinstance(profiles, dict) else list(profiles)
     # the search weighs the layers it solves (matrices; 1-D tensors are rule-decided)
     per_error[0] = rules.error_cost / sum(planner.engine._weight(x) for x in layers if len(x.shape) >= 2)
-    for name in ('psgd4', 's8plan'):
+    for name in os.environ.get('PINNED', 'psgd4,s8plan').split(','):  # PINNED: plans of paired_steps.PLANS
         kw2 = dict(kw); kw2['pins'] = list(grid[name].items()); kw2['locked'] = {}
         preds[name] = _orig(profiles, timing, step, world, **kw2)
     return _orig(profiles, timing, step, world, **kw)

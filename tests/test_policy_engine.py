@@ -33,6 +33,7 @@ from autocomp.policy import (
     StepTiming,
     load_policy,
 )
+from autocomp.policy.priors import model_scaled
 from autocomp.policy.rules import error_weight
 
 ALPHA = 50e-6
@@ -510,6 +511,36 @@ def test_measured_errors_calibrate_unmeasured_siblings() -> None:
     assert chosen.predicted_error == pytest.approx(expected_topk**2 * both_weight * topk_weight)
 
 
+def test_unmeasured_layers_are_priced_at_the_models_measured_level() -> None:
+    """The priors' level is the model's: where two layers measure PowerSGD rank 4 at half its
+    prior, a layer the plan never ran it on is priced at half the prior too, and the measured
+    layers keep their own values. Without it a layer moved off rank 4 on priors (0.63; the
+    held-out 12-layer GPT measures 0.42) stayed priced at the prior and off rank 4."""
+    priors = ErrorPriors()
+    shape = torch.Size((1024, 1024))
+    rank4 = build_compressor("powersgd:rank=4")
+    prior = priors.rel_error(rank4, shape)
+    measured = [
+        LayerProfile(name=n, shape=shape, grad_norm=1.0, rel_error={"powersgd:rank=4": prior / 2})
+        for n in ("a", "b")
+    ]
+    fresh = LayerProfile(name="c", shape=shape, grad_norm=1.0)
+    scaled = model_scaled(priors, [*measured, fresh])
+    assert scaled.family_scale == (("powersgd", pytest.approx(0.5)),)
+    assert scaled.rel_error(rank4, shape) == pytest.approx(prior / 2)
+    topk = build_compressor("topk:ratio=0.01")
+    assert scaled.rel_error(topk, shape) == priors.rel_error(topk, shape)  # not measured
+    assert model_scaled(priors, [fresh]) is priors
+
+    timing = StepTiming(backward_seconds=0.1, hideable_seconds=0.05, step_seconds=0.2)
+    rules = PolicyRules(candidates=("none", "powersgd:rank=4"), error_cost=0.0)
+    decision = engine(200, rules).decide([*measured, fresh], timing, AFTER_WARMUP, WORLD)
+    weight = error_weight(rules.error_weight, fresh.numel, fresh.grad_norm)
+    for name in ("a", "b", "c"):
+        assert decision.layer(name).spec == "powersgd:rank=4,ef=true"
+        assert decision.layer(name).predicted_error == pytest.approx((prior / 2) ** 2 * weight)
+
+
 def test_error_priors_are_sane() -> None:
     priors = ErrorPriors()
     shape = torch.Size((1024, 1024))
@@ -952,11 +983,20 @@ def test_hysteresis_keeps_an_acceptable_plan_unless_clearly_worse() -> None:
 
 def _attention_and_mlp(grad_norm: float = 0.01) -> list[LayerProfile]:
     """A small-gradient attention weight whose rank-1 PowerSGD sends almost nothing (measured
-    0.96) next to a large MLP weight: the squared-error objective barely sees the former."""
+    0.96) next to a large MLP weight: the squared-error objective barely sees the former. The
+    MLP measures rank 4 at its prior, so its rank 1 is priced at the prior too (unmeasured,
+    it would be priced at the attention layer's level: ``model_scaled``)."""
     errors = {"powersgd:rank=1": 0.96, "powersgd:rank=4": 0.7}
+    mlp_shape = torch.Size((2048, 2048))
+    mlp_rank4 = ErrorPriors().rel_error(build_compressor("powersgd:rank=4"), mlp_shape)
     return [
         LayerProfile(name="attn", shape=(768, 256), grad_norm=grad_norm, rel_error=errors),
-        LayerProfile(name="mlp", shape=(2048, 2048), grad_norm=10.0),
+        LayerProfile(
+            name="mlp",
+            shape=mlp_shape,
+            grad_norm=10.0,
+            rel_error={"powersgd:rank=4": mlp_rank4},
+        ),
     ]
 
 

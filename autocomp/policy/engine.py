@@ -42,7 +42,7 @@ from autocomp.compressors import (
 from autocomp.policy.costs import LatencyCache, OptionCost, latency_shares, option_cost
 from autocomp.policy.explain import optimizer_decision
 from autocomp.policy.optimizer import LayerOption
-from autocomp.policy.priors import ErrorPriors, built, rel_error
+from autocomp.policy.priors import ErrorPriors, built, model_scaled, rel_error
 from autocomp.policy.progress import progress_rate
 from autocomp.policy.rules import Pin, PolicyRules, error_weight, runtime_pins
 from autocomp.policy.search import BucketGroups, GroupLoad, Pending, SearchConfig, search
@@ -151,6 +151,9 @@ class PolicyEngine:
         if self.config.bucket_cap_bytes < 1:
             raise ValueError("bucket_cap_bytes must be >= 1")
         self._candidates: tuple[Compressor, ...] = tuple(built(s) for s in rules.candidates)
+        self._priors = self.config.priors
+        """The priors of the decision in progress, at this model's measured level
+        (:func:`~autocomp.policy.priors.model_scaled`)."""
 
     # ---- public ----------------------------------------------------------------------------
 
@@ -195,6 +198,7 @@ class PolicyEngine:
                 such decision, so one window's noise cannot release them.
         """
         names = [layer.name for layer in layers]
+        self._priors = model_scaled(self.config.priors, layers)
         if len(set(names)) != len(names):
             raise ValueError("layer names must be unique")
         if world_size < 1:
@@ -603,7 +607,7 @@ class PolicyEngine:
         if isinstance(compressor, NoCompression) or not self._usable(compressor, layer):
             return False
         limit = self.rules.warmup_max_error
-        return limit > 0 and rel_error(compressor, layer, self.config.priors) <= limit
+        return limit > 0 and rel_error(compressor, layer, self._priors) <= limit
 
     def _fixed(
         self, layer: LayerProfile, rule: str, spec: str, reason: str, latency: LatencyCache
@@ -613,7 +617,7 @@ class PolicyEngine:
             cost = option_cost(compressor, layer, latency)
         else:
             cost = OptionCost(0.0, 0.0, compressor.wire_bytes(layer.shape, layer.dtype))
-        error = self._error(compressor, layer, rel_error(compressor, layer, self.config.priors))
+        error = self._error(compressor, layer, rel_error(compressor, layer, self._priors))
         return LayerDecision(
             name=layer.name,
             spec=compressor.spec,
@@ -652,7 +656,7 @@ class PolicyEngine:
         options = []
         rel_errors = {}
         for compressor in ordered:
-            rel = rel_error(compressor, layer, self.config.priors)
+            rel = rel_error(compressor, layer, self._priors)
             if max_error is not None and rel > max_error:
                 continue  # 'none' (0) always stays; ``_rule`` saw a usable one within it
             cost = option_cost(compressor, layer, latency, share)

@@ -77,8 +77,8 @@ class LayerWindow:
     """Relative error of the averaged update under ``spec``, estimated from the ranks' summed
     sketches over the window's sampled steps (:mod:`autocomp.error_sketch`). None: not
     sketched (uncompressed), a rank without samples or ranks that sampled different steps,
-    or a recording from before it was measured. ``rel_error`` is each rank's residual against its own input, which also
-    counts the rank's deviation from the mean."""
+    or a recording from before it was measured. ``rel_error`` is each rank's residual against
+    its own input, which also counts the rank's deviation from the mean."""
 
 
 @dataclass(slots=True)

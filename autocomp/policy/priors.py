@@ -229,22 +229,23 @@ def model_scaled(priors: ErrorPriors, layers: Sequence[LayerProfile]) -> ErrorPr
     mean over every (layer, spec) of that family with a measured error of measured / prior.
     A layer's own measurements still decide its options (:func:`rel_error`: the scale cancels
     in their ratio); this sets the level for the layers that have none in the family."""
-    scales = []
-    for family in priors.in_use_families:
-        logs = []
-        for layer in layers:
-            for spec, value in layer.rel_error.items():
-                try:
-                    compressor = built(spec)
-                except (ValueError, TypeError) as err:
-                    raise ValueError(f"{layer.name}: bad spec in rel_error: {err}") from None
-                if compressor.name != family or not value > 0:
-                    continue
-                prior = priors.rel_error(compressor, layer.shape, layer.nonzero_share)
-                if prior > 0:
-                    logs.append(math.log(value / prior))
-        if logs:
-            scales.append((family, math.exp(math.fsum(logs) / len(logs))))
+    logs: dict[str, list[float]] = {family: [] for family in priors.in_use_families}
+    for layer in layers:
+        for spec, value in layer.rel_error.items():
+            try:
+                compressor = built(spec)
+            except (ValueError, TypeError) as err:
+                raise ValueError(f"{layer.name}: bad spec in rel_error: {err}") from None
+            if compressor.name not in logs or not value > 0:
+                continue
+            prior = priors.rel_error(compressor, layer.shape, layer.nonzero_share)
+            if prior > 0:
+                logs[compressor.name].append(math.log(value / prior))
+    scales = [
+        (family, math.exp(math.fsum(values) / len(values)))
+        for family, values in logs.items()
+        if values
+    ]
     return replace(priors, family_scale=tuple(scales)) if scales else priors
 
 

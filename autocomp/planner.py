@@ -289,7 +289,7 @@ class WindowPlanner:
         self._windows += 1
         world = m.world_size
         closed = self.meter.windows_closed
-        estimate = self._update_link(m)
+        estimate = self._update_link(m, current)
         warming = not self.warmup_done
         cut_short = self._first_look(m, peers_ended)
         # The decision that ends the warm-up opens the full candidate set: the warm-up's
@@ -446,15 +446,37 @@ class WindowPlanner:
 
     # ---- the pieces ----------------------------------------------------------------------------
 
-    def _update_link(self, m: WindowMeasurement) -> LinkEstimate | None:
+    def half_sum_seconds(self, plan: dict[str, str]) -> float:
+        """Per step, the time the plan's half-precision all-reduces spend summing (the cost
+        model's measured per-element cost; zero where the opening measured none)."""
+        total = 0.0
+        for name, spec in plan.items():
+            if spec == NONE_SPEC or name not in self.shapes:
+                continue
+            compressor = build_compressor(spec)
+            if compressor.collective is not Collective.ALL_REDUCE:
+                continue
+            dtype = compressor.payload_dtype(self.dtypes[name])
+            per_element = self.cost_model.half_sum_seconds_per_element(dtype)
+            if per_element > 0.0:
+                total += per_element * math.prod(self.shapes[name])
+        return total
+
+    def _update_link(self, m: WindowMeasurement, current: dict[str, str]) -> LinkEstimate | None:
         world = m.world_size
-        # Rank 0's own steps (every rank sees the same ring), one busy period per step.
+        # Rank 0's own steps (every rank sees the same ring), one busy period per step. A
+        # half-precision all-reduce's busy time includes gloo summing halves on the CPU (slow
+        # on CPU, about the transfer's own time on loopback): left in, an fp16 plan read the
+        # loopback link at half its rate (mlp-lm, 459-576 against 854-1118 MB/s), which made
+        # every uncompressed layer look slow and kept the plan compressed. The cost model
+        # charges that sum separately (``LatencyCache.half_sum``), so the meter leaves it out.
+        summing = self.half_sum_seconds(current)
         steps = m.collectives[-m.window_steps :]
         for step_collectives, seconds in zip(steps, m.busy_min, strict=False):
             self.meter.add_period(
                 sum(latency_hops(kind, world) for kind, _, _ in step_collectives),
                 sum(link_bytes(kind, nbytes, world) for kind, nbytes, _ in step_collectives),
-                seconds,
+                max(seconds - summing, 0.5 * seconds),
             )
         for step_collectives in m.collectives:
             for kind, nbytes, seconds in step_collectives:

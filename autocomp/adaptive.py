@@ -54,7 +54,7 @@ from autocomp.exposure import overlap
 from autocomp.hook_layer import is_identity
 from autocomp.hook_state import HookState
 from autocomp.link_model import link_bytes
-from autocomp.link_probe import LinkProbe
+from autocomp.link_probe import BOUNDARY_PROBE_PASSES, LinkProbe
 from autocomp.opening import EmbeddingRows, ProbeRunner, calibrate, gradient_device, untraced
 from autocomp.planner import GLANCE_STEP, PlanUpdate, WindowPlanner
 from autocomp.policy.rules import PolicyRules
@@ -460,7 +460,9 @@ class AdaptiveLoop:
         # Every rank got the same size from rank 0's last broadcast, so all issue it.
         probe_bytes, self._probe_next = self._probe_next, 0
         probe_local = (
-            self._prober.time_all_reduce(probe_bytes, device, self.state.link_group)
+            self._prober.fastest_all_reduce(
+                probe_bytes, device, self.state.link_group, BOUNDARY_PROBE_PASSES - 1
+            )
             if probe_bytes > 0
             else _MISSING
         )

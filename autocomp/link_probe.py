@@ -17,12 +17,20 @@ from typing import Any
 from autocomp.compressors.base import Collective
 from autocomp.link_model import LinkEstimate, latency_hops, link_bytes
 
-__all__ = ["PROBE_PASSES", "LinkProbe", "ProbePlan"]
+__all__ = ["BOUNDARY_PROBE_PASSES", "PROBE_PASSES", "LinkProbe", "ProbePlan"]
 
 PROBE_PASSES = 2
 """All-reduces per probe: a priming pass, then the timed one. The first drains whatever a
 token-bucket shaper lets through at line rate after an idle spell (tbf's bucket holds ~4 ms of
 traffic) and reopens TCP's window, so the timed pass sees the sustained rate."""
+BOUNDARY_PROBE_PASSES = 4
+"""All-reduces of a probe at a window boundary: the priming pass, then three timed ones of
+which the fastest counts (a rank's scheduling hiccup only ever adds time). With one timed
+pass, the same 1 MiB probe on loopback read 225-1454 MB/s within single runs (mlp-lm
+unshaped, thirty-second session); two slow readings in a row (225 and 263 MB/s against
+1093 at the opening and 882 a window later) told the payoff check the link had changed, and an
+fp16 plan that measured 1.2x the uncompressed step was kept 150 steps longer. The level
+probe keeps the fastest of three for the same reason."""
 _PROBE_LATENCY_MULTIPLE = 4.0
 """At the fastest rate it must resolve, a probe's transfer takes this many latency terms."""
 
@@ -103,12 +111,12 @@ class LinkProbe:
         latency = hops * estimate.latency_s
         floor_seconds = max(cfg.min_seconds, _PROBE_LATENCY_MULTIPLE * latency)
         informative = floor_seconds * cfg.headroom * rate / per_payload_byte
-        affordable = max(0.0, allowed / PROBE_PASSES - latency) * rate / per_payload_byte
+        affordable = max(0.0, allowed / BOUNDARY_PROBE_PASSES - latency) * rate / per_payload_byte
         if affordable >= informative:  # round down: stay within the budget
             payload = 4 * math.floor(min(affordable, cfg.max_bytes) / 4)
         else:  # round up: stay informative (the cap wins over both)
             payload = min(4 * math.ceil(informative / 4), 4 * (cfg.max_bytes // 4))
-        seconds = PROBE_PASSES * (latency + per_payload_byte * payload / rate)
+        seconds = BOUNDARY_PROBE_PASSES * (latency + per_payload_byte * payload / rate)
         every = max(1, math.ceil(seconds / allowed - 1e-9))
         return ProbePlan(payload_bytes=payload, every_windows=every, seconds=seconds)
 

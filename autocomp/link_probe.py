@@ -27,10 +27,10 @@ BOUNDARY_PROBE_PASSES = 4
 """All-reduces of a probe at a window boundary: the priming pass, then three timed ones of
 which the fastest counts (a rank's scheduling hiccup only ever adds time). With one timed
 pass, the same 1 MiB probe on loopback read 225-1454 MB/s within single runs (mlp-lm
-unshaped, thirty-second session); two slow readings in a row (225 and 263 MB/s against
-1093 at the opening and 882 a window later) told the payoff check the link had changed, and an
-fp16 plan that measured 1.2x the uncompressed step was kept 150 steps longer. The level
-probe keeps the fastest of three for the same reason."""
+unshaped, thirty-second session); two slow readings in a row (225 and 263 MB/s at steps 200
+and 250, against 1093 at the opening) told the payoff check the link had changed, and an fp16
+plan that measured 1.2x the uncompressed step ran on until a correct reading (882 MB/s) at
+step 350. The level probe keeps the fastest of three for the same reason."""
 _PROBE_LATENCY_MULTIPLE = 4.0
 """At the fastest rate it must resolve, a probe's transfer takes this many latency terms."""
 

@@ -50,6 +50,7 @@ from autocomp.nic_counters import NicCounters
 from autocomp.opening import open_plan
 from autocomp.policy.dwell import DwellClock
 from autocomp.policy.engine import PolicyEngine
+from autocomp.policy.idle_link import IdleLink
 from autocomp.policy.payoff import PayoffCheck
 from autocomp.policy.priors import rel_error
 from autocomp.policy.rules import PolicyRules
@@ -88,6 +89,21 @@ def _compute(timings: dict[str, float]) -> float:
         timings["compress_seconds"],
         timings["backward_seconds"],
     )
+
+
+def _optimizer_compressed(decision: PolicyDecision | None) -> bool:
+    """Whether the optimizer (not a rule such as a pin) compressed any layer in ``decision``."""
+    return decision is not None and any(
+        layer.rule in OPTIMIZER_RULES and layer.spec != NONE_SPEC for layer in decision.layers
+    )
+
+
+def _probe_rate(m: WindowMeasurement) -> float | None:
+    """Link bytes per second of the probe taken at the end of window ``m``, if any."""
+    if m.probe is None or m.probe[1] <= 0:
+        return None
+    payload_bytes, seconds = m.probe
+    return link_bytes(Collective.ALL_REDUCE, payload_bytes, m.world_size) / seconds
 
 
 def _uncompressed_step(m: WindowMeasurement, compute: float) -> float:
@@ -208,6 +224,7 @@ class WindowPlanner:
         self.payoff = PayoffCheck(
             PayoffCheck.Config(min_gain=rules.min_gain, revert_slack=rules.time_slack)
         )
+        self.idle_link = IdleLink(IdleLink.Config(link_change=config.link_change))
         guard_rules = rules.guards
         # The guards see one observation per window, so step counts become window counts.
         self.guards = ConvergenceGuards(
@@ -305,8 +322,22 @@ class WindowPlanner:
             warming=not self.warmup_done,
             measured=self.meter.windows_closed > closed,
         )
-        if estimate is not None:
-            self.cost_model.update_link(estimate)
+        previous = self.last_decision
+        compressed = _optimizer_compressed(previous)
+        # A compressed plan's own traffic can misread the link (autocomp.policy.idle_link):
+        # the decision, and the dwell's "the link moved", go by the priced reading.
+        priced = self.idle_link.priced(
+            self._windows,
+            estimate,
+            compressed=compressed,
+            reference=self.payoff.reference_probe_bytes > 0,
+            probe_agrees=self.payoff.probe_agrees(_probe_rate(m)),
+        )
+        if self.idle_link.probe_wanted():
+            probe_next = max(probe_next, self.payoff.reference_probe_bytes)
+        if priced is not None:
+            self.cost_model.update_link(priced)
+        priced_bandwidth = None if priced is None else priced.bandwidth_bytes_per_s
         nic_now = self.nic.sample()
         nic_rate = self.nic.rate_since(self._nic_last) if self._nic_last is not None else None
         self._nic_last = nic_now
@@ -329,7 +360,6 @@ class WindowPlanner:
         new_events = [e.to_dict() for e in self.guards.events[guard_events_before:]]
 
         self._apply_overrides(m.step)
-        previous = self.last_decision
         self._observe_gap(m, previous, current)
         timing = self._timing(m)
         bandwidth = None if estimate is None else estimate.bandwidth_bytes_per_s
@@ -363,7 +393,7 @@ class WindowPlanner:
                 current=None if fresh else current,
                 hold_reason=hold,
                 locked={
-                    **self._locked(current, bandwidth, settle=settle),
+                    **self._locked(current, priced_bandwidth, settle=settle),
                     **self._revert_locks(m, bandwidth),
                 },
                 warmup_done=self.warmup_done,
@@ -377,7 +407,7 @@ class WindowPlanner:
         # accurate options), is decided again without a lock at the next full window or at
         # the decision that ends the warm-up (``settle`` above).
         provisional = m.step < self.config.window or not self.warmup_done
-        self.note_switches(plan, current, profiles, bandwidth, provisional=provisional)
+        self.note_switches(plan, current, profiles, priced_bandwidth, provisional=provisional)
         self._confirm_if_moved(plan, current)
         timings = m.timings
         record = WindowRecord(
@@ -669,14 +699,10 @@ class WindowPlanner:
         window_index = m.step // max(1, self.config.window)
         ran = tuple(current[name] for name in self.names)
         settled, self._plan_ran = ran == self._plan_ran, ran
-        optimizer_compressed = previous is not None and any(
-            layer.rule in OPTIMIZER_RULES and layer.spec != NONE_SPEC for layer in previous.layers
-        )
-        probe_rate = None
-        if m.probe is not None and m.probe[1] > 0:
-            payload_bytes, seconds = m.probe
-            probe_rate = link_bytes(Collective.ALL_REDUCE, payload_bytes, m.world_size) / seconds
-            self.payoff.note_probe(payload_bytes, probe_rate, compressed=optimizer_compressed)
+        optimizer_compressed = _optimizer_compressed(previous)
+        probe_rate = _probe_rate(m)
+        if probe_rate is not None and m.probe is not None:
+            self.payoff.note_probe(m.probe[0], probe_rate, compressed=optimizer_compressed)
         if optimizer_compressed and not settled:
             self.payoff.watch(bandwidth)
         if settled:
@@ -741,6 +767,7 @@ class WindowPlanner:
             "cost_model": self.cost_model.state_dict(),
             "guards": self.guards.state_dict(),
             "payoff": self.payoff.state_dict(),
+            "idle_link": self.idle_link.state_dict(),
             "rel_errors": {k: dict(v) for k, v in self.rel_errors.items()},
             "error_reading": ERROR_READING,
             "grad_norms": dict(self.grad_norms),
@@ -766,6 +793,7 @@ class WindowPlanner:
         self.cost_model.update_link(self.meter.estimate)
         self.guards.load_state_dict(state["guards"])
         self.payoff.load_state_dict(state.get("payoff", {}))
+        self.idle_link.load_state_dict(state.get("idle_link", {}))
         # Errors saved before the averaged reading are each rank's own, up to 4x larger: the
         # next windows measure them again rather than price against them.
         saved = state["rel_errors"] if state.get("error_reading") == ERROR_READING else {}

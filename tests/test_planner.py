@@ -1021,3 +1021,37 @@ def test_the_opening_record_says_no_step_was_measured() -> None:
     text = record.summary()
     assert "no step measured yet" in text and "MB/step" not in text
     assert "probe 1,049 kB in 43.7 ms (192 Mbit/s)" in text
+
+
+def test_a_compressed_plans_moved_reading_is_priced_at_the_idle_links_until_a_probe() -> None:
+    """A compressed window that reads the link 2x off the uncompressed one (the MLP LM's
+    PowerSGD windows on loopback: 291-420 against 903-961 MB/s) is priced at the
+    uncompressed reading, its dwell holds (no "the link moved"), and a probe of the
+    reference's size is asked for; a probe that reads a moved link lets the reading count."""
+    reference = 1 << 20
+
+    def run(probe_mbit: float) -> tuple[float, float, list[str]]:
+        p = planner(warmup_steps=0, dwell_windows=5, settle_steps=0)
+        _measured_everywhere(p, 0.3)
+        p.payoff.note_probe(reference, 50 * MBIT, compressed=False)  # as the opening's
+        current = dict.fromkeys(NAMES, "none")
+        first = p.decide(measurement(10, mbit=50), current)
+        current = dict(zip(NAMES, first.plan, strict=True))
+        assert current["fc1.weight"] != "none"
+        errors = {"fc1.weight": 0.99, "fc2.weight": 0.99}
+        misread = p.decide(measurement(20, mbit=10, specs=current, errors=errors), current)
+        assert misread.probe_bytes == reference
+        priced = misread.record.decision["bandwidth_bytes_per_s"]  # type: ignore[index]
+        rules = [d["rule"] for d in misread.record.decision["layers"]]  # type: ignore[index]
+        m = measurement(30, mbit=10, specs=current, errors=errors)
+        m.probe = (reference, reference / (probe_mbit * MBIT))
+        after = p.decide(m, current)
+        return priced, after.record.decision["bandwidth_bytes_per_s"], rules  # type: ignore[index,return-value]
+
+    priced, after, rules = run(probe_mbit=50)  # the idle link is as it was
+    assert priced == pytest.approx(50 * MBIT, rel=0.1)
+    assert after == pytest.approx(50 * MBIT, rel=0.1)
+    assert "dwell" in rules
+    priced, after, _ = run(probe_mbit=10)  # the link did slow down
+    assert priced == pytest.approx(50 * MBIT, rel=0.1)
+    assert after < 20 * MBIT

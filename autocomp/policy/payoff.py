@@ -147,6 +147,18 @@ class PayoffCheck:
         if not self._similar(base.bandwidth_bytes_per_s, bandwidth):
             self._probe_wanted = True
 
+    @property
+    def reference_probe_bytes(self) -> int:
+        """Payload bytes of the reference probe (0: none taken while uncompressed yet)."""
+        return 0 if self._reference_probe is None else self._reference_probe[0]
+
+    def probe_agrees(self, bytes_per_s: float | None) -> bool | None:
+        """Whether a probe reads the link within ``link_change`` of the reference probe
+        (None: no probe, or no reference to compare with)."""
+        if bytes_per_s is None or self._reference_probe is None:
+            return None
+        return self._similar(self._reference_probe[1], bytes_per_s)
+
     def probe_wanted(self) -> int:
         """Payload bytes of the probe to run at the next boundary (0: none); asked once."""
         wanted, self._probe_wanted = self._probe_wanted, False

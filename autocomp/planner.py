@@ -98,6 +98,16 @@ def _optimizer_compressed(decision: PolicyDecision | None) -> bool:
     )
 
 
+def _predicted_gain(decision: PolicyDecision | None) -> float | None:
+    """The share of the uncompressed step ``decision``'s plan was predicted to save."""
+    if decision is None or decision.uncompressed_step_seconds is None:
+        return None
+    plain = decision.uncompressed_step_seconds
+    if not (math.isfinite(plain) and plain > 0):
+        return None
+    return 1.0 - decision.predicted_step_seconds / plain
+
+
 def _probe_rate(m: WindowMeasurement) -> float | None:
     """Link bytes per second of the probe taken at the end of window ``m``, if any."""
     if m.probe is None or m.probe[1] <= 0:
@@ -406,7 +416,14 @@ class WindowPlanner:
         # A switch made at an early look, or inside the warm-up (limited to its most
         # accurate options), is decided again without a lock at the next full window or at
         # the decision that ends the warm-up (``settle`` above).
-        provisional = m.step < self.config.window or not self.warmup_done
+        # So is one made to measure an uncompressed baseline (``PayoffCheck``): that hold
+        # decides its windows, and the decision after it starts afresh.
+        window_index = m.step // max(1, self.config.window)
+        provisional = (
+            m.step < self.config.window
+            or not self.warmup_done
+            or self.payoff.seeking_baseline(window_index)
+        )
         self.note_switches(plan, current, profiles, priced_bandwidth, provisional=provisional)
         self._confirm_if_moved(plan, current)
         timings = m.timings
@@ -714,6 +731,8 @@ class WindowPlanner:
                 ran,
                 required_gain=0.0 if previous is None else previous.required_gain,
                 probe_bytes_per_s=probe_rate,
+                # Measuring a missing baseline is for the plans chosen after the warm-up.
+                predicted_gain=_predicted_gain(previous) if self.warmup_done else None,
             )
         return self.payoff.hold_reason(window_index, bandwidth)
 

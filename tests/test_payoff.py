@@ -5,7 +5,9 @@ A compressed window is compared with the latest uncompressed one on a similar li
 estimate moves by ``link_change``. The engine then leaves the optimizer's layers
 uncompressed with the hold's reason, pins untouched. Between compressed plans, the ledger
 sends the planner back to a plan measured clearly faster (medians over the slack, ranges
-apart), never on a few windows' noise or fewer than ``ledger_windows`` windows.
+apart), never on a few windows' noise or fewer than ``ledger_windows`` windows. A run that
+compressed from its first steps measures an uncompressed baseline once, when its plan was
+predicted to save under ``baseline_gain`` of the step.
 """
 
 from __future__ import annotations
@@ -276,3 +278,60 @@ def test_the_first_window_after_a_switch_asks_for_the_probe() -> None:
     check.note_probe(4_000_000, 6.8 * GBIT, compressed=False)
     check.watch(2 * GBIT)
     assert check.probe_wanted() == 4_000_000
+
+
+MBYTE = 1e6
+
+
+def test_a_run_compressed_from_the_start_measures_a_baseline_once() -> None:
+    """The digits ResNet at 200 Mbit/s compressed from step 1, predicted 21% faster than
+    uncompressed, and measured 1.11x plain DDP's step: with no uncompressed window the check
+    never fired. Now the first settled compressed window seeks a baseline (two windows
+    uncompressed), and the compressed plan after it is judged against that baseline."""
+    check = PayoffCheck()
+    note = check.observe(2, True, 0.0207, 19 * MBYTE, predicted_gain=0.21)
+    assert note is not None and "predicted to save only 21.0%" in note
+    assert check.baseline_sought and check.holds == 0
+    for window in (2, 3):
+        assert check.seeking_baseline(window)
+        reason = check.hold_reason(window, 19 * MBYTE)
+        assert reason is not None and "measuring an uncompressed baseline" in reason
+    assert check.hold_reason(4, 19 * MBYTE) is None and not check.seeking_baseline(4)
+    # Window 3 ran uncompressed after the switch (not settled); window 4 is the baseline.
+    assert check.observe(4, False, 0.0185, 24 * MBYTE) is None
+    # The compressed plan again: its settled window is judged against the baseline.
+    held = check.observe(6, True, 0.0207, 19 * MBYTE, predicted_gain=0.21)
+    assert held is not None and "no payoff" in held and check.holds == 1
+    assert check.last_gain == pytest.approx(1 - 0.0207 / 0.0185)
+
+
+def test_a_baseline_is_sought_only_for_a_small_predicted_gain_and_only_once() -> None:
+    check = PayoffCheck()
+    # A slow link's plan (predicted 4x faster): measuring uncompressed would cost too much.
+    assert check.observe(2, True, 0.1, 2 * MBYTE, predicted_gain=0.75) is None
+    assert check.observe(3, True, 0.1, 2 * MBYTE, predicted_gain=None) is None
+    assert not check.baseline_sought and check.hold_reason(4, 2 * MBYTE) is None
+    assert check.observe(4, True, 0.1, 2 * MBYTE, predicted_gain=0.1) is not None
+    assert check.hold_reason(5, 2 * MBYTE) is not None
+    assert check.hold_reason(6, 2 * MBYTE) is None
+    # The baseline windows never measured (e.g. a quiet stretch skipped them): not again.
+    assert check.observe(7, True, 0.1, 2 * MBYTE, predicted_gain=0.1) is None
+    assert check.hold_reason(8, 2 * MBYTE) is None
+    off = PayoffCheck(PayoffCheck.Config(baseline_gain=0.0))
+    assert off.observe(2, True, 0.1, 2 * MBYTE, predicted_gain=0.01) is None
+
+
+def test_a_sought_baseline_survives_a_checkpoint() -> None:
+    check = PayoffCheck()
+    check.observe(2, True, 0.02, 19 * MBYTE, predicted_gain=0.2)
+    restored = PayoffCheck()
+    restored.load_state_dict(check.state_dict())
+    assert restored.state_dict() == check.state_dict()
+    assert restored.seeking_baseline(3) and restored.baseline_sought
+    assert restored.observe(5, True, 0.02, 19 * MBYTE, predicted_gain=0.2) is None
+
+
+@pytest.mark.parametrize("kwargs", [{"baseline_gain": 1.0}, {"baseline_windows": 1}])
+def test_bad_baseline_settings_are_refused(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        PayoffCheck.Config(**kwargs)  # type: ignore[arg-type]

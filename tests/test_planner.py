@@ -1055,3 +1055,33 @@ def test_a_compressed_plans_moved_reading_is_priced_at_the_idle_links_until_a_pr
     priced, after, _ = run(probe_mbit=10)  # the link did slow down
     assert priced == pytest.approx(50 * MBIT, rel=0.1)
     assert after < 20 * MBIT
+
+
+def test_a_plan_compressed_from_the_start_is_measured_against_an_uncompressed_baseline() -> None:
+    """On a fast link the first decision compresses, predicted 14% faster; no window has run
+    uncompressed. The first settled compressed window holds the layers uncompressed for two
+    windows (not dwell-locked), the plan compresses again, and when its settled window
+    measures no faster than the baseline (these synthetic steps take the same time whatever
+    the plan) the payoff check holds compression off. On a slow link (predicted 80% faster)
+    no baseline is sought."""
+
+    def plans(mbit: float) -> list[tuple[str, dict[str, str]]]:
+        p = planner(warmup_steps=0, dwell_windows=5, settle_steps=0)
+        _measured_everywhere(p, 0.3)
+        current = dict.fromkeys(NAMES, "none")
+        out = []
+        for window in range(1, 9):
+            update = p.decide(measurement(10 * window, mbit=mbit, specs=current), current)
+            current = dict(zip(NAMES, update.plan, strict=True))
+            solver = update.record.decision["solver"]  # type: ignore[index]
+            out.append((solver, {k: v for k, v in current.items() if v != "none"}))
+        return out
+
+    fast = plans(1600)
+    assert fast[0][1] and fast[1][1]  # compressed from the first decision, then settled
+    assert [solver for solver, _ in fast[2:4]] == ["held", "held"]  # the baseline windows
+    assert not fast[2][1] and not fast[3][1]
+    assert fast[4][1]  # no dwell on 'none': compressed again at once
+    assert fast[6][0] == "held" and not fast[6][1]  # measured no faster: held
+    slow = plans(50)
+    assert all(compressed for _, compressed in slow)

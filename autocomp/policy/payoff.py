@@ -35,6 +35,17 @@ moved from the baseline's, the check asks for a probe of the same size at the ne
 did not change and the window is compared with the baseline after all; the hold then
 remembers the baseline's link, which the uncompressed windows that follow will measure.
 
+A run that compressed from its first steps (the opening or the glance at step 1 chose a
+plan) has no uncompressed window to compare with, and the check could never fire. The
+digits ResNet at 200 Mbit/s (0.17 MB of gradients a step) compressed from step 1, predicted
+17.7 ms a step against 22.3 ms uncompressed, and stepped 1.11x slower than plain DDP for the
+whole run (thirty-third session). So when a settled compressed window finds no baseline and
+the plan that ran was predicted to save less than ``baseline_gain`` of the uncompressed step,
+the optimizer's layers are held uncompressed for ``baseline_windows`` windows, once, to measure
+one; the check then judges the compressed plan that follows as usual. A plan predicted to save
+more (a slow link) is not worth measuring against: the windows would cost more than a wrong
+bet there could.
+
 Rank 0 runs it (it decides); its state is part of the controller's checkpoint.
 """
 
@@ -95,6 +106,11 @@ class PayoffCheck:
         windows (the first window after a switch is not settled)."""
         ledger_plans: int = 8
         """Plans the ledger remembers (the least recently measured is dropped)."""
+        baseline_gain: float = 0.25
+        """A compressed plan predicted to save less than this share of the uncompressed step
+        is measured against an uncompressed baseline when none exists (0: never)."""
+        baseline_windows: int = 2
+        """Windows held uncompressed to measure that baseline (the first is not settled)."""
 
         def __post_init__(self) -> None:
             if not 0.0 <= self.min_gain < 1.0:
@@ -107,6 +123,13 @@ class PayoffCheck:
                 raise ValueError(f"revert_slack must be in [0, 1), got {self.revert_slack}")
             if self.ledger_windows < 1 or self.ledger_plans < 2:
                 raise ValueError("need ledger_windows >= 1 and ledger_plans >= 2")
+            if not 0.0 <= self.baseline_gain < 1.0:
+                raise ValueError(f"baseline_gain must be in [0, 1), got {self.baseline_gain}")
+            if self.baseline_windows < 2:
+                raise ValueError(
+                    f"baseline_windows must be >= 2 (one settled window), got "
+                    f"{self.baseline_windows}"
+                )
 
     def __init__(self, config: Config | None = None) -> None:
         self.config = config or PayoffCheck.Config()
@@ -128,6 +151,10 @@ class PayoffCheck:
         self._reference_probe: tuple[int, float] | None = None
         """(payload bytes, bytes/s) of the latest link probe taken while uncompressed."""
         self._probe_wanted = False
+        self._baseline_until: int | None = None
+        """Window before which the optimizer's layers stay uncompressed to measure a baseline."""
+        self.baseline_sought = False
+        """Whether a baseline was measured on purpose (at most once a run)."""
 
     def note_probe(self, payload_bytes: int, bytes_per_s: float, compressed: bool) -> None:
         """A link probe's reading; one taken while nothing was compressed is the reference
@@ -179,6 +206,7 @@ class PayoffCheck:
         plan: tuple[str, ...] | None = None,
         required_gain: float = 0.0,
         probe_bytes_per_s: float | None = None,
+        predicted_gain: float | None = None,
     ) -> str | None:
         """Record one window's median step under the plan it ran; a note when a hold or a
         revert starts.
@@ -187,7 +215,9 @@ class PayoffCheck:
         progress its compression error costs (``PolicyDecision.required_gain``); the window
         must measure at least the larger of it and ``min_gain`` faster than the baseline.
         ``probe_bytes_per_s``: the reading of a link probe taken at the end of this window,
-        if any (see the module docstring).
+        if any (see the module docstring). ``predicted_gain``: the share of the uncompressed
+        step the plan that ran was predicted to save (None: unknown), which decides whether a
+        missing baseline is measured.
 
         ``compressed``: whether the optimizer compressed any layer during the window (rule
         decisions such as pins count as neither). ``plan``: every layer's spec, for the
@@ -199,10 +229,34 @@ class PayoffCheck:
         if not compressed:
             self._baseline = observation
             return None
+        if self._baseline is None:
+            sought = self._seek_baseline(observation, predicted_gain)
+            if sought is not None:
+                return sought
         held = self._against_baseline(observation, required_gain, probe_bytes_per_s)
         if held is not None or plan is None:
             return held
         return self._against_ledger(plan, observation)
+
+    def _seek_baseline(self, observation: _Observation, predicted_gain: float | None) -> str | None:
+        cfg = self.config
+        if self.baseline_sought or predicted_gain is None or predicted_gain >= cfg.baseline_gain:
+            return None
+        self.baseline_sought = True
+        self._baseline_until = observation.window + cfg.baseline_windows
+        note = (
+            f"no uncompressed window measured yet, and the plan in use was predicted to save "
+            f"only {predicted_gain:.1%} of the step (under baseline_gain "
+            f"{cfg.baseline_gain:.0%}); uncompressed for {cfg.baseline_windows} windows to "
+            "measure it"
+        )
+        logger.info("autocomp: %s", note)
+        return note
+
+    def seeking_baseline(self, window: int) -> bool:
+        """Whether the optimizer's layers are held uncompressed at ``window`` to measure a
+        baseline (a switch made for it is not a choice to dwell on)."""
+        return self._baseline_until is not None and window < self._baseline_until
 
     def _against_ledger(self, plan: tuple[str, ...], observation: _Observation) -> str | None:
         cfg = self.config
@@ -296,6 +350,14 @@ class PayoffCheck:
 
     def hold_reason(self, window: int, bandwidth: float | None) -> str | None:
         """Why the optimizer's layers stay uncompressed at this window, or None."""
+        if self._baseline_until is not None:
+            if window < self._baseline_until:
+                return (
+                    "measuring an uncompressed baseline (none measured yet, and the compressed "
+                    f"plan was predicted to save under {self.config.baseline_gain:.0%} of the "
+                    f"step) until window {self._baseline_until}"
+                )
+            self._baseline_until = None
         held = self._held_at
         if held is None:
             return None
@@ -354,6 +416,8 @@ class PayoffCheck:
             "reference_probe": None
             if self._reference_probe is None
             else list(self._reference_probe),
+            "baseline_until": self._baseline_until,
+            "baseline_sought": self.baseline_sought,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -379,3 +443,6 @@ class PayoffCheck:
         probe = state.get("reference_probe")
         self._reference_probe = None if probe is None else (int(probe[0]), float(probe[1]))
         self._probe_wanted = False
+        until = state.get("baseline_until")
+        self._baseline_until = None if until is None else int(until)
+        self.baseline_sought = bool(state.get("baseline_sought", False))

@@ -7,7 +7,7 @@ rank 0's (default policy, ``autocomp.wrap(ddp, target_overlap=0.9)``). Each is f
 recorded measurements and the plans that ran, so only the decision at the first boundary
 where they differ is a true counterfactual: after it the recording ran the old plan.
 
-    .venv/bin/python docs/benchmarks-idle-link-2026-11-29/replay_idle_link.py windows-*.jsonl
+    .venv/bin/python docs/benchmarks-idle-link-baseline-2026-11-29/replay_idle_link.py windows-*.jsonl
 """
 
 from __future__ import annotations

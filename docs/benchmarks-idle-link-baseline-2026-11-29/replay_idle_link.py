@@ -2,8 +2,10 @@
 one pricing every reading as the meter gives it (before autocomp/policy/idle_link.py) and
 one with the idle-link pricing, and print where their decisions differ.
 
-Both planners are built in one process with one calibration, as ``AdaptiveLoop`` builds
-rank 0's (default policy, ``autocomp.wrap(ddp, target_overlap=0.9)``). Each is fed the
+Both planners are built as ``AdaptiveLoop`` builds rank 0's (default policy,
+``autocomp.wrap(ddp, target_overlap=0.9)``) and share one calibration (the second copies the
+first's cost model), so near-ties cannot fall apart on two calibrations' noise. ``REPRICED``
+marks a window whose decision the idle-link pricing moved to another link reading. Each is fed the
 recorded measurements and the plans that ran, so only the decision at the first boundary
 where they differ is a true counterfactual: after it the recording ran the old plan.
 
@@ -25,7 +27,9 @@ from autocomp.policy.idle_link import IdleLink
 from autocomp.window import WindowMeasurement
 
 
-def build(names: list[str], shapes: dict[str, list[int]], world: int) -> WindowPlanner:
+def build(
+    names: list[str], shapes: dict[str, list[int]], world: int, calibrated: bool = True
+) -> WindowPlanner:
     rules = load_policy("default")
     config = replace(
         WindowPlanner.Config(),
@@ -42,7 +46,8 @@ def build(names: list[str], shapes: dict[str, list[int]], world: int) -> WindowP
         config,
         world_size=world,
     )
-    calibrate(planner.cost_model, rules.candidates, world, torch.device("cpu"))
+    if calibrated:
+        calibrate(planner.cost_model, rules.candidates, world, torch.device("cpu"))
     return planner
 
 
@@ -57,7 +62,8 @@ def replay(path: str) -> None:
     names = list(first["current"])
     world = first["measurement"]["world_size"]
     planners = {"meter": build(names, first["shapes"], world)}
-    planners["idle"] = build(names, first["shapes"], world)
+    planners["idle"] = build(names, first["shapes"], world, calibrated=False)
+    planners["idle"].cost_model.load_state_dict(planners["meter"].cost_model.state_dict())
     # The "meter" planner never replaces a reading: its idle-link pricing is switched off.
     planners["meter"].idle_link.priced = (  # type: ignore[method-assign]
         lambda window, estimate, **_: estimate
@@ -79,6 +85,8 @@ def replay(path: str) -> None:
         plans = {k: compressed_of(d) for k, d in decided.items()}
         bw = {k: d["bandwidth_bytes_per_s"] / 1e6 for k, d in decided.items()}
         mark = "DIFFERS" if plans["meter"] != plans["idle"] else ""
+        if bw["meter"] != bw["idle"]:
+            mark += " REPRICED"
         print(
             f"step {m.step:4d} ran {compressed_of({'layers': [{'name': n, 'spec': s} for n, s in line['current'].items()]})}"
         )

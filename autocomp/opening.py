@@ -482,10 +482,14 @@ class ProbeRunner:
         slower. The probe sums ``HALF_SUM_PROBE_ELEMENTS`` (or ``gradient_bytes``' count if
         smaller, or what a float32 pass moves in ``HALF_SUM_PROBE_SECONDS`` at the opening
         probe's rate if that is fewer) in float32 and in each half type,
-        ``HALF_SUM_ROUNDS`` times, and each round compares a half with the float32 pass
-        just before it, so both met the same link. A half that costs under 20% more than
-        its bytes reads as 0 (noise), and so does every GPU (NCCL sums halves on the device
-        at bandwidth). Not timed on a link slower than
+        ``HALF_SUM_ROUNDS`` times, and compares each type's fastest pass: a pass only ever
+        takes longer than the link and the sum need (an empty token bucket, a descheduled
+        peer), so each type's fastest is its least disturbed. (Comparing each half with the
+        float32 pass just before it, the least excess over the rounds, read fp16 as free in
+        4 of 8 openings on loopback, where it costs 0.9-3.2 ns an element: one slow float32
+        pass beside a fast half made that round's excess negative.) A half that costs under
+        20% more than its bytes reads as 0 (noise), and so does every GPU (NCCL sums halves
+        on the device at bandwidth). Not timed on a link slower than
         ``HALF_SUM_MAX_LINK_SECONDS_PER_ELEMENT`` (by the opening probe's ``payload_bytes``
         and ``float_seconds``), where it would read 0: its transfers would cost a large
         part of the first step at 10-200 Mbit/s. Every rank has the same float time
@@ -505,12 +509,12 @@ class ProbeRunner:
         for tensor in (whole, *halves):
             _pass_seconds(tensor, group)  # primes each type's path (and drains a shaper)
         fastest_whole = math.inf
-        excess = [math.inf] * len(HALF_DTYPES)
-        for _ in range(HALF_SUM_ROUNDS):
-            float32 = _pass_seconds(whole, group)
-            fastest_whole = min(fastest_whole, float32)
+        fastest_half = [math.inf] * len(HALF_DTYPES)
+        for _ in range(HALF_SUM_ROUNDS):  # interleaved, so a slow moment falls on every type
+            fastest_whole = min(fastest_whole, _pass_seconds(whole, group))
             for index, tensor in enumerate(halves):
-                excess[index] = min(excess[index], _pass_seconds(tensor, group) - float32 / 2)
+                fastest_half[index] = min(fastest_half[index], _pass_seconds(tensor, group))
+        excess = [half - fastest_whole / 2 for half in fastest_half]
         # MAX of the negated figures is each one's least over the ranks.
         agreed = torch.tensor([-fastest_whole, *(-e for e in excess)], dtype=torch.float64)
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)

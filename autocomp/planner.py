@@ -408,6 +408,9 @@ class WindowPlanner:
                 },
                 warmup_done=self.warmup_done,
                 release_locks=self._locks_outvoted,
+                compression_measured=self.payoff.compression_measured(
+                    tuple(current[name] for name in self.names)
+                ),
             )
             self._locks_outvoted = decision.locks_outvoted
             specs = decision.plan

@@ -155,6 +155,8 @@ class PayoffCheck:
         """Window before which the optimizer's layers stay uncompressed to measure a baseline."""
         self.baseline_sought = False
         """Whether a baseline was measured on purpose (at most once a run)."""
+        self._measured: dict[tuple[str, ...], None] = {}
+        """Compressed plans that measured their gain over the baseline (newest last)."""
 
     def note_probe(self, payload_bytes: int, bytes_per_s: float, compressed: bool) -> None:
         """A link probe's reading; one taken while nothing was compressed is the reference
@@ -234,6 +236,12 @@ class PayoffCheck:
             if sought is not None:
                 return sought
         held = self._against_baseline(observation, required_gain, probe_bytes_per_s)
+        if plan is not None:
+            self._measured.pop(plan, None)
+            if held is None and self.last_gain is not None:  # compared, and it paid
+                self._measured[plan] = None
+                while len(self._measured) > self.config.ledger_plans:
+                    del self._measured[next(iter(self._measured))]
         if held is not None or plan is None:
             return held
         return self._against_ledger(plan, observation)
@@ -252,6 +260,12 @@ class PayoffCheck:
         )
         logger.info("autocomp: %s", note)
         return note
+
+    def compression_measured(self, plan: tuple[str, ...]) -> bool:
+        """Whether ``plan`` (every layer's spec) has measured at least the gain it owed over
+        an uncompressed window; until then the engine must predict ``min_gain`` for any
+        compressed plan (``PolicyEngine.decide``'s ``compression_measured``)."""
+        return plan in self._measured
 
     def seeking_baseline(self, window: int) -> bool:
         """Whether the optimizer's layers are held uncompressed at ``window`` to measure a
@@ -418,6 +432,7 @@ class PayoffCheck:
             else list(self._reference_probe),
             "baseline_until": self._baseline_until,
             "baseline_sought": self.baseline_sought,
+            "measured": [list(plan) for plan in self._measured],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -446,3 +461,6 @@ class PayoffCheck:
         until = state.get("baseline_until")
         self._baseline_until = None if until is None else int(until)
         self.baseline_sought = bool(state.get("baseline_sought", False))
+        self._measured = {
+            tuple(str(spec) for spec in plan): None for plan in state.get("measured", [])
+        }

@@ -32,6 +32,7 @@ from autocomp.compressors.base import Collective
 __all__ = [
     "BandwidthMeter",
     "LinkEstimate",
+    "bandwidth_moved",
     "latency_hops",
     "link_bytes",
 ]
@@ -64,6 +65,12 @@ def link_bytes(collective: Collective, payload_bytes: int, world_size: int) -> f
     if collective is Collective.ALL_GATHER:
         return float((n - 1) * payload_bytes)
     raise ValueError(f"unknown collective {collective!r}")
+
+
+def bandwidth_moved(a: float, b: float, ratio: float) -> bool:
+    """Whether two bandwidth readings differ by ``ratio`` or more either way (what the
+    policy's "the link moved" means: dwell locks, payoff baselines, the idle link)."""
+    return max(a, b) / max(min(a, b), 1e-30) >= ratio
 
 
 def latency_hops(collective: Collective, world_size: int) -> int:

@@ -512,3 +512,13 @@ def test_probe_samples_survive_a_state_dict_round_trip() -> None:
     old.pop("blind")
     clone.load_state_dict(old)
     assert clone.pending == 4 and not clone.blind
+
+
+def test_a_bandwidth_move_is_a_ratio_either_way() -> None:
+    """One definition of "the link moved" for the dwell, the payoff check and the idle link:
+    a ratio of ``ratio`` or more, up or down (exactly the ratio counts)."""
+    from autocomp.link_model import bandwidth_moved
+
+    assert bandwidth_moved(100.0, 200.0, 2.0) and bandwidth_moved(200.0, 100.0, 2.0)
+    assert not bandwidth_moved(100.0, 199.0, 2.0) and not bandwidth_moved(199.0, 100.0, 2.0)
+    assert bandwidth_moved(0.0, 1.0, 2.0)  # a zero reading is a move, not a division error

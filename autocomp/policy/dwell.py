@@ -35,6 +35,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from autocomp.link_model import bandwidth_moved
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["DwellClock"]
@@ -136,7 +138,7 @@ class DwellClock:
             moved = (
                 then is not None
                 and bandwidth is not None
-                and max(then, bandwidth) / max(min(then, bandwidth), 1e-30) >= self.link_change
+                and bandwidth_moved(then, bandwidth, self.link_change)
             )
             if not moved:
                 locked[name] = current[name]

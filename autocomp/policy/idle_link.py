@@ -29,7 +29,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from autocomp.link_model import LinkEstimate
+from autocomp.link_model import LinkEstimate, bandwidth_moved
 
 logger = logging.getLogger(__name__)
 
@@ -68,9 +68,6 @@ class IdleLink:
         self.replaced = 0
         """Decisions priced on the idle reading instead of the compressed plan's."""
 
-    def _moved(self, a: float, b: float) -> bool:
-        return max(a, b) / max(min(a, b), 1e-30) >= self.config.link_change
-
     def priced(
         self,
         window: int,
@@ -99,7 +96,9 @@ class IdleLink:
         if (
             idle is None
             or not reference
-            or not self._moved(idle.bandwidth_bytes_per_s, estimate.bandwidth_bytes_per_s)
+            or not bandwidth_moved(
+                idle.bandwidth_bytes_per_s, estimate.bandwidth_bytes_per_s, self.config.link_change
+            )
         ):
             self._asked_at = None
             return estimate

@@ -57,6 +57,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from autocomp.link_model import bandwidth_moved
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["PayoffCheck"]
@@ -196,8 +198,7 @@ class PayoffCheck:
         return self._reference_probe[0]
 
     def _similar(self, a: float, b: float) -> bool:
-        ratio = max(a, b) / max(min(a, b), 1e-30)
-        return ratio < self.config.link_change
+        return not bandwidth_moved(a, b, self.config.link_change)
 
     def observe(
         self,

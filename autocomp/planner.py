@@ -334,6 +334,8 @@ class WindowPlanner:
         )
         previous = self.last_decision
         compressed = _optimizer_compressed(previous)
+        probe_rate = _probe_rate(m)
+        window_index = m.step // max(1, self.config.window)
         # A compressed plan's own traffic can misread the link (autocomp.policy.idle_link):
         # the decision, and the dwell's "the link moved", go by the priced reading.
         priced = self.idle_link.priced(
@@ -341,7 +343,7 @@ class WindowPlanner:
             estimate,
             compressed=compressed,
             reference=self.payoff.reference_probe_bytes > 0,
-            probe_agrees=self.payoff.probe_agrees(_probe_rate(m)),
+            probe_agrees=self.payoff.probe_agrees(probe_rate),
         )
         if self.idle_link.probe_wanted():
             probe_next = max(probe_next, self.payoff.reference_probe_bytes)
@@ -373,7 +375,7 @@ class WindowPlanner:
         self._observe_gap(m, previous, current)
         timing = self._timing(m)
         bandwidth = None if estimate is None else estimate.bandwidth_bytes_per_s
-        hold = self._payoff(m, previous, current, bandwidth)
+        hold = self._payoff(m, window_index, previous, compressed, probe_rate, current, bandwidth)
         # The payoff check may need the idle link read to tell a link change from the plan's.
         probe_next = max(probe_next, self.payoff.probe_wanted())
         profiles = self._profiles(m)
@@ -404,7 +406,7 @@ class WindowPlanner:
                 hold_reason=hold,
                 locked={
                     **self._locked(current, priced_bandwidth, settle=settle),
-                    **self._revert_locks(m, bandwidth),
+                    **self._revert_locks(window_index, bandwidth),
                 },
                 warmup_done=self.warmup_done,
                 release_locks=self._locks_outvoted,
@@ -421,7 +423,6 @@ class WindowPlanner:
         # the decision that ends the warm-up (``settle`` above).
         # So is one made to measure an uncompressed baseline (``PayoffCheck``): that hold
         # decides its windows, and the decision after it starts afresh.
-        window_index = m.step // max(1, self.config.window)
         provisional = (
             m.step < self.config.window
             or not self.warmup_done
@@ -709,18 +710,18 @@ class WindowPlanner:
     def _payoff(
         self,
         m: WindowMeasurement,
+        window_index: int,
         previous: PolicyDecision | None,
+        optimizer_compressed: bool,
+        probe_rate: float | None,
         current: dict[str, str],
         bandwidth: float | None,
     ) -> str | None:
         # The window just measured ran the previous decision's plan; it counts for the payoff
         # check only if the window before ran the same plan (a switch's first steps pay
         # one-off costs, and the first window DDP's bucket rebuild).
-        window_index = m.step // max(1, self.config.window)
         ran = tuple(current[name] for name in self.names)
         settled, self._plan_ran = ran == self._plan_ran, ran
-        optimizer_compressed = _optimizer_compressed(previous)
-        probe_rate = _probe_rate(m)
         if probe_rate is not None and m.probe is not None:
             self.payoff.note_probe(m.probe[0], probe_rate, compressed=optimizer_compressed)
         if optimizer_compressed and not settled:
@@ -739,9 +740,8 @@ class WindowPlanner:
             )
         return self.payoff.hold_reason(window_index, bandwidth)
 
-    def _revert_locks(self, m: WindowMeasurement, bandwidth: float | None) -> dict[str, str]:
+    def _revert_locks(self, window_index: int, bandwidth: float | None) -> dict[str, str]:
         """The faster measured plan the payoff check sends the engine back to, as locks."""
-        window_index = m.step // max(1, self.config.window)
         plan = self.payoff.revert_plan(window_index, bandwidth)
         return {} if plan is None else dict(zip(self.names, plan, strict=True))
 

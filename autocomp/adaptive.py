@@ -19,7 +19,9 @@ the first step (a glance that acts only when communication dominates), at
 link far slower than the backward is acted on after a few steps instead of a whole window
 (the looks after the first two only while rank 0's last broadcast said the warm-up goes on).
 While every layer is sent uncompressed and nothing is pending, rank 0's broadcast also
-stretches the windows to about ``quiet_window_seconds`` (a quiet stretch). The schedule is a
+stretches the windows to about ``quiet_window_seconds`` (a quiet stretch), or asks for one
+boundary before the regular one (a short window that only measures: an uncompressed
+baseline's, ``PlanUpdate.window_steps``). The schedule is a
 pure function of the hook's step counter (one per synchronizing backward), the configuration,
 which ``wrap`` checks is identical on every rank, and those broadcast values, so all ranks
 reach every boundary at the same step. A boundary runs
@@ -223,6 +225,8 @@ class AdaptiveLoop:
             runlog=runlog,
         )
         """Rank 0 decides with it; every rank holds one (the same configuration)."""
+        # Loops that share boundary-time collectives with peer loops keep one schedule.
+        self.planner.short_windows = not self.warmup_peers and state.hierarchy is None
         if state.rank == 0:  # only rank 0 decides
             calibrate(self.planner.cost_model, rules.candidates, state.link_world_size, self.device)
             load_regressor()  # at set-up, not at the first fit with every rank waiting
@@ -233,6 +237,9 @@ class AdaptiveLoop:
         # Regular boundaries before this step are skipped (a quiet stretch: rank 0's last
         # broadcast said every layer stays uncompressed and nothing is pending).
         self._quiet_until = 0
+        # A boundary rank 0's last broadcast asked for before the regular one (a short
+        # window that only measures, ``PlanUpdate.window_steps``); 0: none.
+        self._requested_boundary = 0
         self._prober = ProbeRunner()
         self._contention_probe: tuple[int, float] | None = None
         """The opening probe's (payload bytes, seconds) while its unsettled contention reading
@@ -350,6 +357,7 @@ class AdaptiveLoop:
             (step % cfg.window == 0 and step >= self._quiet_until)
             or (early and step < cfg.warmup_steps)
             or (step == cfg.warmup_steps)
+            or step == self._requested_boundary
         )
 
     def _early_looks(self) -> tuple[int, ...]:
@@ -366,7 +374,7 @@ class AdaptiveLoop:
         """The first boundary after ``step``."""
         cfg = self.config
         following = (max(step + 1, self._quiet_until) + cfg.window - 1) // cfg.window * cfg.window
-        for special in (*self._early_looks(), cfg.warmup_steps):
+        for special in (*self._early_looks(), cfg.warmup_steps, self._requested_boundary):
             if step < special < following and self.is_boundary(special):
                 following = special
         return following
@@ -533,6 +541,7 @@ class AdaptiveLoop:
                     "probe_bytes": update.probe_bytes,
                     "warming": not self.planner.warmup_done,
                     "quiet_windows": self._safe_quiet_windows(update, current, measurement),
+                    "next_boundary": step + update.window_steps if update.window_steps > 0 else 0,
                 }
             ]
         message = self._broadcast(payload)
@@ -542,6 +551,8 @@ class AdaptiveLoop:
         self._warming = bool(message.get("warming", False))
         quiet = max(1, int(message.get("quiet_windows", 1)))
         self._quiet_until = step + quiet * self.config.window if quiet > 1 else 0
+        requested = int(message.get("next_boundary", 0))
+        self._requested_boundary = requested if requested > step else 0
         changes = self._apply(message, current)
         if record is None:
             record = self._peer_record(step, combined, bytes_per_step, raw_per_step)
@@ -588,6 +599,8 @@ class AdaptiveLoop:
         if seconds <= 0 or self.warmup_peers or self.state.hierarchy is not None:
             return 1
         if not self.planner.warmup_done or update.probe_bytes or update.resets:
+            return 1
+        if update.window_steps:
             return 1
         if update.record.guard_events or self.planner.frozen:
             return 1
@@ -889,6 +902,7 @@ class AdaptiveLoop:
             "last_boundary": self._last_boundary,
             "warming": self._warming,
             "quiet_until": self._quiet_until,
+            "requested_boundary": self._requested_boundary,
             "contention_probe": None
             if self._contention_probe is None
             else list(self._contention_probe),
@@ -900,6 +914,7 @@ class AdaptiveLoop:
         self._last_boundary = int(state["last_boundary"])
         self._warming = bool(state.get("warming", True))
         self._quiet_until = int(state.get("quiet_until", 0))
+        self._requested_boundary = int(state.get("requested_boundary", 0))
         probe = state.get("contention_probe")
         self._contention_probe = None if probe is None else (int(probe[0]), float(probe[1]))
         self._contention_rereads = int(state.get("contention_rereads", 0))

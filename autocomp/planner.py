@@ -289,6 +289,11 @@ class WindowPlanner:
         dwell_max_loss``); the next such finding in a row releases them."""
         self._plan_ran: tuple[str, ...] | None = None
         self._windows = 0
+        self._short_window = 0
+        """Steps of the window this planner asked for at its last decision (0: regular)."""
+        self.short_windows = True
+        """Whether its loop may end a window early when it asks (a loop that keeps
+        boundary-time collectives with peer loops, HSDP's or a hierarchy's, may not)."""
         self.dwell = DwellClock(
             dwell_windows=config.dwell_windows,
             prior_miss=config.prior_miss,
@@ -365,8 +370,9 @@ class WindowPlanner:
         if m.loss is not None:
             self.guards.observe_loss(m.step, m.loss)
         if grad_norms:
-            # The looks before the first regular boundary hold a step or two each.
-            full = m.step >= self.config.window
+            # The looks before the first regular boundary hold a step or two each, and so
+            # do the short windows of a baseline (``PayoffCheck.baseline_window_steps``).
+            full = m.step >= self.config.window and not self._short_window
             self.guards.observe_window(m.step, grad_norms, residual_norms, full_window=full)
         resets = sorted(self.guards.layers_to_reset())
         new_events = [e.to_dict() for e in self.guards.events[guard_events_before:]]
@@ -424,9 +430,7 @@ class WindowPlanner:
         # So is one made to measure an uncompressed baseline (``PayoffCheck``): that hold
         # decides its windows, and the decision after it starts afresh.
         provisional = (
-            m.step < self.config.window
-            or not self.warmup_done
-            or self.payoff.seeking_baseline(window_index)
+            m.step < self.config.window or not self.warmup_done or self.payoff.seeking_baseline()
         )
         self.note_switches(plan, current, profiles, priced_bandwidth, provisional=provisional)
         self._confirm_if_moved(plan, current)
@@ -450,7 +454,14 @@ class WindowPlanner:
             guard_events=new_events,
             predicted_step_seconds=None if previous is None else previous.predicted_step_seconds,
         )
-        return PlanUpdate(plan=plan, resets=resets, probe_bytes=probe_next, record=record)
+        self._short_window = self.payoff.baseline_window_steps() if self.short_windows else 0
+        return PlanUpdate(
+            plan=plan,
+            resets=resets,
+            probe_bytes=probe_next,
+            record=record,
+            window_steps=self._short_window,
+        )
 
     def open(
         self,
@@ -802,6 +813,7 @@ class WindowPlanner:
             "opened": self.opened,
             "measured_since_opening": self._measured_since_opening,
             "windows": self._windows,
+            "short_window": self._short_window,
             "changed_at": self.dwell.state_dict(),
             "locks_outvoted": self._locks_outvoted,
             "running_since": {k: list(v) for k, v in self._running_since.items()},
@@ -832,6 +844,7 @@ class WindowPlanner:
         self.opened = bool(state.get("opened", False))
         self._measured_since_opening = bool(state.get("measured_since_opening", False))
         self._windows = int(state.get("windows", 0))
+        self._short_window = int(state.get("short_window", 0))
         self.dwell.load_state_dict(state.get("changed_at", {}))
         self._locks_outvoted = bool(state.get("locks_outvoted", False))
         self._running_since = {

@@ -473,3 +473,6 @@ class PlanUpdate:
     probe_bytes: int
     """Payload of the link probe the next boundary runs (0: none)."""
     record: WindowRecord
+    window_steps: int = 0
+    """Steps until the next boundary when the next window only measures (an uncompressed
+    baseline, ``PayoffCheck.baseline_window_steps``); 0: the regular schedule."""

@@ -11,7 +11,8 @@ keeps everything uncompressed; each convergence guard fires on an injected fault
 gradient, loss spike, gradient-norm jump, runaway residual) and the plan reacts; the warm-up
 runs fp16 and int8 at most; checkpoints
 restore the adaptive plan and state; a layer's measured hook cost includes its decode; a
-settled uncompressed plan stretches the windows alike on every rank; an unsettled contention
+settled uncompressed plan stretches the windows alike on every rank, and a short window rank 0
+asks for ends at the same step on every rank; an unsettled contention
 reading from the opening (none, or under twice the noise cut) is taken again at a boundary
 once a layer is compressed, and the larger stands.
 """
@@ -19,6 +20,7 @@ once a layer is compressed, and the larger stands.
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -252,6 +254,40 @@ def test_a_settled_uncompressed_plan_stretches_the_windows(tmp_path: Path) -> No
     # Without the stretch the run would hold a boundary every window after the warm-up.
     after_warmup = [s for s in steps if s > 4]
     assert len(after_warmup) <= 3, steps
+
+
+def _short_window(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:
+    model, ddp, opt, ctl = _setup(rank, policy_path)
+    assert ctl.adaptive is not None
+    if rank == 0:
+        planner = ctl.adaptive.planner
+        decide = planner.decide
+
+        def decide_then_ask(m: Any, current: dict[str, str], **kwargs: Any) -> Any:
+            update = decide(m, current, **kwargs)
+            # What a baseline's first window asks for (``PayoffCheck.baseline_window_steps``).
+            return replace(update, window_steps=3) if m.step == 2 * WINDOW else update
+
+        planner.decide = decide_then_ask  # type: ignore[method-assign]
+    for step in range(5 * WINDOW):
+        _train_step(ctl, ddp, opt, rank, step)
+    return {"steps": [r.step for r in ctl.history], "params": _flat(model)}
+
+
+def test_a_short_window_rank_0_asks_for_ends_at_the_same_step_on_every_rank(
+    tmp_path: Path,
+) -> None:
+    """Rank 0's broadcast at the boundary of step 8 asks for the next one 3 steps later (an
+    uncompressed baseline's short window): every rank runs it at step 11, the regular
+    schedule goes on from there, and the parameters stay identical."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    results = run_ranks(_short_window, 2, tmp_path / "ranks", str(policy))
+    steps = results[0]["steps"]
+    assert results[1]["steps"] == steps
+    assert torch.equal(results[1]["params"], results[0]["params"])
+    after = [s for s in steps if s >= 2 * WINDOW]
+    assert after == [8, 11, 12, 16], steps
 
 
 def _guard_counts(ctl: autocomp.Controller) -> dict[str, int]:

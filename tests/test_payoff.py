@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from autocomp.policy import LayerProfile, PolicyEngine, PolicyRules, StepTiming
-from autocomp.policy.payoff import PayoffCheck
+from autocomp.policy.payoff import BASELINE_SETTLE_STEPS, PayoffCheck
 
 GBIT = 1e9 / 8
 
@@ -292,17 +292,31 @@ def test_a_run_compressed_from_the_start_measures_a_baseline_once() -> None:
     note = check.observe(2, True, 0.0207, 19 * MBYTE, predicted_gain=0.21)
     assert note is not None and "predicted to save only 21.0%" in note
     assert check.baseline_sought and check.holds == 0
-    for window in (2, 3):
-        assert check.seeking_baseline(window)
-        reason = check.hold_reason(window, 19 * MBYTE)
+    assert not check.seeking_baseline() and check.baseline_window_steps() == 0
+    # Two decisions hold the layers uncompressed; their windows are short: the first takes
+    # the switch, the second is measured (both at window index 2: a short window does not
+    # move the step-based index).
+    steps = []
+    for _ in range(2):
+        reason = check.hold_reason(2, 19 * MBYTE)
         assert reason is not None and "measuring an uncompressed baseline" in reason
-    assert check.hold_reason(4, 19 * MBYTE) is None and not check.seeking_baseline(4)
-    # Window 3 ran uncompressed after the switch (not settled); window 4 is the baseline.
-    assert check.observe(4, False, 0.0185, 24 * MBYTE) is None
+        assert check.seeking_baseline()
+        steps.append(check.baseline_window_steps())
+    assert steps == [BASELINE_SETTLE_STEPS, check.config.baseline_steps]
+    # The first short window ran uncompressed after the switch (not settled); the second is
+    # the baseline.
+    assert check.observe(2, False, 0.0185, 24 * MBYTE) is None
+    assert check.hold_reason(2, 19 * MBYTE) is None and not check.seeking_baseline()
+    assert check.baseline_window_steps() == 0
     # The compressed plan again: its settled window is judged against the baseline.
     held = check.observe(6, True, 0.0207, 19 * MBYTE, predicted_gain=0.21)
     assert held is not None and "no payoff" in held and check.holds == 1
     assert check.last_gain == pytest.approx(1 - 0.0207 / 0.0185)
+    # baseline_steps 0: the baseline's windows are regular ones.
+    regular = PayoffCheck(PayoffCheck.Config(baseline_steps=0))
+    regular.observe(2, True, 0.0207, 19 * MBYTE, predicted_gain=0.21)
+    assert regular.hold_reason(2, 19 * MBYTE) is not None
+    assert regular.seeking_baseline() and regular.baseline_window_steps() == 0
 
 
 def test_a_baseline_is_sought_only_for_a_small_predicted_gain_and_only_once() -> None:
@@ -312,8 +326,9 @@ def test_a_baseline_is_sought_only_for_a_small_predicted_gain_and_only_once() ->
     assert check.observe(3, True, 0.1, 2 * MBYTE, predicted_gain=None) is None
     assert not check.baseline_sought and check.hold_reason(4, 2 * MBYTE) is None
     assert check.observe(4, True, 0.1, 2 * MBYTE, predicted_gain=0.1) is not None
-    assert check.hold_reason(5, 2 * MBYTE) is not None
-    assert check.hold_reason(6, 2 * MBYTE) is None
+    assert check.hold_reason(4, 2 * MBYTE) is not None
+    assert check.hold_reason(4, 2 * MBYTE) is not None
+    assert check.hold_reason(4, 2 * MBYTE) is None
     # The baseline windows never measured (e.g. a quiet stretch skipped them): not again.
     assert check.observe(7, True, 0.1, 2 * MBYTE, predicted_gain=0.1) is None
     assert check.hold_reason(8, 2 * MBYTE) is None
@@ -327,11 +342,20 @@ def test_a_sought_baseline_survives_a_checkpoint() -> None:
     restored = PayoffCheck()
     restored.load_state_dict(check.state_dict())
     assert restored.state_dict() == check.state_dict()
-    assert restored.seeking_baseline(3) and restored.baseline_sought
+    assert restored.baseline_sought and not restored.seeking_baseline()
+    assert restored.hold_reason(2, 19 * MBYTE) is not None
+    assert restored.baseline_window_steps() == BASELINE_SETTLE_STEPS
+    again = PayoffCheck()
+    again.load_state_dict(restored.state_dict())
+    assert again.seeking_baseline() and again.baseline_window_steps() == BASELINE_SETTLE_STEPS
+    assert again.hold_reason(2, 19 * MBYTE) is not None
+    assert again.hold_reason(2, 19 * MBYTE) is None
     assert restored.observe(5, True, 0.02, 19 * MBYTE, predicted_gain=0.2) is None
 
 
-@pytest.mark.parametrize("kwargs", [{"baseline_gain": 1.0}, {"baseline_windows": 1}])
+@pytest.mark.parametrize(
+    "kwargs", [{"baseline_gain": 1.0}, {"baseline_windows": 1}, {"baseline_steps": 1}]
+)
 def test_bad_baseline_settings_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         PayoffCheck.Config(**kwargs)  # type: ignore[arg-type]

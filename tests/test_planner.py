@@ -25,6 +25,7 @@ from autocomp.compressors import Collective, build_compressor
 from autocomp.opening import EmbeddingRows
 from autocomp.planner import WindowPlanner
 from autocomp.policy import load_policy
+from autocomp.policy.payoff import BASELINE_SETTLE_STEPS, PayoffCheck
 from autocomp.policy.priors import ErrorPriors
 from autocomp.policy.rules import GuardRules, PolicyRules
 from autocomp.step_gap import StepGap
@@ -137,7 +138,7 @@ def test_a_second_look_catches_a_first_step_inflated_by_one_off_costs() -> None:
     assert second.plan[NAMES.index("fc1.weight")] != "none"
 
     config = AdaptiveLoop.Config(window=50, warmup_steps=100, first_look_steps=2)
-    loop = SimpleNamespace(config=config, _warming=True, _quiet_until=0)
+    loop = SimpleNamespace(config=config, _warming=True, _quiet_until=0, _requested_boundary=0)
     loop._early_looks = lambda: AdaptiveLoop._early_looks(loop)  # type: ignore[arg-type]
     loop.is_boundary = lambda step: AdaptiveLoop.is_boundary(loop, step)  # type: ignore[arg-type]
     boundaries = [s for s in range(1, 101) if loop.is_boundary(s)]
@@ -148,7 +149,10 @@ def test_a_second_look_catches_a_first_step_inflated_by_one_off_costs() -> None:
     loop._warming = False
     assert [s for s in range(1, 101) if loop.is_boundary(s)] == [1, 2, 4, 50, 100]
     late = SimpleNamespace(
-        config=AdaptiveLoop.Config(window=4, warmup_steps=4), _warming=True, _quiet_until=0
+        config=AdaptiveLoop.Config(window=4, warmup_steps=4),
+        _warming=True,
+        _quiet_until=0,
+        _requested_boundary=0,
     )
     late._early_looks = lambda: AdaptiveLoop._early_looks(late)  # type: ignore[arg-type]
     assert [s for s in range(1, 9) if AdaptiveLoop.is_boundary(late, s)] == [1, 2, 4, 8]  # type: ignore[arg-type]
@@ -165,6 +169,7 @@ def _quiet_loop(**fields: object) -> object:
         config=fields.pop("config", config),
         _warming=False,
         _quiet_until=0,
+        _requested_boundary=0,
         warmup_peers=(),
         state=SimpleNamespace(hierarchy=None),
         planner=SimpleNamespace(warmup_done=True, frozen=False),
@@ -174,6 +179,7 @@ def _quiet_loop(**fields: object) -> object:
     for key, value in fields.items():
         setattr(loop, key, value)
     loop._early_looks = lambda: AdaptiveLoop._early_looks(loop)  # type: ignore[arg-type]
+    loop.is_boundary = lambda step: AdaptiveLoop.is_boundary(loop, step)  # type: ignore[arg-type]
     return loop
 
 
@@ -181,7 +187,8 @@ def test_a_quiet_stretch_skips_regular_boundaries_only() -> None:
     """Rank 0's broadcast at the boundary of step 100 said five quiet windows: the regular
     boundaries up to step 350 are skipped on every rank, the early looks and the warm-up's
     end are not, and the profiler's sampled steps follow the stretched schedule
-    (``next_boundary``). A stretch that ends off the window grid ends at the next multiple."""
+    (``next_boundary``). A stretch that ends off the window grid ends at the next multiple.
+    A boundary asked for before the next regular one comes first."""
     from autocomp.adaptive import AdaptiveLoop
 
     loop = _quiet_loop(_quiet_until=350)
@@ -202,6 +209,12 @@ def test_a_quiet_stretch_skips_regular_boundaries_only() -> None:
         250,
         300,
     ]  # type: ignore[arg-type]
+    # A boundary rank 0 asked for (a baseline's short window) comes first; the regular
+    # schedule goes on after it.
+    asked = _quiet_loop(_requested_boundary=116)
+    assert [s for s in range(101, 201) if AdaptiveLoop.is_boundary(asked, s)] == [116, 150, 200]  # type: ignore[arg-type]
+    assert AdaptiveLoop.next_boundary(asked, 100) == 116  # type: ignore[arg-type]
+    assert AdaptiveLoop.next_boundary(asked, 116) == 150  # type: ignore[arg-type]
 
 
 def test_the_history_keeps_the_newest_layer_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -293,6 +306,7 @@ def test_only_a_settled_uncompressed_plan_stretches_the_windows() -> None:
     assert quiet(current=compressed) == 1  # the plan changes at this boundary
     assert quiet(probe_bytes=1 << 20) == 1
     assert quiet(resets=["fc1.weight"]) == 1
+    assert quiet(window_steps=16) == 1  # a short window asked for: it ends first
     assert quiet(record=WindowRecord.opening(1.0, guard_events=[{"guard": "loss"}])) == 1
     assert quiet(_quiet_loop(planner=SimpleNamespace(warmup_done=False, frozen=False))) == 1
     assert quiet(_quiet_loop(warmup_peers=(object(),))) == 1
@@ -1075,7 +1089,10 @@ def test_a_plan_compressed_from_the_start_is_measured_against_an_uncompressed_ba
             current = dict(zip(NAMES, update.plan, strict=True))
             solver = update.record.decision["solver"]  # type: ignore[index]
             out.append((solver, {k: v for k, v in current.items() if v != "none"}))
+            asked.append(update.window_steps)
         return out
+
+    asked: list[int] = []
 
     fast = plans(1600)
     assert fast[0][1] and fast[1][1]  # compressed from the first decision, then settled
@@ -1083,5 +1100,9 @@ def test_a_plan_compressed_from_the_start_is_measured_against_an_uncompressed_ba
     assert not fast[2][1] and not fast[3][1]
     assert fast[4][1]  # no dwell on 'none': compressed again at once
     assert fast[6][0] == "held" and not fast[6][1]  # measured no faster: held
+    # The baseline's windows are short: one that takes the switch, one that is measured.
+    assert asked == [0, 0, BASELINE_SETTLE_STEPS, PayoffCheck.Config().baseline_steps, 0, 0, 0, 0]
+    asked.clear()
     slow = plans(50)
     assert all(compressed for _, compressed in slow)
+    assert not any(asked)

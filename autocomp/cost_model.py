@@ -422,14 +422,24 @@ class CostModel:
         return out
 
     def _interim_scale(self, world_size: int) -> float:
-        """measured/prior over every measured group, geometric mean: until the regressor has
-        enough samples, what carries the slowdown seen in training (compression competing
-        with the backward and the communication threads for the cores, 2-3x on a busy
-        2-vCPU machine) to the options not measured yet. 1 without measurements."""
+        """measured/prior over the measured groups, a geometric mean weighted by each group's
+        prior seconds: until the regressor has enough samples, what carries the slowdown seen
+        in training (compression competing with the backward and the communication threads
+        for the cores, 3-5x the calibrated prior on a busy 2-vCPU machine) to the options not
+        measured yet. 1 without measurements.
+
+        Weighted, because a small tensor's measured time is mostly the hook's per-call
+        overhead, which a scale cannot carry: on the MLP LM at 1 Gbit/s fp16 measured 66x its
+        prior on a 16K-element tensor and 4.5-4.8x on the 1-2M-element matrices, and the
+        unweighted mean (12.3x) priced PowerSGD rank 4 on fc1 at 32.6 ms where the runs that
+        ran it measured 8.1 ms (3.4x its prior). The run kept fp16 (0.095 s a step, loss
+        2.2567) over the PowerSGD plan (0.063 s, 2.2135; docs/benchmarks-history.md,
+        thirty-fourth session)."""
         cached = self._cache.get(("*", (), world_size, 1.0))
         if cached is not None:
             return cached
-        logs = []
+        logs: list[float] = []
+        weights: list[float] = []
         for key, group in self._groups.items():
             spec, shape, world = key
             if world != world_size or not group:
@@ -438,8 +448,12 @@ class CostModel:
             prior = self._prior(self._compressor(spec), torch.Size(shape), world, share)
             if prior > 0:
                 logs.append(math.log(statistics.median(group) / prior))
+                weights.append(prior)
         limit = math.log(self.config.max_correction)
-        scale = math.exp(max(-limit, min(limit, math.fsum(logs) / len(logs)))) if logs else 1.0
+        scale = 1.0
+        if logs:
+            mean = math.fsum(w * v for w, v in zip(weights, logs, strict=True)) / math.fsum(weights)
+            scale = math.exp(max(-limit, min(limit, mean)))
         self._cache[("*", (), world_size, 1.0)] = scale
         return scale
 

@@ -361,19 +361,21 @@ def test_bad_baseline_settings_are_refused(kwargs: dict[str, float]) -> None:
         PayoffCheck.Config(**kwargs)  # type: ignore[arg-type]
 
 
-def test_a_plan_counts_as_measured_once_it_paid_against_the_baseline() -> None:
-    """``compression_measured``: only a compressed plan whose settled window measured at
-    least its bar faster than the baseline; one that failed (a hold) is not, nor is any plan
-    before a baseline exists."""
-    paying, slow = ("fp16", "none"), ("powersgd:rank=4", "none")
+def test_the_min_gain_floor_applies_after_a_hold_until_a_plan_measures_its_gain() -> None:
+    """``compression_measured``: every plan counts as measured until a compressed plan has
+    measured no payoff (a hold; before that, the engine's predictions stand); after it, only
+    a compressed plan whose settled window measured at least its bar faster than the
+    baseline."""
+    paying, slow, other = ("fp16", "none"), ("powersgd:rank=4", "none"), ("int8", "none")
     check = PayoffCheck()
     assert check.observe(1, True, 0.040, 8 * GBIT, paying) is None  # no baseline yet
-    assert not check.compression_measured(paying)
+    assert check.compression_measured(paying) and check.compression_measured(slow)
     check.observe(2, False, 0.050, 8 * GBIT, ("none", "none"))
     assert check.observe(3, True, 0.040, 8 * GBIT, paying) is None  # 20% faster
-    assert check.compression_measured(paying) and not check.compression_measured(slow)
+    assert check.compression_measured(slow)  # no hold yet
     assert check.observe(4, True, 0.049, 8 * GBIT, slow) is not None  # 2%: held
-    assert not check.compression_measured(slow)
+    assert check.compression_measured(paying)
+    assert not check.compression_measured(slow) and not check.compression_measured(other)
     restored = PayoffCheck()
     restored.load_state_dict(check.state_dict())
     assert restored.compression_measured(paying) and not restored.compression_measured(slow)

@@ -468,12 +468,13 @@ class PolicyEngine:
         (the MLP LM on loopback). A plan already in use keeps its place down to
         ``1 - switch_margin`` of the bar, so a gain near it does not flip the plan each window.
 
-        Until the compression in use has measured its gain (``compression_measured``), the bar
-        is at least ``rules.min_gain``: the payoff check holds any compressed plan that does
-        not measure that much faster than uncompressed, so a plan predicted to save less can
-        only lose its windows, and near that point the prediction errs by more than the gain.
-        On the MLP LM on loopback, fp16 on ``fc1`` predicted 1% faster right after a PowerSGD
-        window had measured 28% slower than predicted, and ran a window more at 1.1x.
+        After a compressed plan measured no payoff, and until the compression in use has
+        measured its gain (``compression_measured``), the bar is at least ``rules.min_gain``:
+        the payoff check holds any compressed plan that does not measure that much faster
+        than uncompressed, so a plan predicted to save less can only lose its windows, and
+        this run has shown its predictions err by more than such a gain. On the MLP LM on
+        loopback, fp16 on ``fc1`` predicted 1% faster right after a PowerSGD window had
+        measured 28% slower than predicted, and ran a window more at 1.1x.
         """
         chosen = [decisions[item.index] for item in pending]
         if any(d is None for d in chosen):

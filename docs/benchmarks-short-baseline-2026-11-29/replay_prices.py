@@ -1,0 +1,65 @@
+"""Replay a recorded adaptive run (``AUTOCOMP_RECORD_WINDOWS``) through a fresh planner up to
+a step, and print what its cost model holds: each measured group's median hook time against
+its calibrated prior, the interim scale carried to options not measured yet, and the
+predicted hook time of fp16 and PowerSGD on the MLP LM's two large matrices.
+
+The planner is built as rank 0's (``replay_idle_link.py`` of the thirty-third session) and
+calibrated anew here, so its priors carry this machine's calibration noise, not the run's.
+
+    .venv/bin/python docs/benchmarks-short-baseline-2026-11-29/replay_prices.py \\
+        docs/benchmarks-short-baseline-2026-11-29/windows-mlp-lm-1gbit-557c14b-s1.jsonl 150
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks-idle-link-baseline-2026-11-29"))
+from replay_idle_link import build  # noqa: E402
+
+from autocomp.opening import HALF_DTYPES  # noqa: E402
+from autocomp.window import WindowMeasurement  # noqa: E402
+
+
+def main(path: str, upto: int) -> None:
+    lines = [json.loads(text) for text in open(path)]
+    opening, first = lines[0]["opening"], lines[1]
+    names = list(first["current"])
+    world = first["measurement"]["world_size"]
+    planner = build(names, first["shapes"], world)
+    model = planner.cost_model
+    model.update_contention(opening["contention_seconds_per_byte"])
+    for dtype, cost in zip(HALF_DTYPES, opening["half_sum_seconds_per_element"], strict=True):
+        model.update_half_sum(dtype, cost)
+    planner.row_shares = dict(opening.get("row_shares", {}))
+    planner.open(tuple(opening["probe"]), opening["forward_seconds"], world, first["current"])
+    step = 0
+    for line in lines[1:]:
+        m = WindowMeasurement.from_dict(line["measurement"])
+        if m.step > upto:
+            break
+        if "contention_seconds_per_byte" in line:
+            model.update_contention(line["contention_seconds_per_byte"])
+        planner.decide(m, dict(line["current"]))
+        step = m.step
+    print(f"{path}: after step {step}, interim scale {model._interim_scale(world):.2f}")
+    for key, group in model._groups.items():
+        spec, shape, w = key
+        prior = model._prior(model._compressor(spec), torch.Size(shape), w, model._shares.get(key, 1.0))
+        measured = statistics.median(group)
+        print(f"  measured {spec} {shape}: {measured * 1e3:.2f} ms, prior {prior * 1e3:.3f} ({measured / prior:.1f}x)")
+    for name in ("fc1.weight", "fc2.weight"):
+        shape = torch.Size(first["shapes"][name])
+        for spec in ("fp16:ef=false", "powersgd:rank=4,ef=true"):
+            predicted = model.compress_seconds(spec, shape)
+            prior = model._prior(model._compressor(spec), shape, world)
+            print(f"  {name} {spec}: predicted {predicted * 1e3:.2f} ms (prior {prior * 1e3:.2f})")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))

@@ -593,6 +593,7 @@ def _warmup_agreed(rank: int, world: int, failing: bool) -> dict[str, Any]:
         "decider_done": planner.warmup_done if dist.get_rank(mesh.get_group(0)) == 0 else None,
         "boundaries": [r.step for r in ctl.history],
         "identical": _replicas_identical(model, mesh.get_group(0)),
+        "short_windows": planner.short_windows,
     }
     ctl.close()
     return result
@@ -615,6 +616,8 @@ def test_the_warm_up_ends_in_every_replicate_group_when_one_ends_it(
         assert r["decider_done"] in (True, None), (rank, r)
         assert r["boundaries"] == [1, 2, 4, 8], (rank, r["boundaries"])
         assert r["identical"], rank
+        # Peer loops keep one schedule: no planner may ask for a short window.
+        assert r["short_windows"] is False, rank
     assert [r["decider_done"] for r in results] == [True, True, None, None]
 
 

@@ -23,6 +23,9 @@ for path in sorted(glob.glob(os.path.join(folder, "*-s[0-9]*.json"))):
         "curve": [(p["step"], round(p["train_seconds"], 2), round(p["valid_loss"], 4)) for p in run["curve"]],
         "plans": [(t["step"], {n: v[0] for n, v in t["layers"].items()}) for t in trail],
     })
+cells = sorted({(r["task"], r["rate"]) for r in rows})
+if len(cells) != 1:  # rows are keyed by (arm, seed): two cells would overwrite each other
+    sys.exit(f"{folder}: one task and rate per folder, found {cells}")
 json.dump(rows, open(prefix + ".json", "w"), indent=0)
 arms = sorted({r["arm"] for r in rows}, key=lambda a: (a != reference, a))
 seeds = sorted({r["seed"] for r in rows})

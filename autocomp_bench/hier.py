@@ -1,10 +1,12 @@
-"""Nodes over a shaped link: hierarchical autocomp, flat autocomp, DDP and HSDP.
+"""Nodes over a shaped link: hierarchical autocomp, flat autocomp, DDP, PyTorch's comm hooks
+and HSDP.
 
 Run as::
 
     autocomp-bench hier [--task gpt] [--rate 200mbit] [--budget-s 40] [--evals 4]
         [--nodes 2] [--ranks-per-node 2]
-        [--methods allreduce,flat,hier,hsdp,hsdp-autocomp,hsdp-adaptive] [--threads 1]
+        [--methods allreduce,fp16,powersgd,flat,hier,hsdp,hsdp-autocomp,hsdp-adaptive]
+        [--threads 1]
         [--json out.json] [--markdown out.md] [--from-json saved.json]
 
 (or ``python -m autocomp_bench.hier``). ``nodes x ranks-per-node`` gloo ranks (default 2 x 2)
@@ -72,6 +74,7 @@ from autocomp_bench.machine import (
 )
 from autocomp_bench.report import jsonable
 from autocomp_bench.shaped_link import ShapedLink, parse_rate, shaped_link_unavailable_reason
+from autocomp_bench.worker import POWERSGD_RANK
 
 logger = logging.getLogger(__name__)
 
@@ -104,8 +107,12 @@ def method_descriptions(
     nodes: int = DEFAULT_NODES, ranks_per_node: int = DEFAULT_RANKS_PER_NODE
 ) -> dict[str, str]:
     """Method name -> one line for the report, naming this topology's world and mesh."""
+    world = nodes * ranks_per_node
     return {
-        "allreduce": f"plain DDP all-reduce (gloo's ring over all {nodes * ranks_per_node} ranks)",
+        "allreduce": f"plain DDP all-reduce (gloo's ring over all {world} ranks)",
+        "fp16": f"DDP with PyTorch's `fp16_compress_hook` (one ring over all {world} ranks)",
+        "powersgd": f"DDP with PyTorch's `powerSGD_hook`, rank {POWERSGD_RANK}, one bucket, "
+        "error feedback and warm start",
         "flat": f"`autocomp.wrap(ddp, target_overlap={TARGET_OVERLAP}, hierarchy=False)`",
         "hier": f"`autocomp.wrap(ddp, target_overlap={TARGET_OVERLAP}, hierarchy=True)`",
         "hsdp": f"FSDP2 `fully_shard` on the {nodes}x{ranks_per_node} (replicate, shard) mesh "
@@ -419,8 +426,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="autocomp-bench hier",
         description="Nodes of gloo ranks in network namespaces (default two of two), "
-        "tbf-shaped veths between them: DDP, flat and hierarchical autocomp, HSDP plain and "
-        "compressed, each trained for the same wall-clock budget.",
+        "tbf-shaped veths between them: DDP, PyTorch's fp16 and PowerSGD hooks, flat and "
+        "hierarchical autocomp, HSDP plain and compressed, each trained for the same "
+        "wall-clock budget.",
     )
     parser.add_argument("--task", default=DEFAULT_TASK, help="default: %(default)s")
     parser.add_argument(

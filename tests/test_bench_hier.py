@@ -43,7 +43,16 @@ from autocomp_bench.shaped_link import shaped_link_unavailable_reason
 def test_defaults() -> None:
     args, config = hier.parse_config([])
     assert config.task == "gpt" and config.rate_mbit == 200.0 and config.budget_s == 40.0
-    assert config.methods == ["allreduce", "flat", "hier", "hsdp", "hsdp-autocomp", "hsdp-adaptive"]
+    assert config.methods == [
+        "allreduce",
+        "fp16",
+        "powersgd",
+        "flat",
+        "hier",
+        "hsdp",
+        "hsdp-autocomp",
+        "hsdp-adaptive",
+    ]
     assert args.json is None and args.from_json is None
 
 
@@ -358,6 +367,34 @@ def test_checks() -> None:
     rows.append(summarize_method("flat", "d", {"error": "timed out", "link": LINK}, 4))
     first = hier_checks(rows)[0]
     assert first.passed is None and "flat" in first.detail
+
+
+def test_checks_against_pytorchs_hooks() -> None:
+    """With PyTorch's hooks in the run, flat and hier are held to the better hook's loss."""
+    rows = [
+        *_rows(),
+        summarize_method("fp16", hier.METHODS["fp16"], _outcome(2.6), 4),
+        summarize_method("powersgd", hier.METHODS["powersgd"], _outcome(2.55), 4),
+    ]
+    checks = {c.name: c for c in hier_checks(rows)}
+    flat = checks["flat: validation loss no worse than the best PyTorch hook's"]
+    hier_peer = checks["hier: validation loss no worse than the best PyTorch hook's"]
+    assert flat.passed is False and "powersgd 2.5500" in flat.detail and "+0.1500" in flat.detail
+    assert hier_peer.passed is True and "-0.0500" in hier_peer.detail
+    # A hook that failed is left out of the best; with none left, the check cannot judge.
+    failed = summarize_method("powersgd", "d", {"error": "timed out", "link": LINK}, 4)
+    rows[-1] = failed
+    checks = {c.name: c for c in hier_checks(rows)}
+    assert (
+        "fp16 2.6000"
+        in checks["hier: validation loss no worse than the best PyTorch hook's"].detail
+    )
+    rows[-2] = summarize_method("fp16", "d", {"skipped": "not asked"}, 4)
+    unjudged = [c for c in hier_checks(rows) if "PyTorch hook" in c.name]
+    assert [c.passed for c in unjudged] == [None, None]
+    assert all("did not run" in c.detail for c in unjudged)
+    # Without the hooks in the run, the checks are the ones before.
+    assert not any("PyTorch hook" in c.name for c in hier_checks(_rows()))
 
 
 def _document(rows: list[dict[str, Any]]) -> dict[str, Any]:

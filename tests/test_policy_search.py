@@ -6,17 +6,31 @@ it predicts must be the very floats the whole plan summed again gives. Taking on
 load off and putting another's on is not: a group's two-round traffic then reads 1e-19
 where it was 0, and the exposure model times a second round that is not there (found on
 a 400-parameter model, where it changed the fastest plan).
+
+And the slack's plan against the fastest plan climbed towards accuracy: the slack does not
+spend its time on moving layers from fp16 to none when the climb learns more per second,
+and the climb does not displace the slack's accurate plan with errors whose price is
+within ``error_cost``'s uncertainty (``SearchConfig.error_cost_spread``).
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autocomp.policy.optimizer import LayerOption
-from autocomp.policy.search import BucketGroups, GroupLoad, Pending, _Group, _Problem
-from autocomp.policy.types import LayerProfile
+from autocomp.policy.search import (
+    BucketGroups,
+    GroupLoad,
+    Pending,
+    SearchConfig,
+    _Group,
+    _Problem,
+    search,
+)
+from autocomp.policy.types import LayerProfile, StepTiming
 
 _seconds = st.floats(min_value=0.0, max_value=0.05, allow_nan=False)
 
@@ -90,3 +104,81 @@ def test_a_move_is_priced_as_the_whole_plan_summed_again(
             assert plan.chosen == moved
             assert plan.compressed == sum(o.key != "none" for o in moved)
             assert abs(plan.error - sum(o.error for o in moved)) <= 1e-9 * max(1.0, plan.error)
+
+
+# ---- the slack's plan against the climb from the fastest plan --------------------------------
+
+_COMPUTE = 0.2
+"""Compute-only step of the synthetic model (seconds)."""
+
+
+def _exposed_layers(powersgd_errors: list[float]) -> list[Pending]:
+    """Layers in one bucket group with nothing to hide behind, so a plan's step is the
+    compute plus its options' seconds: none 6.5 ms, fp16 4.5 ms (error 1e-6, no measurable
+    loss per step), PowerSGD 4 ms at the given error."""
+    pending = []
+    for index, psgd_error in enumerate(powersgd_errors):
+        layer = LayerProfile(
+            name=f"w{index}",
+            shape=torch.Size([256, 256]),
+            dtype=torch.float32,
+            grad_norm=1.0,
+            rel_error={},
+            bucket=None,
+        )
+        options = [
+            LayerOption("none", 0.0065, 0.0, 262_144),
+            LayerOption("fp16", 0.0045, 1e-6, 131_072),
+            LayerOption("powersgd", 0.004, psgd_error, 4_096),
+        ]
+        rel_errors = {"none": 0.0, "fp16": 1e-3, "powersgd": 0.5}
+        pending.append(Pending(index, layer, options, rel_errors, ""))
+    return pending
+
+
+def _search(
+    powersgd_errors: list[float], compute: float = _COMPUTE, **config: float
+) -> tuple[str, list[str], float]:
+    pending = _exposed_layers(powersgd_errors)
+    groups = BucketGroups((_Group(0.0, 1),), (0,) * len(pending), contention=0.0)
+    timing = StepTiming(
+        backward_seconds=0.1, hideable_seconds=0.0, step_seconds=compute, compute_seconds=compute
+    )
+    settings = SearchConfig(time_slack=0.03, target_overlap=0.9, progress_per_error=0.01, **config)
+    result = search(pending, groups, GroupLoad.empty(1), timing, settings)
+    return result.method, [o.key for o in result.chosen], compute + result.timeline.added_s
+
+
+def test_the_slack_does_not_buy_negligible_error_with_time() -> None:
+    """The fastest plan (PowerSGD everywhere, 0.224 s) learns less per second than the
+    slack's least-error plan, which fills the 3% with 'none' on a layer (0.229 s) to save
+    fp16's 1e-6. Climbed from the fastest plan, every layer moves to fp16 (0.227 s, 5% under
+    uncompressed): that plan learns more per second than the slack's even at the pessimistic
+    price, so it wins (the GPT LM at 1 Gbit/s, thirty-fifth session)."""
+    method, plan, step = _search([2.0] * 6)
+    assert plan == ["fp16"] * 6
+    assert method == "progress"
+    assert step == pytest.approx(_COMPUTE + 6 * 0.0045)
+    # A climb within the slack of every layer uncompressed is not told from it: the slack's
+    # least-error plan stays (a 2 s compute-only step: all 'none' is within 3% of fp16).
+    method, plan, _ = _search([2.0] * 6, compute=2.0)
+    assert method == "slack" and plan == ["none"] * 6
+
+
+def test_the_slack_keeps_accuracy_the_climb_would_bet_within_the_price_uncertainty() -> None:
+    """Three layers whose PowerSGD error costs 2% of a step's progress each (the climb moves
+    them to fp16) and six at 0.18% (a move to fp16 costs 0.21% of the step, so the climb keeps
+    them on PowerSGD, 1.1% of a step in all). At the nominal price that plan (0.2375 s) learns
+    1% more per second than the slack's (1 'none' + 8 fp16, 0.2425 s); priced at
+    ``error_cost_spread`` (3.2) x it learns 1.4% less, so the accurate plan stays. With no spread
+    the climb wins."""
+    errors = [2.0] * 3 + [0.18] * 6
+    method, plan, step = _search(errors)
+    assert method == "slack"
+    assert "powersgd" not in plan and plan.count("none") == 1
+    assert step == pytest.approx(_COMPUTE + 8 * 0.0045 + 0.0065)
+
+    method, plan, step = _search(errors, error_cost_spread=1.0)
+    assert method == "progress"
+    assert plan == ["fp16"] * 3 + ["powersgd"] * 6
+    assert step == pytest.approx(_COMPUTE + 3 * 0.0045 + 6 * 0.004)

@@ -20,10 +20,12 @@ climbs towards more accurate options while ``(1 - progress_per_error x error) / 
 (:mod:`autocomp.policy.progress`), so a plan outside the slack wins when the fast plans'
 errors cost more per-step progress than the extra time (top-1% against PowerSGD rank 4 on a
 slow link). The slack's pick buys the least error whatever that error is worth; where the
-search predicts it learns less per second than the fastest plan, the climb starts from the
-fastest plan instead (solver ``fastest``, or ``progress`` once it moves). On the held-out
-12-layer GPT at 50 Mbit/s the slack put PowerSGD rank 16 or int8 on four matrices for a
-predicted 2.7% of the step (5.6% measured) while the engine's own rate said -0.5%.
+search predicts it learns less per second than the fastest plan, or than the fastest plan
+climbed towards accuracy with errors priced ``error_cost_spread`` times higher, the climb
+starts from the fastest plan instead (solver ``fastest``, or ``progress`` once it moves).
+On the held-out 12-layer GPT at 50 Mbit/s the slack put PowerSGD rank 16 or int8 on four
+matrices for a predicted 2.7% of the step (5.6% measured) while the engine's own rate said
+-0.5%.
 
 Two more rules keep the plan sensible and steady:
 
@@ -89,6 +91,12 @@ class SearchConfig:
     pending layers' total weight); 0 turns the progress-per-second step off."""
     ascent_passes: int = 3
     """Passes of single-layer moves in the progress-per-second step."""
+    error_cost_spread: float = 0.71 / 0.22
+    """How far the per-step progress an error costs may lie above ``progress_per_error``:
+    the top of ``error_cost``'s measured range over its bottom (0.71, PowerSGD rank 1 on the
+    GPT LM; 0.22, rank 4 on the MLP LM; docs/policy.md). The default (0.33) is their
+    geometric mean, and a given model may sit at either end. A faster plan displaces the
+    slack's more accurate one only if it learns more per second at that price too."""
 
 
 @dataclass(slots=True)
@@ -680,21 +688,26 @@ def search(
 
     method, chosen, solution = min(candidates, key=lambda c: (error(c[1]), c[0]))
     per_error = config.progress_per_error
-    if (
-        method == "slack"
-        and per_error > 0
-        and rate(problem, chosen, compute, per_error) < rate(problem, fastest, compute, per_error)
-    ):
-        # The slack's least error is bought blind to its size: where the engine itself
-        # predicts it learns less per second than the fastest plan, the climb below starts
-        # from the fastest plan and buys only what pays.
-        method, chosen, solution = "fastest", list(fastest), None
     if per_error > 0:
-        faster_learning = progress_ascent(
-            problem, chosen, compute, per_error, passes=config.ascent_passes
-        )
-        if [o.key for o in faster_learning] != [o.key for o in chosen]:
-            method, chosen, solution = "progress", faster_learning, None
+        climbed: list[LayerOption] | None = None
+        if method == "slack":
+            if rate(problem, chosen, compute, per_error) < rate(
+                problem, fastest, compute, per_error
+            ):
+                # The slack's least error is bought blind to its size: where the engine
+                # itself predicts it learns less per second than the fastest plan, the climb
+                # below starts from the fastest plan and buys only what pays.
+                method, chosen, solution = "fastest", list(fastest), None
+            else:
+                climbed = _climb_if_it_outlearns(problem, chosen, fastest, compute, config)
+                if climbed is not None:
+                    method, chosen, solution = "fastest", list(fastest), None
+        if climbed is None:
+            climbed = progress_ascent(
+                problem, chosen, compute, per_error, passes=config.ascent_passes
+            )
+        if [o.key for o in climbed] != [o.key for o in chosen]:
+            method, chosen, solution = "progress", climbed, None
     timeline = problem.timeline(chosen)
 
     # Keep the current plan while it is acceptable and the new one is not clearly better.
@@ -729,6 +742,54 @@ def search(
         budget_added=budget,
         meets_target=_meets_target(timeline, target),
     )
+
+
+def _climb_if_it_outlearns(
+    problem: _Problem,
+    slack_plan: Sequence[LayerOption],
+    fastest: Sequence[LayerOption],
+    compute: float,
+    config: SearchConfig,
+) -> list[LayerOption] | None:
+    """The fastest plan climbed towards accuracy (:func:`progress_ascent`), when it learns
+    more per second than the slack's plan even with every error priced at
+    ``error_cost_spread`` times ``progress_per_error``; else None.
+
+    Against the fastest plan alone the slack's plan can win by being slightly less wrong than
+    a bad plan: on the GPT LM at 1 Gbit/s the fastest plan had PowerSGD on 7 matrices, and
+    the slack spent its 3% on moving matrices from fp16 (relative error 3e-4, no measurable
+    loss per step) to none. The run then stepped 0.164 s with 7 of 14 matrices uncompressed
+    where all-fp16 steps 0.152-0.157 s, and the payoff check, which asks 5% of a compressed
+    plan, held all compression off for 500 steps (docs/benchmarks-history.md, thirty-fifth
+    session). The climb from the fastest plan finds all-fp16 there. At the nominal price it
+    also edges past the slack's plan by putting PowerSGD back on four matrices for a
+    predicted 0.8% more progress per second, a bet smaller than what ``error_cost`` is
+    uncertain by (0.22-0.71 of a step per unit of error across models and PowerSGD ranks,
+    0.33 the default); priced ``error_cost_spread`` (3.2) times higher, the accurate plan
+    stays. And the
+    climb must be predicted faster than every layer uncompressed by more than the slack:
+    inside it, whether compressing at all pays is not something the predictions can tell."""
+    per_error = config.progress_per_error
+    climbed = progress_ascent(problem, fastest, compute, per_error, passes=config.ascent_passes)
+    # Compression itself must be resolvable: a climb predicted within the slack of every
+    # layer uncompressed leaves the slack's plan (on a fast link, where compressing saves 1%
+    # of a long step, that plan is 'none' everywhere, and a compressed plan would have to
+    # measure min_gain faster to stay).
+    uncompressed = [
+        next((o for o in item.options if o.key == NONE_SPEC), kept)
+        for item, kept in zip(problem.pending, slack_plan, strict=True)
+    ]
+    uncompressed_added = problem.timeline(uncompressed).added_s
+    if (compute + problem.timeline(climbed).added_s) * (1.0 + config.time_slack) >= (
+        compute + uncompressed_added
+    ):
+        return None
+    pessimistic = per_error * config.error_cost_spread
+    if rate(problem, slack_plan, compute, pessimistic) < rate(
+        problem, climbed, compute, pessimistic
+    ):
+        return climbed
+    return None
 
 
 def _runner_ups(

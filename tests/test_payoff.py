@@ -386,7 +386,7 @@ def test_a_plan_that_paid_measures_the_baseline_again_before_a_hold() -> None:
     """The GPT LM at 1 Gbit/s (120 s, thirty-fifth session): fp16 everywhere paid 11% (0.153
     s a step against 0.172 uncompressed), then one window on a machine that had slowed down
     read 0.166 s, 3.5% against the old baseline, and the hold kept the run uncompressed for
-    its last 500 steps. A plan that paid now has the uncompressed step measured again (the
+    its last 470 steps. A plan that paid now has the uncompressed step measured again (the
     short baseline windows) and is judged against that; only a miss against the new
     baseline holds."""
     fp16, none = ("fp16", "fp16"), ("none", "none")

@@ -428,7 +428,7 @@ class PayoffCheck:
         fp16 everywhere measured 0.153 s a step against a baseline of 0.172, then 0.166 in
         a window where the machine had slowed down (the uncompressed windows after it read
         0.174-0.191): 3.5% against the old baseline, under ``min_gain``, and the hold kept
-        the run uncompressed for its last 500 steps. A second miss, against the fresh
+        the run uncompressed for its last 470 steps. A second miss, against the fresh
         baseline, holds as before."""
         self._baseline_left = self.config.baseline_windows
         self.rechecks += 1

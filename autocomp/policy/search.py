@@ -766,9 +766,9 @@ def _climb_if_it_outlearns(
     predicted 0.8% more progress per second, a bet smaller than what ``error_cost`` is
     uncertain by (0.22-0.71 of a step per unit of error across models and PowerSGD ranks,
     0.33 the default); priced ``error_cost_spread`` (3.2) times higher, the accurate plan
-    stays. And the
-    climb must be predicted faster than every layer uncompressed by more than the slack:
-    inside it, whether compressing at all pays is not something the predictions can tell."""
+    stays. And the climb must be predicted faster than every layer uncompressed by more than
+    the slack: inside it, whether compressing at all pays is not something the predictions
+    can tell."""
     per_error = config.progress_per_error
     climbed = progress_ascent(problem, fastest, compute, per_error, passes=config.ascent_passes)
     # Compression itself must be resolvable: a climb predicted within the slack of every

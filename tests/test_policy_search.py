@@ -35,6 +35,18 @@ from autocomp.policy.types import LayerProfile, StepTiming
 _seconds = st.floats(min_value=0.0, max_value=0.05, allow_nan=False)
 
 
+def _layer(name: str, side: int) -> LayerProfile:
+    """A square float32 matrix with nothing measured yet (its options carry the costs)."""
+    return LayerProfile(
+        name=name,
+        shape=torch.Size([side, side]),
+        dtype=torch.float32,
+        grad_norm=1.0,
+        rel_error={},
+        bucket=None,
+    )
+
+
 @st.composite
 def _option(draw: st.DrawFn, key: str) -> LayerOption:
     work = draw(_seconds)
@@ -67,15 +79,7 @@ def _problem(draw: st.DrawFn) -> _Problem:
             LayerOption("none", draw(_seconds), 0.0, 4000),
             *(draw(_option(key)) for key in keys[1:]),
         ]
-        layer = LayerProfile(
-            name=f"l{index}",
-            shape=torch.Size([32, 32]),
-            dtype=torch.float32,
-            grad_norm=1.0,
-            rel_error={},
-            bucket=None,
-        )
-        pending.append(Pending(index, layer, options, {}, ""))
+        pending.append(Pending(index, _layer(f"l{index}", 32), options, {}, ""))
         group_of.append(draw(st.integers(min_value=0, max_value=groups - 1)))
     hideable = sorted(draw(st.lists(_seconds, min_size=groups, max_size=groups)))
     buckets = BucketGroups(tuple(_Group(h, 1) for h in hideable), tuple(group_of), contention=0.1)
@@ -118,14 +122,7 @@ def _exposed_layers(powersgd_errors: list[float]) -> list[Pending]:
     loss per step), PowerSGD 4 ms at the given error."""
     pending = []
     for index, psgd_error in enumerate(powersgd_errors):
-        layer = LayerProfile(
-            name=f"w{index}",
-            shape=torch.Size([256, 256]),
-            dtype=torch.float32,
-            grad_norm=1.0,
-            rel_error={},
-            bucket=None,
-        )
+        layer = _layer(f"w{index}", 256)
         options = [
             LayerOption("none", 0.0065, 0.0, 262_144),
             LayerOption("fp16", 0.0045, 1e-6, 131_072),

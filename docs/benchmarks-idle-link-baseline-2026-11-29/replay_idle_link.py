@@ -51,13 +51,24 @@ def build(
     return planner
 
 
+def apply_opening(planner: WindowPlanner, lines: list[dict]) -> None:
+    """Feed a recording's opening line (``lines[0]``) to ``planner`` as rank 0 took it:
+    the contention and half-sum readings, the embedding row shares, the opening decision."""
+    opening, first = lines[0]["opening"], lines[1]
+    world = first["measurement"]["world_size"]
+    planner.cost_model.update_contention(opening["contention_seconds_per_byte"])
+    for dtype, cost in zip(HALF_DTYPES, opening["half_sum_seconds_per_element"], strict=True):
+        planner.cost_model.update_half_sum(dtype, cost)
+    planner.row_shares = dict(opening.get("row_shares", {}))
+    planner.open(tuple(opening["probe"]), opening["forward_seconds"], world, first["current"])
+
+
 def compressed_of(decision: dict) -> dict[str, str]:
     return {d["name"]: d["spec"] for d in decision["layers"] if d["spec"] != "none"}
 
 
 def replay(path: str) -> None:
     lines = [json.loads(text) for text in open(path)]
-    opening = lines[0]["opening"]
     first = lines[1]
     names = list(first["current"])
     world = first["measurement"]["world_size"]
@@ -69,11 +80,7 @@ def replay(path: str) -> None:
         lambda window, estimate, **_: estimate
     )
     for planner in planners.values():
-        planner.cost_model.update_contention(opening["contention_seconds_per_byte"])
-        for dtype, cost in zip(HALF_DTYPES, opening["half_sum_seconds_per_element"], strict=True):
-            planner.cost_model.update_half_sum(dtype, cost)
-        planner.row_shares = dict(opening.get("row_shares", {}))
-        planner.open(tuple(opening["probe"]), opening["forward_seconds"], world, first["current"])
+        apply_opening(planner, lines)
     print(f"== {path}")
     for line in lines[1:]:
         m = WindowMeasurement.from_dict(line["measurement"])

@@ -20,24 +20,19 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks-idle-link-baseline-2026-11-29"))
-from replay_idle_link import build  # noqa: E402
+from replay_idle_link import apply_opening, build  # noqa: E402
 
-from autocomp.opening import HALF_DTYPES  # noqa: E402
 from autocomp.window import WindowMeasurement  # noqa: E402
 
 
 def main(path: str, upto: int) -> None:
     lines = [json.loads(text) for text in open(path)]
-    opening, first = lines[0]["opening"], lines[1]
+    first = lines[1]
     names = list(first["current"])
     world = first["measurement"]["world_size"]
     planner = build(names, first["shapes"], world)
     model = planner.cost_model
-    model.update_contention(opening["contention_seconds_per_byte"])
-    for dtype, cost in zip(HALF_DTYPES, opening["half_sum_seconds_per_element"], strict=True):
-        model.update_half_sum(dtype, cost)
-    planner.row_shares = dict(opening.get("row_shares", {}))
-    planner.open(tuple(opening["probe"]), opening["forward_seconds"], world, first["current"])
+    apply_opening(planner, lines)
     step = 0
     for line in lines[1:]:
         m = WindowMeasurement.from_dict(line["measurement"])

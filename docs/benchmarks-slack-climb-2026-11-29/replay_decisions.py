@@ -16,9 +16,8 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks-idle-link-baseline-2026-11-29"))
-from replay_idle_link import build
+from replay_idle_link import apply_opening, build
 
-from autocomp.opening import HALF_DTYPES
 from autocomp.window import WindowMeasurement
 
 
@@ -30,16 +29,12 @@ def _short(plan: list[str] | tuple[str, ...]) -> str:
 def main(path: str, upto: int) -> None:
     with open(path) as recording:
         lines = [json.loads(text) for text in recording]
-    opening, first = lines[0]["opening"], lines[1]
+    first = lines[1]
     names = list(first["current"])
     world = first["measurement"]["world_size"]
     planner = build(names, first["shapes"], world)
     model = planner.cost_model
-    model.update_contention(opening["contention_seconds_per_byte"])
-    for dtype, cost in zip(HALF_DTYPES, opening["half_sum_seconds_per_element"], strict=True):
-        model.update_half_sum(dtype, cost)
-    planner.row_shares = dict(opening.get("row_shares", {}))
-    planner.open(tuple(opening["probe"]), opening["forward_seconds"], world, first["current"])
+    apply_opening(planner, lines)
     for line in lines[1:]:
         m = WindowMeasurement.from_dict(line["measurement"])
         if m.step > upto:

@@ -19,13 +19,11 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autocomp
+from tests.boundaries import assert_plain_schedule, baseline_hold_steps
 from tests.models import MultiBucketNet, classification_batch
 from tests.multirank import run_ranks
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]
-
-BASELINE_HOLD = "measuring an uncompressed baseline"
-"""How a decision that holds the layers uncompressed for a baseline starts its reason."""
 
 STEPS = 10
 
@@ -64,14 +62,7 @@ def _compiled(rank: int, world: int, how: str, mode: str, run_dir: str) -> dict[
         "params": torch.cat([p.detach().reshape(-1) for p in ddp.parameters()]),
         "losses": losses,
         "windows": [r.step for r in ctl.history],
-        # Rank 0's decisions that held the layers uncompressed to measure a baseline: each
-        # asks every rank for a short window, a boundary off the plain schedule.
-        "baseline_holds": [
-            r.step
-            for r in ctl.history
-            if r.decision
-            and any(BASELINE_HOLD in d["reason"] for d in r.decision.get("layers", []))
-        ],
+        "baseline_holds": baseline_hold_steps((r.step, r.decision) for r in ctl.history),
         "steps": ctl.step,
     }
 
@@ -84,11 +75,5 @@ def test_compiled_training_keeps_ranks_identical(tmp_path: Path, how: str, mode:
     assert zero["steps"] == STEPS
     assert zero["losses"][-1] < zero["losses"][0]
     if mode == "adaptive":
-        windows = zero["windows"]
-        assert windows == one["windows"]
-        plain = [1, 2, 3, 6, 9]
-        assert set(plain) <= set(windows)
-        # Timing decides whether the payoff check seeks an uncompressed baseline on this
-        # loopback run (one run in three did); its short window adds a boundary, and only it.
-        for extra in sorted(set(windows) - set(plain)):
-            assert max(b for b in windows if b < extra) in zero["baseline_holds"], windows
+        assert zero["windows"] == one["windows"]
+        assert_plain_schedule(zero["windows"], [1, 2, 3, 6, 9], zero["baseline_holds"])

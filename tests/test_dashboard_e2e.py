@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import autocomp
 from autocomp.runlog import RunReader
+from tests.boundaries import assert_plain_schedule, baseline_hold_steps
 from tests.models import MultiBucketNet, classification_batch
 from tests.multirank import run_ranks
 from tests.test_dashboard_browser import CHROMIUM, SCREENSHOT, _Tables, chromium
@@ -194,7 +195,10 @@ def test_killing_the_sidecar_leaves_training_unharmed(tmp_path: Path) -> None:
     assert torch.equal(results[0]["params"], results[1]["params"])
     assert torch.isfinite(results[0]["params"]).all()
     reader = RunReader(Path(results[0]["run_dir"]))
-    steps = [window["step"] for window in reader.windows()]
-    assert steps == [1, *range(WINDOW, STEPS, WINDOW)]
+    windows = reader.windows()
+    holds = baseline_hold_steps(
+        (w["step"], (w.get("record") or {}).get("decision")) for w in windows
+    )
+    assert_plain_schedule([w["step"] for w in windows], [1, *range(WINDOW, STEPS, WINDOW)], holds)
     with pytest.raises(httpx.TransportError):
         httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)

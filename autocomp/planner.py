@@ -169,9 +169,10 @@ class WindowPlanner:
         """Windows a layer keeps a compressor it switched to (guards and pins excepted; a switch
         that rested on a prior error is released once measured worse than that prior)."""
         settle_steps: int = 10
-        """Steps after a switch before the layer's error counts: error feedback starts from
-        an empty residual, so the first steps of a compressor understate its error (rank-1
-        PowerSGD on the GPT LM measured 0.16-0.74 one step in, 0.92-0.97 fifty steps in)."""
+        """Steps after a switch before the layer's error and hook cost count: error feedback
+        starts from an empty residual, so the first steps of a compressor understate its error
+        (rank-1 PowerSGD on the GPT LM measured 0.16-0.74 one step in, 0.92-0.97 fifty steps
+        in), and they overstate its cost (``_update_layers``)."""
         prior_miss: float = 0.1
         """A switch that rested on a prior error is released from its dwell once its measured
         relative error exceeds that prior by this much (and by the engine's switch margin):
@@ -566,8 +567,20 @@ class WindowPlanner:
                 self.nonzero_shares[name] = (
                     share if old_share is None else old_share + alpha * (share - old_share)
                 )
-            if layer.hook_seconds > 0 and layer.spec != NONE_SPEC:
-                # Top-k's cost depends on the share it ran on (its selection).
+            running = self._running_since.get(name)
+            if running is None or running[0] != layer.spec:
+                # First window with this spec: it ran from this window's first step at most.
+                running = (layer.spec, m.step - m.window_steps)
+                self._running_since[name] = running
+            settling = m.step - running[1] < self.config.settle_steps
+            if layer.hook_seconds > 0 and layer.spec != NONE_SPEC and not settling:
+                # A compressor's first steps on a layer cost more than the later ones (its
+                # buffers are allocated, its kernels warmed): on the MLP LM at 200 Mbit/s
+                # PowerSGD's hook work on fc1 took 19.6 and 14.0 ms in steps 0 and 1, then
+                # 7.8-8.3 ms a step. The early looks' windows hold one or two such steps, and
+                # each window is one sample of the median the cost model prices a measured
+                # layer at, so they priced it for 200 steps. Top-k's cost depends on the
+                # share it ran on (its selection).
                 self.cost_model.add_sample(
                     build_compressor(layer.spec),
                     self.shapes[name],
@@ -580,12 +593,6 @@ class WindowPlanner:
             residual_norms[name] = layer.residual_norm or 0.0
             if layer.grad_l1 is not None and math.isfinite(layer.grad_l1):
                 self.grad_l1s[name] = layer.grad_l1
-            running = self._running_since.get(name)
-            if running is None or running[0] != layer.spec:
-                # First window with this spec: it ran from this window's first step at most.
-                running = (layer.spec, m.step - m.window_steps)
-                self._running_since[name] = running
-            settling = m.step - running[1] < self.config.settle_steps
             # The averaged update's error is what the optimizer gets (autocomp.error_sketch);
             # a rank's own reading stands in only where no sketch came (a recording from
             # before them, or ranks that sampled different steps).

@@ -6,11 +6,11 @@ look catches a first step whose compute one-off costs inflated), the
 opening decides before step 0 from a link probe only when communication would dominate
 (pricing top-k on an embedding table by the rows its first forward looked up, which
 ``EmbeddingRows`` counts),
-measured relative errors are smoothed across windows and count only ``settle_steps`` after a
-switch, measured gradient L1 norms reach the engine, a layer that switched keeps its
-compressor for ``dwell_windows`` windows unless the link moves 2x or a switch made on a
-prior measures worse than that prior, measurements round-trip through JSON, and the
-planner's state survives a checkpoint.
+measured relative errors are smoothed across windows and, like measured hook costs, count
+only ``settle_steps`` after a switch, measured gradient L1 norms reach the engine, a layer
+that switched keeps its compressor for ``dwell_windows`` windows unless the link moves 2x or
+a switch made on a prior measures worse than that prior, measurements round-trip through
+JSON, and the planner's state survives a checkpoint.
 """
 
 from __future__ import annotations
@@ -729,6 +729,41 @@ def test_measured_errors_are_smoothed_across_windows() -> None:
     p.decide(measurement(10, mbit=50, specs=specs, errors={"fc1.weight": 0.5}), specs)
     p.decide(measurement(20, mbit=50, specs=specs, errors={"fc1.weight": 0.9}), specs)
     assert p.rel_errors["fc1.weight"]["powersgd:rank=4,ef=true"] == pytest.approx(0.62)
+
+
+def test_a_compressors_first_steps_do_not_price_it() -> None:
+    """A compressor's first steps on a layer cost about twice the later ones (its buffers are
+    allocated, its kernels warmed: PowerSGD's hook work on the MLP LM's fc1 took 19.6 and 14.0
+    ms in steps 0 and 1, then 7.8-8.3 ms a step). The early looks' windows hold one or two of
+    them; as samples of the median the cost model prices a measured layer at, they priced
+    fc1 for 200 steps. So a window's hook time counts only ``settle_steps`` after the
+    switch, as its error does."""
+    spec = "powersgd:rank=4,ef=true"
+    specs = {**dict.fromkeys(NAMES, "none"), "fc1.weight": spec}
+    shape = SHAPES["fc1.weight"]
+    compressor = build_compressor(spec)
+    p = planner(warmup_steps=0)
+    assert p.config.settle_steps == 10
+    prior = p.cost_model.compress_seconds(compressor, shape)
+    for step, steps, seconds in ((1, 1, 0.0196), (2, 1, 0.0140), (4, 2, 0.0141)):
+        window = measurement(step, mbit=50, specs=specs, steps=steps)
+        window.layers["fc1.weight"].hook_seconds = seconds
+        p.decide(window, specs)
+    assert p.cost_model.samples == 0
+    assert p.cost_model.compress_seconds(compressor, shape) == pytest.approx(prior)
+    window = measurement(50, mbit=50, specs=specs, steps=46)
+    window.layers["fc1.weight"].hook_seconds = 0.0083
+    p.decide(window, specs)
+    assert p.cost_model.samples == 1
+    assert p.cost_model.compress_seconds(compressor, shape) == pytest.approx(0.0083)
+
+    # Without the settle the three early windows outvote the settled one in the median.
+    unsettled = planner(warmup_steps=0, settle_steps=0)
+    for step, steps, seconds in ((1, 1, 0.0196), (2, 1, 0.0140), (4, 2, 0.0141), (50, 46, 0.0083)):
+        window = measurement(step, mbit=50, specs=specs, steps=steps)
+        window.layers["fc1.weight"].hook_seconds = seconds
+        unsettled.decide(window, specs)
+    assert unsettled.cost_model.compress_seconds(compressor, shape) == pytest.approx(0.01405)
 
 
 def test_the_averaged_updates_error_is_what_the_planner_keeps() -> None:

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from dataclasses import replace
 
 import torch
 
 from autocomp.opening import HALF_DTYPES, calibrate
-from autocomp.planner import WindowPlanner
+from autocomp.planner import PlanUpdate, WindowPlanner
 from autocomp.policy import load_policy
 from autocomp.policy.idle_link import IdleLink
 from autocomp.window import WindowMeasurement
@@ -61,6 +62,31 @@ def apply_opening(planner: WindowPlanner, lines: list[dict]) -> None:
         planner.cost_model.update_half_sum(dtype, cost)
     planner.row_shares = dict(opening.get("row_shares", {}))
     planner.open(tuple(opening["probe"]), opening["forward_seconds"], world, first["current"])
+
+
+def open_recording(path: str) -> tuple[WindowPlanner, list[dict]]:
+    """A recording's lines and rank 0's planner for it (``build``), opened as rank 0 was
+    (``apply_opening``)."""
+    with open(path) as recording:
+        lines = [json.loads(text) for text in recording]
+    first = lines[1]
+    planner = build(list(first["current"]), first["shapes"], first["measurement"]["world_size"])
+    apply_opening(planner, lines)
+    return planner, lines
+
+
+def replay_up_to(
+    planner: WindowPlanner, lines: list[dict], upto: int
+) -> Iterator[tuple[dict, WindowMeasurement, PlanUpdate]]:
+    """Feed ``planner`` the recorded windows up to step ``upto``, each with the contention
+    re-read it carried; yields (recorded line, measurement, replayed update)."""
+    for line in lines[1:]:
+        m = WindowMeasurement.from_dict(line["measurement"])
+        if m.step > upto:
+            return
+        if "contention_seconds_per_byte" in line:
+            planner.cost_model.update_contention(line["contention_seconds_per_byte"])
+        yield line, m, planner.decide(m, dict(line["current"]))
 
 
 def compressed_of(decision: dict) -> dict[str, str]:

@@ -12,7 +12,6 @@ calibrated anew here, so its priors carry this machine's calibration noise, not 
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -20,27 +19,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks-idle-link-baseline-2026-11-29"))
-from replay_idle_link import apply_opening, build  # noqa: E402
-
-from autocomp.window import WindowMeasurement  # noqa: E402
+from replay_idle_link import open_recording, replay_up_to
 
 
 def main(path: str, upto: int) -> None:
-    lines = [json.loads(text) for text in open(path)]
+    planner, lines = open_recording(path)
     first = lines[1]
-    names = list(first["current"])
     world = first["measurement"]["world_size"]
-    planner = build(names, first["shapes"], world)
     model = planner.cost_model
-    apply_opening(planner, lines)
     step = 0
-    for line in lines[1:]:
-        m = WindowMeasurement.from_dict(line["measurement"])
-        if m.step > upto:
-            break
-        if "contention_seconds_per_byte" in line:
-            model.update_contention(line["contention_seconds_per_byte"])
-        planner.decide(m, dict(line["current"]))
+    for _, m, _ in replay_up_to(planner, lines, upto):
         step = m.step
     print(f"{path}: after step {step}, interim scale {model._interim_scale(world):.2f}")
     for key, group in model._groups.items():

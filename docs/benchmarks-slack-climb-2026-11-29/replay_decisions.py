@@ -10,15 +10,12 @@ can fall either way from one replay to the next.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks-idle-link-baseline-2026-11-29"))
-from replay_idle_link import apply_opening, build
-
-from autocomp.window import WindowMeasurement
+from replay_idle_link import open_recording, replay_up_to
 
 
 def _short(plan: list[str] | tuple[str, ...]) -> str:
@@ -27,21 +24,7 @@ def _short(plan: list[str] | tuple[str, ...]) -> str:
 
 
 def main(path: str, upto: int) -> None:
-    with open(path) as recording:
-        lines = [json.loads(text) for text in recording]
-    first = lines[1]
-    names = list(first["current"])
-    world = first["measurement"]["world_size"]
-    planner = build(names, first["shapes"], world)
-    model = planner.cost_model
-    apply_opening(planner, lines)
-    for line in lines[1:]:
-        m = WindowMeasurement.from_dict(line["measurement"])
-        if m.step > upto:
-            break
-        if "contention_seconds_per_byte" in line:
-            model.update_contention(line["contention_seconds_per_byte"])
-        update = planner.decide(m, dict(line["current"]))
+    for line, m, update in replay_up_to(*open_recording(path), upto):
         recorded = line["decision"]
         print(
             f"step {m.step}: recorded {recorded['solver']} "

@@ -57,7 +57,14 @@ from autocomp.hook_layer import is_identity
 from autocomp.hook_state import HookState
 from autocomp.link_model import link_bytes
 from autocomp.link_probe import BOUNDARY_PROBE_PASSES, LinkProbe
-from autocomp.opening import EmbeddingRows, ProbeRunner, calibrate, gradient_device, untraced
+from autocomp.opening import (
+    EmbeddingRows,
+    ProbeRunner,
+    calibrate,
+    calibration_shape_for,
+    gradient_device,
+    untraced,
+)
 from autocomp.planner import GLANCE_STEP, PlanUpdate, WindowPlanner
 from autocomp.policy.rules import PolicyRules
 from autocomp.policy.types import NONE_SPEC
@@ -228,7 +235,14 @@ class AdaptiveLoop:
         # Loops that share boundary-time collectives with peer loops keep one schedule.
         self.planner.short_windows = not self.warmup_peers and state.hierarchy is None
         if state.rank == 0:  # only rank 0 decides
-            calibrate(self.planner.cost_model, rules.candidates, state.link_world_size, self.device)
+            dense = [slot.shape for slot in state.slots.values() if not slot.sparse]
+            calibrate(
+                self.planner.cost_model,
+                rules.candidates,
+                state.link_world_size,
+                self.device,
+                large_shape=calibration_shape_for(dense),
+            )
             load_regressor()  # at set-up, not at the first fit with every rank waiting
         self._probe_next = 0  # payload bytes rank 0 asked for at the next boundary
         # Whether rank 0's planner is still in its warm-up (broadcast with each plan): the

@@ -47,6 +47,7 @@ __all__ = [
     "OpeningProbe",
     "ProbeRunner",
     "calibrate",
+    "calibration_shape_for",
     "gradient_device",
     "open_plan",
     "untraced",
@@ -68,6 +69,21 @@ larger pass could only read the link faster, and the opening would not act eithe
 loopback the n-gram model's probe grew to 32 MB and took 0.36 s of a 0.75 s opening."""
 CALIBRATION_SHAPE = torch.Size([1024, 1024])
 """The gradient shape each candidate is timed on."""
+LARGE_CALIBRATION_MIN_RATIO = 2
+"""A model whose largest matrix has at least this many times ``CALIBRATION_SHAPE``'s
+elements has its candidates timed on that matrix too (``calibrate``). Per element, fp16 cost
+2.3x on 2M elements what it cost on 1M here, top-k 1.6x."""
+LARGE_CALIBRATION_MAX_NUMEL = 1 << 24
+"""The most elements the large calibration times (rows are cut to fit): past caches, the
+cost per element stops growing (8.4M and 16.8M elements cost alike per element here), and
+a 64 MB matrix per candidate is already a large share of the set-up."""
+LARGE_CALIBRATION_CALLS = 2
+"""Calls per candidate on the large shape; the faster counts (the first paid 3x on fp16 on
+8.4M elements, its pages touched for the first time)."""
+LARGE_CALIBRATION_SECONDS = 0.25
+"""Budget of the large calibration at ``wrap``, rank 0. On the n-gram task's table it times
+fp16 and PowerSGD ranks 4 and 16 (about 0.2 s) and leaves out int8 and top-k (0.7 and
+0.45 s there), the options a fast link never buys, where the compute prices decide."""
 CONTENTION_PAIRS = 7
 """Timed pairs (compute alone, compute beside a transfer) of the contention probe. Three
 read 0-54 ns a byte over 15 repeats on one 50 Mbit/s link (one a 0, which prices every hidden
@@ -555,35 +571,105 @@ def gradient_device(ddp: torch.nn.Module | None) -> torch.device:
     return torch.device("cpu")
 
 
+def calibration_shape_for(shapes: Sequence[torch.Size]) -> torch.Size | None:
+    """The second size :func:`calibrate` times, from the wrapped gradients' ``shapes``: the
+    largest matrix's shape (rows cut to stay within ``LARGE_CALIBRATION_MAX_NUMEL``), or None
+    when no matrix has ``LARGE_CALIBRATION_MIN_RATIO`` times ``CALIBRATION_SHAPE``'s elements."""
+    matrices = [torch.Size(shape) for shape in shapes if len(shape) >= 2 and shape.numel() > 0]
+    if not matrices:
+        return None
+    largest = max(matrices, key=lambda shape: shape.numel())
+    if largest.numel() < LARGE_CALIBRATION_MIN_RATIO * CALIBRATION_SHAPE.numel():
+        return None
+    columns = math.prod(largest[1:])
+    rows = min(largest[0], max(1, LARGE_CALIBRATION_MAX_NUMEL // columns))
+    return torch.Size([rows, *largest[1:]])
+
+
+def _replay_seconds(compressor: Any, grad: torch.Tensor, world_size: int, calls: int) -> float:
+    """The fastest of ``calls`` replays of the hook's work on ``grad`` (the first call pays
+    one-off costs: allocations, first touches)."""
+    replay = LayerReplay(compressor, grad, gathered=world_size)
+    gathered = compressor.collective is Collective.ALL_GATHER
+    best = math.inf
+    for _ in range(calls):
+        local, decode = replay.step()
+        best = min(best, local + decode * (world_size if gathered else 1))
+    return best
+
+
 def calibrate(
-    cost_model: CostModel, specs: Sequence[str], world_size: int, device: torch.device
-) -> None:
-    """Time each candidate's real hook path once here, on the gradients' device, at the
-    training thread count.
+    cost_model: CostModel,
+    specs: Sequence[str],
+    world_size: int,
+    device: torch.device,
+    large_shape: torch.Size | None = None,
+    budget_seconds: float = LARGE_CALIBRATION_SECONDS,
+) -> list[str]:
+    """Time each candidate's real hook path here, on the gradients' device, at the training
+    thread count; returns the specs also timed on ``large_shape``.
 
     The cost model's cold-start constants come from another machine and an idle one; without
-    this the first decisions try compressors that do not pay, one window each. About a second
-    on a 2-core CPU, on rank 0 only.
+    this the first decisions try compressors that do not pay, one window each. Each candidate
+    is timed on ``CALIBRATION_SHAPE`` (1M elements), on rank 0 only, about 0.1 s on a 2-core
+    CPU.
+
+    ``large_shape`` (:func:`calibration_shape_for`): the model's largest matrix, where a
+    price per element from 1M elements runs low. On the n-gram task's 131072 x 64 table the
+    calibrated prior priced fp16 at 4.5-6.0 ms a step and int8 at 48 ms, where the hook
+    measured 15 and 353 ms in training (2 ranks on 2 cores), and the policy put the table on
+    fp16 on loopback. Each candidate is timed there too, cheapest first, while the estimate
+    of its two calls (its 1M time scaled by the elements and by the largest growth per
+    element seen so far) fits in what is left of ``budget_seconds``; a candidate left out
+    keeps its 1M factor at every size.
     """
     generator = torch.Generator().manual_seed(0)
     grad = (torch.randn(CALIBRATION_SHAPE, generator=generator) * 1e-3).to(device)
+    timed: list[tuple[float, Any]] = []
     for spec in specs:
         compressor = build_compressor(spec)
         if compressor.name == "none":
             continue
-        replay = LayerReplay(compressor, grad, gathered=world_size)
-        best = math.inf
-        for _ in range(3):  # the first call pays one-off costs; keep the fastest
-            local, decode = replay.step()
-            gathered = compressor.collective is Collective.ALL_GATHER
-            best = min(best, local + decode * (world_size if gathered else 1))
+        best = _replay_seconds(compressor, grad, world_size, calls=3)
         factor = cost_model.calibrate(compressor, CALIBRATION_SHAPE, best)
+        timed.append((best, compressor))
         logger.debug(
             "autocomp: %s costs %.2f ms per 1M elements here (x%.2f prior)",
             compressor.spec,
             best * 1e3,
             factor,
         )
+    if large_shape is None or not timed:
+        return []
+    del grad
+    large = (torch.randn(large_shape, generator=generator) * 1e-3).to(device)
+    elements = large_shape.numel() / CALIBRATION_SHAPE.numel()
+    growth = 1.0  # the largest per-element cost over its 1M one seen so far
+    started = time.perf_counter()
+    done: list[str] = []
+    for small, compressor in sorted(timed, key=lambda item: item[0]):
+        estimate = LARGE_CALIBRATION_CALLS * small * elements * growth
+        if time.perf_counter() - started + estimate > budget_seconds:
+            logger.debug(
+                "autocomp: %s not timed on %s (about %.0f ms, over the calibration budget)",
+                compressor.spec,
+                tuple(large_shape),
+                estimate * 1e3,
+            )
+            continue
+        seconds = _replay_seconds(compressor, large, world_size, calls=LARGE_CALIBRATION_CALLS)
+        growth = max(growth, seconds / (small * elements))
+        factor = cost_model.calibrate(compressor, large_shape, seconds)
+        done.append(compressor.spec)
+        logger.debug(
+            "autocomp: %s costs %.2f ms on %s here, %.2fx its cost per element on 1M (x%.2f prior)",
+            compressor.spec,
+            seconds * 1e3,
+            tuple(large_shape),
+            seconds / (small * elements),
+            factor,
+        )
+    return done
 
 
 def open_plan(

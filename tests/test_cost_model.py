@@ -6,7 +6,9 @@ learned correction beats the
 prior clearly on held-out shapes of a known synthetic cost function and stays bounded far
 outside the training range; refits follow the configured cadence; save/load and state_dict
 round trips reproduce predictions exactly; corrupt and other-version files raise ValueError
-naming the file; prediction_error matches a hand computation.
+naming the file; prediction_error matches a hand computation; the calibration scales the
+prior by size and by spec, and the opening's ``calibrate`` times the largest matrix within its
+budget.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from autocomp.compressors import Collective, available_compressors, build_compre
 from autocomp.cost_model import FORMAT_VERSION, MAX_CONTENTION_RATE, CostModel
 from autocomp.cost_prior import PRIORS, CostSample, prior_seconds, samples_from_bench
 from autocomp.link_model import LinkEstimate
+from autocomp.opening import LARGE_CALIBRATION_MAX_NUMEL, calibrate, calibration_shape_for
 
 SPECS = [
     "fp16",
@@ -512,3 +515,118 @@ def test_cost_sample_dict_round_trip() -> None:
     with pytest.raises(ValueError):
         CostSample.from_dict({"spec": "int8"})
     assert math.isfinite(CostModel().compress_seconds(sample.spec, torch.Size(sample.shape)))
+
+
+# ---- calibration by size ------------------------------------------------------------------------
+
+MILLION = torch.Size([1024, 1024])
+EIGHT_MILLION = torch.Size([8192, 1024])
+
+
+def _calibrated(model: CostModel, spec: str, shape: torch.Size, factor: float) -> None:
+    model.calibrate(spec, shape, factor * prior_seconds(build_compressor(spec), shape, 2))
+
+
+def test_calibration_at_two_sizes_is_interpolated_in_log_size_and_flat_outside() -> None:
+    """A price per element from 1M elements runs low on a table of 8M (fp16 cost 2x per
+    element there): the factor follows the calibrated sizes, not the first one alone."""
+    model = CostModel()
+    _calibrated(model, "fp16", MILLION, 0.5)
+    assert model.prior_scale("fp16", 2**23) == pytest.approx(0.5)  # one size: every size
+    _calibrated(model, "fp16", EIGHT_MILLION, 2.0)
+    assert model.prior_scale("fp16", 1000) == pytest.approx(0.5)
+    assert model.prior_scale("fp16", 2**20) == pytest.approx(0.5)
+    # 2M is a third of the way from 1M to 8M in log size: 0.5 x 4^(1/3).
+    assert model.prior_scale("fp16", 2**21) == pytest.approx(0.5 * 4 ** (1 / 3))
+    assert model.prior_scale("fp16", 2**23) == pytest.approx(2.0)
+    assert model.prior_scale("fp16", 2**26) == pytest.approx(2.0)
+    for shape, factor in [(MILLION, 0.5), (EIGHT_MILLION, 2.0), (torch.Size([2048, 1024]), 0.794)]:
+        expected = factor * prior_seconds(build_compressor("fp16"), shape, 2)
+        assert model.compress_seconds("fp16", shape) == pytest.approx(expected, rel=1e-3)
+    # Timed again at a size already calibrated: the new reading replaces the old one.
+    _calibrated(model, "fp16", EIGHT_MILLION, 1.0)
+    assert model.prior_scale("fp16", 2**23) == pytest.approx(1.0)
+    assert model.prior_scale("fp16", 2**20) == pytest.approx(0.5)
+
+
+def test_each_spec_keeps_its_own_calibration_and_others_take_the_familys_latest() -> None:
+    """Rank 4 and rank 16 are timed apart; keyed by family, the last one timed priced both
+    (rank 16's growth with size is 1.75x per element on the n-gram table, rank 4's 1.16x)."""
+    model = CostModel()
+    _calibrated(model, "powersgd:rank=16", MILLION, 0.4)
+    _calibrated(model, "powersgd:rank=4", MILLION, 0.6)
+    _calibrated(model, "powersgd:rank=16", EIGHT_MILLION, 0.7)
+    assert model.prior_scale("powersgd:rank=4", 2**23) == pytest.approx(0.6)
+    assert model.prior_scale("powersgd:rank=16", 2**20) == pytest.approx(0.4)
+    assert model.prior_scale("powersgd:rank=16", 2**23) == pytest.approx(0.7)
+    # Not timed: the family's latest calibrations (rank 4's at 1M, rank 16's at 8M).
+    assert model.prior_scale("powersgd:rank=2", 2**20) == pytest.approx(0.6)
+    assert model.prior_scale("powersgd:rank=2", 2**23) == pytest.approx(0.7)
+    assert model.prior_scale("int8", 2**20) == 1.0
+
+
+def test_calibration_points_survive_a_round_trip_and_old_single_factors_load() -> None:
+    model = CostModel()
+    _calibrated(model, "fp16", MILLION, 0.5)
+    _calibrated(model, "fp16", EIGHT_MILLION, 2.0)
+    clone = CostModel()
+    clone.load_state_dict(json.loads(json.dumps(model.state_dict())))
+    for numel in (2**19, 2**21, 2**23):
+        assert clone.prior_scale("fp16", numel) == model.prior_scale("fp16", numel)
+    old = model.state_dict()
+    old["prior_scale"] = {"fp16": 0.25}  # a file from before calibrations by size
+    clone.load_state_dict(old)
+    assert clone.prior_scale("fp16", 2**23) == 0.25
+    assert clone.prior_scale("fp16:ef=false", 2**20) == 0.25
+    for bad in ({"fp16": [[1024, -1.0]]}, {"fp16": []}, {"fp16": [[8, 1.0], [8, 2.0]]}):
+        with pytest.raises(ValueError, match="malformed cost model state"):
+            clone.load_state_dict({**old, "prior_scale": bad})
+
+
+def test_the_calibration_shape_is_the_largest_matrix_cut_to_the_cap() -> None:
+    assert calibration_shape_for([torch.Size([1024, 1024]), torch.Size([2**22])]) is None
+    assert calibration_shape_for([]) is None
+    shapes = [torch.Size([10]), torch.Size([2048, 1024]), torch.Size([64, 3, 3, 3])]
+    assert calibration_shape_for(shapes) == torch.Size([2048, 1024])
+    huge = torch.Size([2**20, 64])  # 64M elements: the rows are cut to 16M elements
+    assert calibration_shape_for([huge]) == torch.Size([LARGE_CALIBRATION_MAX_NUMEL // 64, 64])
+
+
+def test_calibrate_times_the_large_shape_cheapest_first_within_its_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Scripted replays: each candidate's seconds on 1M elements and on the large shape (2M).
+    The large calibration runs cheapest first while its estimate (2 calls x the 1M time x the
+    elements x the largest growth seen) fits the budget; a candidate left out keeps its 1M
+    factor at every size."""
+    import autocomp.opening as opening
+
+    on_1m = {"fp16": 1e-3, "powersgd": 3e-3, "int8": 10e-3}
+    growth = {"fp16": 2.0, "powersgd": 1.2, "int8": 5.0}
+    timed: list[tuple[str, tuple[int, ...], int]] = []
+
+    def scripted(compressor, grad, world_size, calls):  # type: ignore[no-untyped-def]
+        timed.append((compressor.name, tuple(grad.shape), calls))
+        elements = grad.numel() / MILLION.numel()
+        scale = 1.0 if grad.numel() == MILLION.numel() else growth[compressor.name]
+        return on_1m[compressor.name] * elements * scale
+
+    monkeypatch.setattr(opening, "_replay_seconds", scripted)
+    model = CostModel()
+    large = torch.Size([2048, 1024])
+    specs = ["none", "int8", "powersgd:rank=4", "fp16"]
+    done = calibrate(model, specs, 2, torch.device("cpu"), large_shape=large, budget_seconds=0.05)
+    # fp16: 2 x 1 ms x 2 = 4 ms, then growth 2; PowerSGD: 2 x 3 x 2 x 2 = 24 ms; int8:
+    # 2 x 10 x 2 x 2 = 80 ms, over the 50 ms budget.
+    assert done == [build_compressor("fp16").spec, build_compressor("powersgd:rank=4").spec]
+    on_large = [t for t in timed if t[1] == tuple(large)]
+    assert on_large == [("fp16", (2048, 1024), 2), ("powersgd", (2048, 1024), 2)]
+    # Timed on the large shape: priced there as measured; int8 keeps its 1M factor.
+    assert model.compress_seconds("fp16", large) == pytest.approx(4e-3)
+    assert model.compress_seconds("powersgd:rank=4", large) == pytest.approx(7.2e-3)
+    int8_factor = model.prior_scale("int8", MILLION.numel())
+    assert model.prior_scale("int8", large.numel()) == int8_factor
+    assert model.compress_seconds("int8", MILLION) == pytest.approx(10e-3)
+    # No large shape, or a budget of nothing: the 1M calibration alone.
+    assert calibrate(CostModel(), specs, 2, torch.device("cpu")) == []
+    assert calibrate(CostModel(), specs, 2, torch.device("cpu"), large, budget_seconds=0.0) == []

@@ -14,7 +14,8 @@ restore the adaptive plan and state; a layer's measured hook cost includes its d
 settled uncompressed plan stretches the windows alike on every rank, and a short window rank 0
 asks for ends at the same step on every rank; an unsettled contention
 reading from the opening (none, or under twice the noise cut) is taken again at a boundary
-once a layer is compressed, and the larger stands.
+once a layer is compressed, and the larger stands; the calibration at wrap also times the
+model's largest matrix.
 """
 
 from __future__ import annotations
@@ -649,6 +650,23 @@ def test_adaptive_arguments_are_validated(tmp_path: Path) -> None:
     assert out["window"].startswith("ValueError") and "window" in out["window"]
     assert out["warmup"].startswith("ValueError")
     assert out["policy"].startswith("ValueError") and "default" in out["policy"]
+
+
+def _large_calibration(rank: int, world_size: int) -> dict[str, Any]:
+    """Wrap a model whose largest matrix has 2M elements; rank 0's calibration points."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2048, 1024), torch.nn.Linear(1024, 8))
+    ctl = autocomp.wrap(DDP(model), target_overlap=0.9)
+    points = ctl.adaptive.planner.cost_model._prior_scale["fp16"]
+    ctl.close()
+    return {"sizes": [numel for numel, _ in points]}
+
+
+def test_the_calibration_also_times_the_largest_matrix(tmp_path: Path) -> None:
+    """At wrap, rank 0 times the candidates on 1M elements and on the model's largest
+    matrix (2048 x 1024 here), so the cost model prices fp16 by size."""
+    (out,) = run_ranks(_large_calibration, 1, tmp_path)
+    assert out["sizes"] == [1024 * 1024, 2048 * 1024]
 
 
 class _TokenBag(torch.nn.Module):

@@ -371,7 +371,8 @@ class CostModel:
         return points[-1][1]
 
     def calibrate(self, compressor: Compressor | str, shape: torch.Size, seconds: float) -> float:
-        """Scale ``compressor``'s family prior so it predicts ``seconds`` on ``shape``.
+        """Scale ``compressor``'s prior so it predicts ``seconds`` on ``shape`` (its spec's
+        factor, and its family's for the family's specs not calibrated).
 
         One measurement on this machine, at this thread count, corrects the cold-start prior by
         a factor (the constants were measured elsewhere); returns the factor. A measurement on

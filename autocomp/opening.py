@@ -645,19 +645,17 @@ def calibrate(
     del grad
     large = (torch.randn(large_shape, generator=generator) * 1e-3).to(device)
     elements = large_shape.numel() / CALIBRATION_SHAPE.numel()
-    growth = 1.0  # the largest per-element cost over its 1M one seen so far
-    growths: list[float] = []
+    growths: list[float] = []  # per candidate timed: its cost per element over its 1M one
     started = time.perf_counter()
     done: list[str] = []
     left_out: list[tuple[float, Any]] = []
     for small, compressor in sorted(timed, key=lambda item: item[0]):
-        estimate = LARGE_CALIBRATION_CALLS * small * elements * growth
+        estimate = LARGE_CALIBRATION_CALLS * small * elements * max(1.0, *growths)
         if time.perf_counter() - started + estimate > budget_seconds:
             left_out.append((small, compressor))
             continue
         seconds = _replay_seconds(compressor, large, world_size, calls=LARGE_CALIBRATION_CALLS)
         growths.append(seconds / (small * elements))
-        growth = max(growth, growths[-1])
         factor = cost_model.calibrate(compressor, large_shape, seconds)
         done.append(compressor.spec)
         logger.debug(

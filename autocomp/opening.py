@@ -650,7 +650,7 @@ def calibrate(
     done: list[str] = []
     left_out: list[tuple[float, Any]] = []
     for small, compressor in sorted(timed, key=lambda item: item[0]):
-        estimate = LARGE_CALIBRATION_CALLS * small * elements * max(1.0, *growths)
+        estimate = LARGE_CALIBRATION_CALLS * small * elements * max([1.0, *growths])
         if time.perf_counter() - started + estimate > budget_seconds:
             left_out.append((small, compressor))
             continue

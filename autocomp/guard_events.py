@@ -32,6 +32,7 @@ GUARD_NAMES = (
 """Every value ``GuardEvent.guard`` can take."""
 
 ACTION_ENABLE = "enable compression"
+ACTION_RESUME_WARMUP = "warm-up resumed"
 ACTION_UNCOMPRESSED_RESET = "uncompressed step + EF reset"
 ACTION_RESET = "EF reset"
 ACTION_IGNORED = "ignored"

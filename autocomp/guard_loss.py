@@ -45,6 +45,14 @@ class LossDivergence:
     troubled: bool = False
     """An observation was above the divergence threshold since the guards last cleared it."""
 
+    def unfreeze(self) -> None:
+        """Drop the baseline (the warm-up resumed): the next compressing loss freezes it
+        again, so a loss read before the warm-up really ended is never the reference."""
+        self.baseline = None
+        self.streak = 0
+        self.reference = None
+        self.escalation_bar = None
+
     def observe(self, step: int, value: float, compressing: bool) -> str | None:
         """Feed one finite loss; returns what diverged when the test fires, else None.
 

@@ -87,6 +87,7 @@ from autocomp.guard_events import (
     ACTION_RESET_AT_MAX,
     ACTION_RESET_BACK_OFF,
     ACTION_RESET_ONLY,
+    ACTION_RESUME_WARMUP,
     ACTION_UNCOMPRESSED_RESET,
     CRITICAL_REGIME,
     GUARD_NAMES,
@@ -229,6 +230,17 @@ class ConvergenceGuards:
         every uncompressed step costs many compressed ones (the planner decides that)."""
         self._warmup_end = min(self._warmup_end, step)
         self._note_step(step)
+
+    def resume_warmup(self, step: int, detail: str) -> None:
+        """Take back an early end of the warm-up at ``step``: what ended it was refuted by a
+        measurement (the planner's opening check), so the loss baseline goes on building and
+        the configured end stands again."""
+        if self._warmup_end >= self.config.warmup_steps:
+            return
+        self._warmup_end = self.config.warmup_steps
+        self._warmup_announced = False
+        self._loss.unfreeze()
+        self._record(step, WARMUP, None, detail, ACTION_RESUME_WARMUP)
 
     def step_uncompressed(self, step: int) -> bool:
         """True when every layer of ``step`` must use a plain all-reduce, no residual added.

@@ -29,7 +29,9 @@ there with the first decision. A glance after the very first step comes
 earlier still, but acts only when communication dominates by ``dominance_ratio`` (the first
 step's compute includes one-off costs, and its buckets are DDP's provisional ones): on a
 10 Mbit/s link one uncompressed step of a 1.4M-parameter model takes 5 s, a tenth of a short
-run.
+run. When the opening (``autocomp.opening``) ended the warm-up before step 0 on a guessed
+compute, the first measured look checks that guess and resumes the warm-up when the measured
+compute refutes it (``_opening_refuted``).
 """
 
 from __future__ import annotations
@@ -129,13 +131,22 @@ def _uncompressed_step(m: WindowMeasurement, compute: float) -> float:
     slower for 1,200 steps. When the warm-up's accurate options ran
     (fp16, int8), the exposed time is scaled by the bytes they saved: read as measured, an
     fp16 plan on HSDP across two nodes at 200 Mbit/s showed 1.4x where uncompressed steps
-    showed 1.7-2.0x, and the warm-up never ended early."""
+    showed 1.7-2.0x, and the warm-up never ended early. Their own hook work is left out:
+    an uncompressed step does not run it. Counted, fp16's 68 ms on the n-gram model's 8.4M-row
+    table (a switch's first steps, on loopback) read an uncompressed step of 3.0x its 66 ms
+    compute, where all-reduce steps measured 1.9x, and the warm-up ended at step 4 with the
+    table on fp16 until step 50."""
     t = m.timings
     exposed = max(0.0, t["exposed_seconds"])
     sent, raw = m.bytes_per_step, m.uncompressed_bytes_per_step
     if 0 < sent < raw:
         exposed *= raw / sent
-    return compute + max(0.0, t["compress_seconds"]) + exposed
+    compressors = math.fsum(
+        max(0.0, layer.hook_seconds or 0.0)
+        for layer in m.layers.values()
+        if layer.spec != NONE_SPEC
+    )
+    return compute + max(0.0, t["compress_seconds"] - compressors) + exposed
 
 
 class WindowPlanner:
@@ -323,8 +334,13 @@ class WindowPlanner:
         world = m.world_size
         closed = self.meter.windows_closed
         estimate = self._update_link(m, current)
+        refuted = self._opening_refuted(m, estimate)
+        if refuted is not None:
+            self.warmup_done = False
+            self.guards.resume_warmup(m.step, refuted)
         warming = not self.warmup_done
-        cut_short = self._first_look(m, peers_ended)
+        # The window that refutes the opening ran its plan: it cannot also end the warm-up.
+        cut_short = refuted is None and self._first_look(m, peers_ended)
         # The decision that ends the warm-up opens the full candidate set: the warm-up's
         # switches (provisional) are decided again here, as at a full window, and without
         # hysteresis towards the warm-up's plan (chosen among a few options only).
@@ -624,6 +640,46 @@ class WindowPlanner:
         if m.profiled_ranks > 0 and compute > 0 and step >= ratio * compute:
             return step / compute
         return None
+
+    def _opening_refuted(self, m: WindowMeasurement, estimate: LinkEstimate | None) -> str | None:
+        """Why the opening's early end of the warm-up is taken back at this look, or None.
+
+        The opening ends the warm-up on a guessed compute (``OPENING_COMPUTE_PER_FORWARD``
+        times the first forward). The first measured look after it (the glance only measures)
+        prices the uncompressed step on the measured compute and the same link: if that step
+        is under ``slow_link_ratio`` times the compute, a look would not have ended the
+        warm-up, and the opening's plan must not stand on the guess either. On loopback the
+        n-gram model's first forward is 2.3 ms, a 7 ms guess against 89-98 ms measured (the
+        table's dense gradient and AdamW over 8.5M parameters): a link of 0.7 GB/s read 6.9x,
+        the opening put PowerSGD on the table, and it stayed 50 steps at 0.17-0.18 s a step
+        against 0.13 uncompressed (thirty-seventh session's matrix). Every opening of that
+        matrix on a shaped link measured 15-400x, far from this bar.
+        """
+        if not (
+            self.opened
+            and not self._measured_since_opening
+            and self.warmup_done
+            and self.config.warmup_steps > 0
+            and GLANCE_STEP < m.step < self.config.warmup_steps
+            and m.profiled_ranks > 0
+            and estimate is not None
+        ):
+            return None
+        compute = _compute(m.timings)
+        raw = int(m.uncompressed_bytes_per_step)
+        if not (compute > 0 and raw > 0):
+            return None
+        comm = estimate.seconds(Collective.ALL_REDUCE, raw, m.world_size)
+        multiple = (compute + comm) / compute
+        if multiple >= self.config.slow_link_ratio:
+            return None
+        detail = (
+            f"the opening's guess of the compute is refuted: measured {compute:.3g} s, and an "
+            f"uncompressed step ({comm:.3g} s of communication at {estimate.describe()}) "
+            f"would take {multiple:.2f}x it, under slow_link_ratio {self.config.slow_link_ratio}"
+        )
+        logger.info("autocomp: warm-up resumed at step %d: %s", m.step, detail)
+        return detail
 
     def _first_look(self, m: WindowMeasurement, peers_ended: bool = False) -> bool:
         """True when this window ends the warm-up early (communication dominates here, or

@@ -4,6 +4,7 @@
 warm-up when an uncompressed step costs 2x the compute-only step (and not otherwise; a second
 look catches a first step whose compute one-off costs inflated), the
 opening decides before step 0 from a link probe only when communication would dominate
+(and the first measured look resumes the warm-up when the measured compute refutes it)
 (pricing top-k on an embedding table by the rows its first forward looked up, which
 ``EmbeddingRows`` counts),
 measured relative errors are smoothed across windows and, like measured hook costs, count
@@ -112,6 +113,39 @@ def test_the_first_look_ends_the_warm_up_on_a_slow_link() -> None:
     assert update.plan[NAMES.index("fc1.bias")] == "none"  # 1-D
     warmup = [e for e in update.record.guard_events if e["guard"] == "warmup"]
     assert warmup and "cut short" in warmup[0]["detail"]
+
+
+def test_a_warm_up_looks_uncompressed_step_leaves_the_compressors_work_out() -> None:
+    """A warm-up window that ran an accurate option is read as the uncompressed step it
+    stands for: the exposed time scaled by the bytes saved, the hook work of uncompressed
+    layers kept, and the compressors' own work left out (an uncompressed step never runs
+    it). Here fp16 on both matrices took 70 ms each against 100 ms of compute."""
+    fp16 = {"fc1.weight": "fp16:ef=false", "fc1.bias": "none", "fc2.weight": "fp16:ef=false"}
+    raw = float(sum(shape.numel() * 4 for shape in SHAPES.values()))
+
+    def window(hook: dict[str, float], other_work: float) -> WindowMeasurement:
+        m = measurement(4, mbit=10_000, compute=0.1, specs=fp16, steps=2)
+        work = other_work + sum(hook.values())
+        m.timings.update(
+            compute_seconds=0.1,
+            exposed_seconds=0.03,
+            compress_seconds=work,
+            step_seconds=0.1 + 0.03 + work,
+        )
+        m.bytes_per_step, m.uncompressed_bytes_per_step = raw / 2, raw
+        for name, seconds in hook.items():
+            m.layers[name].hook_seconds = seconds
+        return m
+
+    # 0.1 + 0.01 + 2 x 0.03 = 0.17 s: 1.7x, and the warm-up goes on (counted, the 0.14 s of
+    # fp16 work made it 3.1x).
+    looked = planner()
+    assert not looked.ends_warmup(window({"fc1.weight": 0.07, "fc2.weight": 0.07}, 0.01))
+    looked.decide(window({"fc1.weight": 0.07, "fc2.weight": 0.07}, 0.01), fp16)
+    assert not looked.warmup_done
+    # Hook work of the uncompressed layers (their copies, the collectives' launch) counts:
+    # 0.1 + 0.11 + 0.06 = 0.27 s, 2.7x.
+    assert planner().ends_warmup(window({"fc1.bias": 0.1}, 0.01))
 
 
 def test_a_second_look_catches_a_first_step_inflated_by_one_off_costs() -> None:
@@ -566,6 +600,64 @@ def test_the_looks_after_an_opening_decision_start_from_measurements() -> None:
     plain = planner()
     first = plain.decide(measurement(1, mbit=5, steps=1), none)
     assert first.plan[NAMES.index("fc1.weight")] != "none"
+
+
+def _look(step: int, *, mbit: float, compute: float, plan: dict[str, str]) -> WindowMeasurement:
+    """A measured look of one step that ran ``plan``, counting the uncompressed bytes."""
+    m = measurement(step, mbit=mbit, compute=compute, steps=1, specs=plan)
+    m.uncompressed_bytes_per_step = float(sum(s.numel() * 4 for s in SHAPES.values()))
+    return m
+
+
+def test_a_measured_compute_that_refutes_the_openings_guess_resumes_the_warm_up() -> None:
+    """The opening ends the warm-up on 3x the first forward. When the first measured look
+    (after the glance) finds an uncompressed step under ``slow_link_ratio`` times the measured
+    compute on the same link, the warm-up resumes: the opening's plan goes, the look decides
+    among the warm-up's accurate options with no hysteresis, the guards' loss baseline waits
+    for the real end, and the regular looks can end the warm-up again."""
+    refuted = planner()
+    none = dict.fromkeys(NAMES, "none")
+    update = refuted.open(_probe(50), 0.02, 2, none)  # 0.67 s against a 0.06 s guess
+    assert update is not None and refuted.warmup_done
+    opened = dict(zip(NAMES, update.plan, strict=True))
+    assert opened["fc1.weight"] != "none"
+    refuted.decide(_look(1, mbit=50, compute=0.9, plan=opened), opened)  # the glance
+    assert refuted.warmup_done
+    # 0.9 s of measured compute: 1.75x with the link's 0.67 s, under slow_link_ratio 2.
+    look = refuted.decide(_look(2, mbit=50, compute=0.9, plan=opened), opened)
+    assert not refuted.warmup_done
+    warmup_cap = refuted.rules.warmup_max_error
+    for layer in look.record.decision["layers"]:  # type: ignore[index]
+        assert layer["predicted_error"] <= warmup_cap, layer
+        assert layer["rule"] != "dwell", layer
+    resumed = [e for e in refuted.guards.events if e.action == "warm-up resumed"]
+    assert len(resumed) == 1 and resumed[0].step == 2 and "1.75x" in resumed[0].detail
+    assert refuted.guards.in_warmup(3)
+    plan = dict(zip(NAMES, look.plan, strict=True))
+    # The next look is measured as any warm-up look: dominant communication ends it.
+    again = refuted.decide(_look(4, mbit=50, compute=0.1, plan=plan), plan)
+    assert refuted.warmup_done and not refuted.guards.in_warmup(5)
+    assert again.plan[NAMES.index("fc1.weight")] != "none"
+
+    # 0.3 s measured: 3.2x, the opening's premise holds and its warm-up end stands.
+    held = planner()
+    update = held.open(_probe(50), 0.02, 2, none)
+    assert update is not None
+    opened = dict(zip(NAMES, update.plan, strict=True))
+    held.decide(_look(2, mbit=50, compute=0.3, plan=opened), opened)
+    assert held.warmup_done
+    assert not [e for e in held.guards.events if e.action == "warm-up resumed"]
+    # Only the first measured look judges the opening: a later slow compute is a window.
+    held.decide(_look(4, mbit=50, compute=5.0, plan=opened), opened)
+    assert held.warmup_done
+
+    # With no warm-up configured the opening ended none, so there is none to resume.
+    no_warmup = planner(warmup_steps=0)
+    update = no_warmup.open(_probe(50), 0.02, 2, none)
+    assert update is not None
+    opened = dict(zip(NAMES, update.plan, strict=True))
+    no_warmup.decide(_look(2, mbit=50, compute=0.9, plan=opened), opened)
+    assert no_warmup.warmup_done
 
 
 def test_the_openings_decision_survives_a_checkpoint() -> None:

@@ -118,7 +118,7 @@ def _probe_rate(m: WindowMeasurement) -> float | None:
     return link_bytes(Collective.ALL_REDUCE, payload_bytes, m.world_size) / seconds
 
 
-def _uncompressed_step(m: WindowMeasurement, compute: float) -> float:
+def _uncompressed_step(m: WindowMeasurement, compute: float, half_sum: float = 0.0) -> float:
     """The window's step as its communication would make it uncompressed: what the warm-up's
     ratios are about.
 
@@ -134,13 +134,16 @@ def _uncompressed_step(m: WindowMeasurement, compute: float) -> float:
     showed 1.7-2.0x, and the warm-up never ended early. Their own hook work is left out:
     an uncompressed step does not run it. Counted, fp16's 68 ms on the n-gram model's 8.4M-row
     table (a switch's first steps, on loopback) read an uncompressed step of 3.0x its 66 ms
-    compute, where all-reduce steps measured 1.9x, and the warm-up ended at step 4 with the
-    table on fp16 until step 50."""
+    compute, where an all-reduce step (0.12-0.13 s) is 1.9x that reading, and the warm-up
+    ended at step 4 with the table on fp16 until step 50. Nor is the CPU's sum of halves
+    (``half_sum``: the plan's per step, which the link meter leaves out too) scaled up as if it
+    were bytes: on that table fp16's exposed 38.6 ms held 13 ms of it, and scaled whole it
+    read 2.05x where the rest reads 1.74x."""
     t = m.timings
     exposed = max(0.0, t["exposed_seconds"])
     sent, raw = m.bytes_per_step, m.uncompressed_bytes_per_step
     if 0 < sent < raw:
-        exposed *= raw / sent
+        exposed = max(exposed - half_sum, 0.5 * exposed) * raw / sent
     compressors = math.fsum(
         max(0.0, layer.hook_seconds or 0.0)
         for layer in m.layers.values()
@@ -636,7 +639,8 @@ class WindowPlanner:
         compute = _compute(t)
         glance = m.step <= GLANCE_STEP
         ratio = self.config.dominance_ratio if glance else self.config.slow_link_ratio
-        step = _uncompressed_step(m, compute)
+        ran = {name: layer.spec for name, layer in m.layers.items()}
+        step = _uncompressed_step(m, compute, self.half_sum_seconds(ran))
         if m.profiled_ranks > 0 and compute > 0 and step >= ratio * compute:
             return step / compute
         return None

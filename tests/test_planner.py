@@ -119,7 +119,8 @@ def test_a_warm_up_looks_uncompressed_step_leaves_the_compressors_work_out() -> 
     """A warm-up window that ran an accurate option is read as the uncompressed step it
     stands for: the exposed time scaled by the bytes saved, the hook work of uncompressed
     layers kept, and the compressors' own work left out (an uncompressed step never runs
-    it). Here fp16 on both matrices took 70 ms each against 100 ms of compute."""
+    it), and the CPU's sum of halves left out of the scaling. Here fp16 on both matrices took
+    70 ms each against 100 ms of compute."""
     fp16 = {"fc1.weight": "fp16:ef=false", "fc1.bias": "none", "fc2.weight": "fp16:ef=false"}
     raw = float(sum(shape.numel() * 4 for shape in SHAPES.values()))
 
@@ -146,6 +147,15 @@ def test_a_warm_up_looks_uncompressed_step_leaves_the_compressors_work_out() -> 
     # Hook work of the uncompressed layers (their copies, the collectives' launch) counts:
     # 0.1 + 0.11 + 0.06 = 0.27 s, 2.7x.
     assert planner().ends_warmup(window({"fc1.bias": 0.1}, 0.01))
+    # The CPU's sum of halves is not bytes: of 50 ms exposed, 20 ms summing leaves 30 ms to
+    # scale, 0.1 + 0.01 + 2 x 0.03 = 0.17 s (scaled whole, 0.21 s: 2.1x).
+    slow_exposure = window({"fc1.weight": 0.0, "fc2.weight": 0.0}, 0.01)
+    slow_exposure.timings["exposed_seconds"] = 0.05
+    assert planner().ends_warmup(slow_exposure)
+    summing = planner()
+    fp16_elements = SHAPES["fc1.weight"].numel() + SHAPES["fc2.weight"].numel()
+    summing.cost_model.update_half_sum(torch.float16, 0.02 / fp16_elements)
+    assert not summing.ends_warmup(slow_exposure)
 
 
 def test_a_second_look_catches_a_first_step_inflated_by_one_off_costs() -> None:

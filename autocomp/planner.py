@@ -309,6 +309,10 @@ class WindowPlanner:
         self.short_windows = True
         """Whether its loop may end a window early when it asks (a loop that keeps
         boundary-time collectives with peer loops, HSDP's or a hierarchy's, may not)."""
+        self.may_resume_warmup = True
+        """Whether a refuted opening may resume the warm-up (``_opening_refuted``). Not in a
+        loop with peer loops: the warm-up flag sets the boundary schedule, which they share,
+        and one group resuming alone would leave the others' collectives unmatched."""
         self.dwell = DwellClock(
             dwell_windows=config.dwell_windows,
             prior_miss=config.prior_miss,
@@ -660,7 +664,8 @@ class WindowPlanner:
         matrix on a shaped link measured 15-400x, far from this bar.
         """
         if not (
-            self.opened
+            self.may_resume_warmup
+            and self.opened
             and not self._measured_since_opening
             and self.warmup_done
             and self.config.warmup_steps > 0

@@ -273,6 +273,7 @@ def _adaptive(rank: int, world_size: int) -> dict[str, Any]:
         ],
         "sent_until_last_window": loop._bytes_mark,
         "short_windows": loop.planner.short_windows,
+        "may_resume_warmup": loop.planner.may_resume_warmup,
     }
 
 
@@ -287,6 +288,7 @@ def test_adaptive_plans_for_the_cross_node_link(tmp_path: Path) -> None:
     assert all(rate is not None and rate > 0 for rate in reference["node_link"]), reference
     # The owners' loops keep one schedule with their node's: no short windows asked for.
     assert not any(r["short_windows"] for r in results)
+    assert not any(r["may_resume_warmup"] for r in results)
     for result in results[1:]:
         assert torch.equal(reference["params"], result["params"])
     # The window records count a node's traffic over the cross-node link, which its two

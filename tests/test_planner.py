@@ -661,6 +661,16 @@ def test_a_measured_compute_that_refutes_the_openings_guess_resumes_the_warm_up(
     held.decide(_look(4, mbit=50, compute=5.0, plan=opened), opened)
     assert held.warmup_done
 
+    # A loop with peer loops (HSDP, a hierarchy) shares its boundary schedule, which the
+    # warm-up flag sets: its opening's end of the warm-up stands.
+    with_peers = planner()
+    with_peers.may_resume_warmup = False
+    update = with_peers.open(_probe(50), 0.02, 2, none)
+    assert update is not None
+    opened = dict(zip(NAMES, update.plan, strict=True))
+    with_peers.decide(_look(2, mbit=50, compute=0.9, plan=opened), opened)
+    assert with_peers.warmup_done
+
     # With no warm-up configured the opening ended none, so there is none to resume.
     no_warmup = planner(warmup_steps=0)
     update = no_warmup.open(_probe(50), 0.02, 2, none)

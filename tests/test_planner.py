@@ -4,9 +4,9 @@
 warm-up when an uncompressed step costs 2x the compute-only step (and not otherwise; a second
 look catches a first step whose compute one-off costs inflated), the
 opening decides before step 0 from a link probe only when communication would dominate
-(and the first measured look resumes the warm-up when the measured compute refutes it)
 (pricing top-k on an embedding table by the rows its first forward looked up, which
-``EmbeddingRows`` counts),
+``EmbeddingRows`` counts) and the first measured look resumes the warm-up when the measured
+compute refutes the opening's guess,
 measured relative errors are smoothed across windows and, like measured hook costs, count
 only ``settle_steps`` after a switch, measured gradient L1 norms reach the engine, a layer
 that switched keeps its compressor for ``dwell_windows`` windows unless the link moves 2x or

@@ -233,8 +233,7 @@ class AdaptiveLoop:
         )
         """Rank 0 decides with it; every rank holds one (the same configuration)."""
         # Loops that share boundary-time collectives with peer loops keep one schedule.
-        self.planner.short_windows = not self.warmup_peers and state.hierarchy is None
-        self.planner.may_resume_warmup = self.planner.short_windows
+        self.planner.shared_schedule = bool(self.warmup_peers) or state.hierarchy is not None
         if state.rank == 0:  # only rank 0 decides
             dense = [slot.shape for slot in state.slots.values() if not slot.sparse]
             calibrate(

@@ -306,13 +306,12 @@ class WindowPlanner:
         self._windows = 0
         self._short_window = 0
         """Steps of the window this planner asked for at its last decision (0: regular)."""
-        self.short_windows = True
-        """Whether its loop may end a window early when it asks (a loop that keeps
-        boundary-time collectives with peer loops, HSDP's or a hierarchy's, may not)."""
-        self.may_resume_warmup = True
-        """Whether a refuted opening may resume the warm-up (``_opening_refuted``). Not in a
-        loop with peer loops: the warm-up flag sets the boundary schedule, which they share,
-        and one group resuming alone would leave the others' collectives unmatched."""
+        self.shared_schedule = False
+        """Whether its loop keeps boundary-time collectives with peer loops (HSDP's replicate
+        groups, a hierarchy's owners), which must all keep one boundary schedule. Then it
+        never asks for a short window, and a refuted opening never resumes the warm-up
+        (``_opening_refuted``; the warm-up flag sets the early looks): either would change
+        this loop's schedule alone and leave the peers' collectives unmatched."""
         self.dwell = DwellClock(
             dwell_windows=config.dwell_windows,
             prior_miss=config.prior_miss,
@@ -478,7 +477,7 @@ class WindowPlanner:
             guard_events=new_events,
             predicted_step_seconds=None if previous is None else previous.predicted_step_seconds,
         )
-        self._short_window = self.payoff.baseline_window_steps() if self.short_windows else 0
+        self._short_window = 0 if self.shared_schedule else self.payoff.baseline_window_steps()
         return PlanUpdate(
             plan=plan,
             resets=resets,
@@ -664,7 +663,7 @@ class WindowPlanner:
         matrix on a shaped link measured 15-400x, far from this bar.
         """
         if not (
-            self.may_resume_warmup
+            not self.shared_schedule
             and self.opened
             and not self._measured_since_opening
             and self.warmup_done

@@ -593,8 +593,7 @@ def _warmup_agreed(rank: int, world: int, failing: bool) -> dict[str, Any]:
         "decider_done": planner.warmup_done if dist.get_rank(mesh.get_group(0)) == 0 else None,
         "boundaries": [r.step for r in ctl.history],
         "identical": _replicas_identical(model, mesh.get_group(0)),
-        "short_windows": planner.short_windows,
-        "may_resume_warmup": planner.may_resume_warmup,
+        "shared_schedule": planner.shared_schedule,
     }
     ctl.close()
     return result
@@ -619,8 +618,7 @@ def test_the_warm_up_ends_in_every_replicate_group_when_one_ends_it(
         assert r["identical"], rank
         # Peer loops keep one schedule: no planner may ask for a short window, nor resume
         # the warm-up (its flag sets the early looks).
-        assert r["short_windows"] is False, rank
-        assert r["may_resume_warmup"] is False, rank
+        assert r["shared_schedule"] is True, rank
     assert [r["decider_done"] for r in results] == [True, True, None, None]
 
 

@@ -272,8 +272,7 @@ def _adaptive(rank: int, world_size: int) -> dict[str, Any]:
             (r.step, r.bytes_per_step, r.uncompressed_bytes_per_step) for r in ctl.history
         ],
         "sent_until_last_window": loop._bytes_mark,
-        "short_windows": loop.planner.short_windows,
-        "may_resume_warmup": loop.planner.may_resume_warmup,
+        "shared_schedule": loop.planner.shared_schedule,
     }
 
 
@@ -286,9 +285,9 @@ def test_adaptive_plans_for_the_cross_node_link(tmp_path: Path) -> None:
     assert reference["link_world"] == 2 and reference["planner_world"] == 2
     assert reference["windows"] >= 2
     assert all(rate is not None and rate > 0 for rate in reference["node_link"]), reference
-    # The owners' loops keep one schedule with their node's: no short windows asked for.
-    assert not any(r["short_windows"] for r in results)
-    assert not any(r["may_resume_warmup"] for r in results)
+    # The owners' loops keep one schedule with their node's: no short windows asked for, no
+    # warm-up resumed.
+    assert all(r["shared_schedule"] for r in results)
     for result in results[1:]:
         assert torch.equal(reference["params"], result["params"])
     # The window records count a node's traffic over the cross-node link, which its two

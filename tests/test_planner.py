@@ -664,7 +664,7 @@ def test_a_measured_compute_that_refutes_the_openings_guess_resumes_the_warm_up(
     # A loop with peer loops (HSDP, a hierarchy) shares its boundary schedule, which the
     # warm-up flag sets: its opening's end of the warm-up stands.
     with_peers = planner()
-    with_peers.may_resume_warmup = False
+    with_peers.shared_schedule = True
     update = with_peers.open(_probe(50), 0.02, 2, none)
     assert update is not None
     opened = dict(zip(NAMES, update.plan, strict=True))

@@ -125,10 +125,15 @@ float32 pass of 1M elements, the opening probe's size there, took 34 ms). The op
 rate includes its latency, so on a fast link it understates what fits: at 5 ms, loopback's
 64 KB probe (20 ns an element) cut the sums to 240K elements and bfloat16 read up to 7 ns.
 At the slowest link timed (about 640 Mbit/s: 200K elements) a 20% excess is still 1 ms."""
-HALF_SUM_ROUNDS = 3
+HALF_SUM_ROUNDS = 5
 """Timed rounds of the sums-of-halves probe, after a priming pass of each type. Each round
 times float32 and then every half type; a half's excess is its least over the rounds, so that
-one pass that met an empty token bucket or a descheduled peer does not read as a CPU cost."""
+one pass that met an empty token bucket or a descheduled peer does not read as a CPU cost.
+Three rounds read float16 as free in 7 of 100 probes on loopback (its excess is 1.5-1.7 ns an
+element there), where every float32 pass had met a slow moment. Five read it free in 2 of
+100, seven in 0 of 60, for 36, 54 and 67 ms a probe (the n-gram model's size, each after the
+contention probe as in the opening). That zero priced fp16 on the n-gram table below
+``none`` and let a warm-up look end on it (thirty-eighth session)."""
 
 
 class EmbeddingRows:

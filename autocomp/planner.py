@@ -681,13 +681,12 @@ class WindowPlanner:
         multiple = (compute + comm) / compute
         if multiple >= self.config.slow_link_ratio:
             return None
-        detail = (
+        # Logged once, by the guard event that ``decide`` records with it.
+        return (
             f"the opening's guess of the compute is refuted: measured {compute:.3g} s, and an "
             f"uncompressed step ({comm:.3g} s of communication at {estimate.describe()}) "
             f"would take {multiple:.2f}x it, under slow_link_ratio {self.config.slow_link_ratio}"
         )
-        logger.info("autocomp: warm-up resumed at step %d: %s", m.step, detail)
-        return detail
 
     def _first_look(self, m: WindowMeasurement, peers_ended: bool = False) -> bool:
         """True when this window ends the warm-up early (communication dominates here, or

@@ -223,7 +223,8 @@ class Compressor(ABC):
 
         Only called when ``rounds_for(x.shape) > 1``; ``x`` is the tensor given to
         ``compress`` (unchanged since), and the final round's payload is what ``decompress``,
-        ``subtract_estimate_`` and ``commit`` see.
+        ``subtract_estimate_`` and ``commit`` see. The payload is summed in place, as
+        ``compress``'s is.
         """
         raise NotImplementedError(f"compressor {self.name!r} has a single round")
 
@@ -243,7 +244,9 @@ class Compressor(ABC):
     def compress(self, x: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
         """Encode ``x`` (float32, contiguous) into a 1-D payload; must not modify ``x``. With
         error feedback the payload must not share memory with ``x``: the hook subtracts the
-        estimate from ``x`` in place while the payload is still to be sent."""
+        estimate from ``x`` in place while the payload is still to be sent. An all-reduce
+        sums the payload in place, so it must not share memory with ``state`` either, nor
+        with ``x`` when a later round reads ``x``."""
 
     @abstractmethod
     def decompress(

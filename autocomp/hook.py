@@ -440,9 +440,9 @@ def sparse_bytes(tensor: torch.Tensor) -> int:
 def _flat(parts: list[_Part]) -> torch.Tensor:
     """The parts' payloads as one contiguous tensor for a collective that sums in place.
 
-    A single part is sent as it is: a payload is either the compressor's own fresh tensor
-    (``Compressor.compress`` never returns a view of its input or state) or, for a plain
-    layer, a slice of the bucket that the sum may overwrite, as DDP's own all-reduce does.
+    A single part is sent as it is: a payload is either a tensor of the compressor's own
+    (``Compressor.compress``'s contract) or, for a plain layer, a slice of the bucket that
+    the sum may overwrite, as DDP's own all-reduce does.
     """
     if len(parts) == 1:
         payload = parts[0].encoding.payload

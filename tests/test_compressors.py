@@ -452,6 +452,34 @@ def test_work_shares_place_the_work_by_round(spec: str, shape: tuple[int, ...]) 
     assert (final > 0) == (compressor.rounds_for(size) > 1)
 
 
+def _storages(value: object) -> set[int]:
+    """Addresses of the storages of every tensor in ``value`` (nested dicts, lists, tuples)."""
+    if isinstance(value, torch.Tensor):
+        return {value.untyped_storage().data_ptr()} if value.numel() else set()
+    if isinstance(value, dict):
+        return set().union(*(_storages(v) for v in value.values()))
+    if isinstance(value, (list, tuple)):
+        return set().union(*(_storages(v) for v in value))
+    return set()
+
+
+@pytest.mark.parametrize("spec", [s for s in SPECS if not s.startswith("none")])
+def test_every_round_payload_is_a_tensor_of_its_own(spec: str) -> None:
+    """The hook sums an all-reduce payload in place, without a copy when it is alone in its
+    collective: a payload sharing memory with the gradient it encodes or with the compressor
+    state would be overwritten by the ranks' sum (``Compressor.compress``'s contract)."""
+    c = build_compressor(spec)
+    for shape in (torch.Size([12, 10]), torch.Size([30])):
+        x = _randn(*shape, seed=41)
+        state = c.init_state(shape, 7, 0)
+        payload = c.compress(x, state)
+        for index in range(1, c.rounds_for(shape)):
+            assert payload.untyped_storage().data_ptr() not in _storages(x) | _storages(state)
+            payload = c.compress_round(x, index, payload.clone(), state)
+        owned = _storages(x) | _storages(state)
+        assert payload.untyped_storage().data_ptr() not in owned, (spec, tuple(shape))
+
+
 @pytest.mark.parametrize("spec", SPECS)
 def test_payloads_combine_across_ranks(spec: str) -> None:
     """All-reduce payloads are summable; all-gather payloads decode to the sum of ranks."""

@@ -245,8 +245,9 @@ class Compressor(ABC):
         """Encode ``x`` (float32, contiguous) into a 1-D payload; must not modify ``x``. With
         error feedback the payload must not share memory with ``x``: the hook subtracts the
         estimate from ``x`` in place while the payload is still to be sent. An all-reduce
-        sums the payload in place, so it must not share memory with ``state`` either, nor
-        with ``x`` when a later round reads ``x``."""
+        sums the payload in place, so every compressor's payload must be a tensor of its
+        own, sharing memory with neither ``x`` nor ``state`` (``none`` returns ``x`` itself,
+        but the hook sends its layers plain and never calls it)."""
 
     @abstractmethod
     def decompress(

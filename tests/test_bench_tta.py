@@ -198,6 +198,15 @@ def test_checks_fail_on_each_missed_target() -> None:
     assert checks["gpt @ 50mbit: adaptive valid loss <= oracle's + 0.02"] is False
 
 
+def test_a_near_miss_of_the_penalty_target_prints_as_one() -> None:
+    # (1 - 0.14527) / 0.9 = 94.97%: with one decimal it printed "95.0%" beside its FAIL.
+    rows = tta_rows(_runs(1.99, 0.14527, 0.0101), [GPT, UNSHAPED], list(tta.METHODS))
+    checks = {c.name: c for c in tta_checks(rows, [GPT])}
+    check = checks["gpt @ 50mbit: adaptive removes >= 95% of the penalty"]
+    assert check.passed is False
+    assert check.detail.startswith("94.97% (allreduce 1.000 s, adaptive 0.145 s")
+
+
 def test_checks_are_not_evaluated_without_the_runs() -> None:
     runs = [r for r in _runs(1.99, 0.14, 0.0101) if r["method"] not in ("limit", "oracle")]
     rows = tta_rows(runs, [GPT], ["allreduce", "fp16", "powersgd", "adaptive"])

@@ -442,7 +442,8 @@ def _flat(parts: list[_Part]) -> torch.Tensor:
 
     A single part is sent as it is: a payload is either a tensor of the compressor's own
     (``Compressor.compress``'s contract) or, for a plain layer, a slice of the bucket that
-    the sum may overwrite, as DDP's own all-reduce does.
+    the sum may overwrite, as DDP's own all-reduce does, or the residual it flushes, which
+    the layer has already let go (``begin_encoding``).
     """
     if len(parts) == 1:
         payload = parts[0].encoding.payload

@@ -272,6 +272,8 @@ class AdaptiveLoop:
         self.boundary_seconds = 0.0
         """Wall time this rank spent at window boundaries (measurement all-reduce, decision,
         plan broadcast, probe): the window loop's own cost, reported by the overhead bench."""
+        self._plan_after_start: list[str] | None = None
+        """The opening's plan while step 0 runs its start plan (``PlanUpdate.start_plan``)."""
         self.opening_seconds = 0.0
         """Wall time of the opening (its link probe and decision), once at step 0; kept apart
         from ``boundary_seconds`` because it does not recur with the windows."""
@@ -398,6 +400,11 @@ class AdaptiveLoop:
         step): close the previous step's timeline, and run a boundary when one is due."""
         if not self.state.enabled:
             return
+        if self._plan_after_start is not None and step > 0:
+            # Step 0 ran the opening's start plan (``opening.warmup_start``); every rank
+            # switches here, before step 1's first collective and before its boundary.
+            plan, self._plan_after_start = self._plan_after_start, None
+            self._assign(plan)
         # Begin first: it closes the previous step, so the window below includes it. The
         # controller's own work is charged to the step it delays, but not to its compute.
         sample = self.next_boundary(step) - step <= self.config.sampled_steps
@@ -664,25 +671,31 @@ class AdaptiveLoop:
         dist.broadcast_object_list(payload, src=src, group=group)
         return payload[0]
 
-    def _apply(self, message: dict[str, Any], current: dict[str, str]) -> dict[str, Any]:
-        """Every rank: reset the listed residuals and switch to the broadcast plan; the
-        changes as {layer: (old spec, new spec)}."""
+    def _apply(
+        self, message: dict[str, Any], current: dict[str, str], run: list[str] | None = None
+    ) -> dict[str, Any]:
+        """Every rank: reset the listed residuals and switch to the broadcast plan (or to
+        ``run`` for now, the opening's plan for step 0 alone); the changes of the plan as
+        {layer: (old spec, new spec)}."""
         plan = message.get("plan")
-        if not isinstance(plan, list) or len(plan) != len(self.names):
-            raise RuntimeError("autocomp: malformed plan broadcast from rank 0")
+        for specs in (plan, run if run is not None else plan):
+            if not isinstance(specs, list) or len(specs) != len(self.names):
+                raise RuntimeError("autocomp: malformed plan broadcast from rank 0")
         for name in message["reset"]:
             slot = self.state.slots[name]
             slot.residual = None
             slot.state = slot.compressor.init_state(slot.shape, slot.seed, self.state.rank)
-        assignment = {
-            name: build_compressor(spec) for name, spec in zip(self.names, plan, strict=True)
-        }
-        self.state.assign(assignment)
+        self._assign(plan if run is None else run)
         return {
             name: (current[name], spec)
             for name, spec in zip(self.names, plan, strict=True)
             if current[name] != spec
         }
+
+    def _assign(self, plan: Sequence[str]) -> None:
+        self.state.assign(
+            {name: build_compressor(spec) for name, spec in zip(self.names, plan, strict=True)}
+        )
 
     def _opening(self) -> None:
         """Step 0, before any of its collectives: probe the link (:class:`ProbeRunner`), and
@@ -744,11 +757,16 @@ class AdaptiveLoop:
                 logger.exception("autocomp: the opening decision failed; plan kept")
                 self.decision_failures += 1
             if update is not None:
-                payload = [{"plan": update.plan, "reset": update.resets}]
+                payload = [
+                    {"plan": update.plan, "reset": update.resets, "start": update.start_plan}
+                ]
         message = self._broadcast(payload)
         if message is None:
             return
-        changes = self._apply(message, current)
+        start = message.get("start")
+        changes = self._apply(message, current, run=start)
+        if start is not None:
+            self._plan_after_start = list(message["plan"])
         # Rank 0 keeps the full record, as at every boundary.
         record = update.record if update is not None else WindowRecord.opening(float(raw))
         record.probe_bytes, record.probe_seconds = probe
@@ -921,6 +939,7 @@ class AdaptiveLoop:
             if self._contention_probe is None
             else list(self._contention_probe),
             "contention_rereads": self._contention_rereads,
+            "plan_after_start": self._plan_after_start,
         }
 
     def load_loop_state_dict(self, state: dict[str, Any]) -> None:
@@ -932,6 +951,14 @@ class AdaptiveLoop:
         probe = state.get("contention_probe")
         self._contention_probe = None if probe is None else (int(probe[0]), float(probe[1]))
         self._contention_rereads = int(state.get("contention_rereads", 0))
+        after_start = state.get("plan_after_start")
+        if after_start is not None and (
+            not isinstance(after_start, list) or len(after_start) != len(self.names)
+        ):
+            raise ValueError(
+                f"plan_after_start must list {len(self.names)} specs, got {after_start!r}"
+            )
+        self._plan_after_start = None if after_start is None else [str(s) for s in after_start]
 
 
 def combine_link_busy(

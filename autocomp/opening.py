@@ -29,7 +29,7 @@ from autocomp.cost_model import HALF_DTYPES, CostModel
 from autocomp.hook_layer import LayerReplay
 from autocomp.link_model import latency_hops, link_bytes
 from autocomp.link_probe import PROBE_PASSES
-from autocomp.policy.types import LayerProfile, StepTiming
+from autocomp.policy.types import LayerProfile, PolicyDecision, StepTiming
 from autocomp.window import PlanUpdate, WindowRecord
 
 if TYPE_CHECKING:
@@ -51,6 +51,7 @@ __all__ = [
     "gradient_device",
     "open_plan",
     "untraced",
+    "warmup_start",
 ]
 
 OPENING_PROBE_START_BYTES = 64 * 1024
@@ -792,6 +793,7 @@ def open_plan(
     specs = decision.plan
     plan = [specs[name] for name in planner.names]
     bandwidth = estimate.bandwidth_bytes_per_s
+    start = warmup_start(planner, decision, profiles, timing, world, current)
     # No dwell clock starts here (nor hysteresis at the first measured look, see
     # ``WindowPlanner.decide``): this plan rests on priors and a guessed compute.
     record = WindowRecord.opening(
@@ -801,4 +803,80 @@ def open_plan(
         decision=decision.to_dict(),
         compute_seconds=compute,
     )
-    return PlanUpdate(plan=plan, resets=[], probe_bytes=0, record=record)
+    start_plan = None
+    if start is not None and record.decision is not None:
+        start_plan = [start.plan[name] for name in planner.names]
+        record.decision["start"] = {
+            "plan": {n: s for n, s in start.plan.items() if s != specs[n]},
+            "predicted_step_seconds": start.predicted_step_seconds,
+        }
+    return PlanUpdate(plan=plan, resets=[], probe_bytes=0, record=record, start_plan=start_plan)
+
+
+def warmup_start(
+    planner: WindowPlanner,
+    decision: PolicyDecision,
+    profiles: list[LayerProfile],
+    timing: StepTiming,
+    world: int,
+    current: dict[str, str],
+) -> PolicyDecision | None:
+    """The plan step 0 runs before the opening's ``decision`` takes over, or None.
+
+    The opening compresses before any gradient has crossed the link, so without this the
+    very first update is computed from compressed gradients. Under Adam that update is
+    about ``lr`` times the sign of each element's first gradient, whatever its size: a
+    PowerSGD rank-4 approximation, warm start still random, gets most of those signs wrong,
+    and the model pays for it long after. On the MLP LM (2 ranks, loopback, 3 seeds) step 0
+    on PowerSGD rank 4 left the validation loss at 2.819 / 2.281 at steps 100 / 400, against
+    2.771 / 2.264 with step 0 on int8 and 2.773 / 2.267 with it uncompressed, 16-18 steps
+    of progress; the GPT LM (AdamW) showed no difference beyond its noise.
+
+    So step 0 runs the warm-up's own plan (the options within the rules'
+    ``warmup_max_error``, int8 and fp16 among the defaults, as the engine picks them in
+    the warm-up) when it changes a layer and is predicted, by the same exposure model, to
+    cost at most ``start_cost_steps`` of the opening plan's steps more than one of them.
+    On a 2-rank 200 Mbit/s link int8 sends the MLP LM's 13.7 MB of gradients in about
+    0.14 s, two or three compressed steps; at 10 Mbit/s it would take 2.8 s, 25 of them.
+    Not with ``warmup_steps = 0`` (compression from step 0 was asked for) or operator
+    pins (those layers keep their pin either way).
+    """
+    budget = planner.config.start_cost_steps
+    if budget <= 0 or planner.config.warmup_steps <= 0 or planner.force_none:
+        return None
+    planned = decision.predicted_step_seconds
+    if not (math.isfinite(planned) and planned > 0):
+        return None
+    start = planner.engine.decide(
+        profiles,
+        timing,
+        0,
+        world,
+        pins=[*planner.operator_pins, *planner.pins],
+        current=current,
+        warmup_done=False,
+    )
+    if start.plan == decision.plan:
+        return None
+    extra = start.predicted_step_seconds - planned
+    moved = sum(1 for name in planner.names if start.plan[name] != decision.plan[name])
+    if not extra <= budget * planned:
+        logger.info(
+            "autocomp: opening: step 0 compresses: the warm-up's plan for it (%d layers) "
+            "predicts %.3g s, %.1f of the plan's %.3g s steps more, over start_cost_steps %g",
+            moved,
+            start.predicted_step_seconds,
+            extra / planned,
+            planned,
+            budget,
+        )
+        return None
+    logger.info(
+        "autocomp: opening: step 0 runs the warm-up's plan on %d layers (predicted %.3g s, "
+        "%.1f of the plan's %.3g s steps more); the plan takes over at step 1",
+        moved,
+        start.predicted_step_seconds,
+        max(extra, 0.0) / planned,
+        planned,
+    )
+    return start

@@ -177,6 +177,14 @@ class WindowPlanner:
         """At the opening (before step 0: a link probe against 3x the first forward), the
         ratio of an uncompressed step's predicted communication to that compute estimate that
         decides before step 0 (see ``opening.open_plan``)."""
+        start_cost_steps: float = 8.0
+        """When the opening compresses, step 0 runs the warm-up's plan instead (its options
+        within the rules' ``warmup_max_error``: int8, fp16) if that one step is predicted to
+        cost at most this many of the opening plan's steps more than one of them; 0: never
+        (see ``opening.warmup_start``). On the MLP LM (Adam) one int8 step 0 before PowerSGD
+        rank 4 was worth 16-18 steps of progress at steps 100-400; on the GPT LM (AdamW)
+        nothing measurable either way. Half the larger value is what the step is expected to
+        be worth when half of all models gain from it."""
         error_smoothing: float = 0.3
         """EWMA weight of a new window's measured relative error."""
         dwell_windows: int = 5
@@ -210,6 +218,10 @@ class WindowPlanner:
             if not self.dominance_ratio >= self.slow_link_ratio:
                 raise ValueError(
                     f"dominance_ratio must be >= slow_link_ratio, got {self.dominance_ratio}"
+                )
+            if not (self.start_cost_steps >= 0 and math.isfinite(self.start_cost_steps)):
+                raise ValueError(
+                    f"start_cost_steps must be finite and >= 0, got {self.start_cost_steps}"
                 )
             if not self.opening_ratio >= self.slow_link_ratio:
                 raise ValueError(

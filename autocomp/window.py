@@ -476,3 +476,6 @@ class PlanUpdate:
     window_steps: int = 0
     """Steps until the next boundary when the next window only measures (an uncompressed
     baseline, ``PayoffCheck.baseline_window_steps``); 0: the regular schedule."""
+    start_plan: list[str] | None = None
+    """The opening only: the plan step 0 runs before ``plan`` takes over at step 1 (the
+    warm-up's plan, ``opening.warmup_start``); None: ``plan`` runs from step 0."""

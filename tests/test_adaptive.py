@@ -6,7 +6,8 @@ for the opening), so the policy compresses. Everything else is real: the profile
 all-reduce of measurements, the rank-0 decision, the broadcast and the switch.
 
 Covers: every rank holds the same plan at every window and switches at the same step (the
-opening at step 0 included), with bit-identical parameters; the fast (real loopback) link
+opening at step 0 included, and the warm-up's plan it may run at step 0 alone), with
+bit-identical parameters; the fast (real loopback) link
 keeps everything uncompressed; each convergence guard fires on an injected fault (NaN
 gradient, loss spike, gradient-norm jump, runaway residual) and the plan reacts; the warm-up
 runs fp16 and int8 at most; checkpoints
@@ -169,6 +170,52 @@ def test_every_rank_holds_the_same_plan_and_switches_at_the_same_step(
     assert reasons is not None and all(reasons.values())
     optimizer_heads = ("knapsack", "infeasible", "fastest", "target out of reach")
     assert any(head in r for r in reasons.values() for head in optimizer_heads)
+
+
+def _opening_start(rank: int, world_size: int, policy_path: str, cost_steps: float) -> dict:
+    model, ddp, opt, ctl = _setup(rank, policy_path, link=CRAWLING_LINK)
+    assert ctl.adaptive is not None
+    if rank == 0:  # only rank 0 decides; the others follow its broadcast
+        ctl.adaptive.planner.config.start_cost_steps = cost_steps
+    ran = []
+    for step in range(3):
+        _train_step(ctl, ddp, opt, rank, step)
+        ran.append(dict(ctl.plan))  # what this step's buckets were sent with
+    opening = ctl.history[0]
+    return {
+        "ran": ran,
+        "plan": {name: new for name, (_, new) in opening.changes.items()},
+        "start": None if opening.decision is None else opening.decision.get("start"),
+        "params": _flat(model),
+    }
+
+
+@pytest.mark.parametrize("cost_steps", [1e6, 0.0])
+def test_an_affordable_warm_up_step_runs_before_the_openings_plan(
+    cost_steps: float, tmp_path: Path
+) -> None:
+    """When the opening compresses, step 0 may run the warm-up's plan (int8 and fp16 here)
+    and the opening's plan take over at step 1, on every rank at the same step; with
+    ``start_cost_steps`` 0 the plan runs from step 0."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    results = run_ranks(_opening_start, 2, tmp_path / "ranks", str(policy), cost_steps)
+    for result in results[1:]:
+        assert result["ran"] == results[0]["ran"]
+        assert torch.equal(result["params"], results[0]["params"])
+    ran, plan, start = results[0]["ran"], results[0]["plan"], results[0]["start"]
+    lossy = {n for n, s in plan.items() if s.split(":")[0] in ("powersgd", "topk")}
+    assert lossy, plan
+    assert all(ran[1][n] == plan[n] for n in plan)  # the opening's plan from step 1 on
+    if cost_steps == 0:
+        assert start is None and all(ran[0][n] == plan[n] for n in plan)
+        return
+    assert start is not None and start["predicted_step_seconds"] > 0
+    assert set(start["plan"]) == lossy
+    for name in lossy:
+        assert (
+            ran[0][name].split(":")[0] in ("fp16", "int8") and ran[0][name] == start["plan"][name]
+        )
 
 
 def _fast_link(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:

@@ -838,8 +838,8 @@ def warmup_start(
     cost at most ``start_cost_steps`` of the opening plan's steps more than one of them.
     On a 2-rank 200 Mbit/s link int8 sends the MLP LM's 13.7 MB of gradients in about
     0.14 s, two or three compressed steps; at 10 Mbit/s it would take 2.8 s, 25 of them.
-    Not with ``warmup_steps = 0`` (compression from step 0 was asked for) or operator
-    pins (those layers keep their pin either way).
+    Pinned layers keep their pin either way. Off with ``warmup_steps = 0`` (compression
+    from step 0 was asked for) and under an operator's force-none.
     """
     budget = planner.config.start_cost_steps
     if budget <= 0 or planner.config.warmup_steps <= 0 or planner.force_none:

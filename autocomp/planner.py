@@ -201,6 +201,10 @@ class WindowPlanner:
         smaller misses, such as fp16 at 3.5e-4 against a 2.5e-4 prior, change nothing."""
         link_change: float = 2.0
         """A bandwidth ratio this large since a layer's switch lifts its dwell."""
+        compute_change: float = 2.0
+        """A ratio this large between the compute-only step a layer's switch was priced on
+        and the one measured now lifts its dwell (an early look's one step can carry an
+        evaluation or a slow first batch)."""
         probe: LinkProbe.Config | None = None
         """Active link probe settings (None: the defaults)."""
 
@@ -229,6 +233,8 @@ class WindowPlanner:
                 )
             if not self.link_change > 1.0:
                 raise ValueError(f"link_change must be > 1, got {self.link_change}")
+            if not self.compute_change > 1.0:
+                raise ValueError(f"compute_change must be > 1, got {self.compute_change}")
 
     def __init__(
         self,
@@ -329,6 +335,7 @@ class WindowPlanner:
             prior_miss=config.prior_miss,
             link_change=config.link_change,
             switch_margin=self.engine.config.switch_margin,
+            compute_change=config.compute_change,
         )
         self._running_since: dict[str, tuple[str, int]] = {}
         """Layer -> (the spec its measurements ran, the first step they could have run it):
@@ -446,7 +453,9 @@ class WindowPlanner:
                 current=None if fresh else current,
                 hold_reason=hold,
                 locked={
-                    **self._locked(current, priced_bandwidth, settle=settle),
+                    **self._locked(
+                        current, priced_bandwidth, settle=settle, compute=timing.compute_seconds
+                    ),
                     **self._revert_locks(window_index, bandwidth),
                 },
                 warmup_done=self.warmup_done,
@@ -467,7 +476,14 @@ class WindowPlanner:
         provisional = (
             m.step < self.config.window or not self.warmup_done or self.payoff.seeking_baseline()
         )
-        self.note_switches(plan, current, profiles, priced_bandwidth, provisional=provisional)
+        self.note_switches(
+            plan,
+            current,
+            profiles,
+            priced_bandwidth,
+            provisional=provisional,
+            compute=timing.compute_seconds,
+        )
         self._confirm_if_moved(plan, current)
         timings = m.timings
         record = WindowRecord(
@@ -526,9 +542,11 @@ class WindowPlanner:
         profiles: Sequence[LayerProfile],
         bandwidth: float | None,
         provisional: bool = False,
+        compute: float | None = None,
     ) -> None:
         """Start the dwell clock of every layer the plan moves (``provisional``: a plan from
-        an early look, locked only until the first full window)."""
+        an early look, locked only until the first full window; ``compute``: the compute-only
+        step it was priced on)."""
         profile_of = {p.name: p for p in profiles}
         backoff = self.guards.backoff()
         for name, spec in zip(self.names, plan, strict=True):
@@ -538,7 +556,13 @@ class WindowPlanner:
                     priors = self.engine.config.priors
                     assumed = rel_error(build_compressor(spec), profile_of[name], priors)
                 self.dwell.note(
-                    name, self._windows, bandwidth, assumed, backoff.get(name, 0), provisional
+                    name,
+                    self._windows,
+                    bandwidth,
+                    assumed,
+                    backoff.get(name, 0),
+                    provisional,
+                    compute,
                 )
 
     # ---- the pieces ----------------------------------------------------------------------------
@@ -788,7 +812,11 @@ class WindowPlanner:
         return self.dwell.released
 
     def _locked(
-        self, current: dict[str, str], bandwidth: float | None, settle: bool = True
+        self,
+        current: dict[str, str],
+        bandwidth: float | None,
+        settle: bool = True,
+        compute: float | None = None,
     ) -> dict[str, str]:
         """Layers still in their dwell period after a switch (:mod:`autocomp.policy.dwell`)."""
         return self.dwell.locked(
@@ -798,6 +826,7 @@ class WindowPlanner:
             lambda name, spec: self.rel_errors[name].get(spec),
             self.guards.backoff(),
             settle=settle,
+            compute=compute,
         )
 
     def _payoff(

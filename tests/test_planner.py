@@ -10,9 +10,9 @@ compute refutes the opening's guess (and an opening that compresses runs step 0 
 warm-up's plan when that costs few steps),
 measured relative errors are smoothed across windows and, like measured hook costs, count
 only ``settle_steps`` after a switch, measured gradient L1 norms reach the engine, a layer
-that switched keeps its compressor for ``dwell_windows`` windows unless the link moves 2x or
-a switch made on a prior measures worse than that prior, measurements round-trip through
-JSON, and the planner's state survives a checkpoint.
+that switched keeps its compressor for ``dwell_windows`` windows unless the link or the
+compute-only step moves 2x or a switch made on a prior measures worse than that prior,
+measurements round-trip through JSON, and the planner's state survives a checkpoint.
 """
 
 from __future__ import annotations
@@ -1096,6 +1096,40 @@ def test_a_switch_at_an_early_look_is_locked_only_until_the_first_full_window() 
     current_ab = {"a": "fp16:ef=false", "b": "fp16:ef=false"}
     assert restored.locked(4, current_ab, None, lambda *_: None, {}) == {"a": "fp16:ef=false"}
     assert restored.released == {"b"}
+
+
+@pytest.mark.parametrize(("later_compute", "relocked"), [(0.1, False), (0.6, True)])
+def test_a_lock_is_lifted_when_the_compute_it_was_priced_on_moves(
+    later_compute: float, relocked: bool
+) -> None:
+    """A look that read a compute-only step of 1 s (an evaluation or a slow first batch
+    between two early steps) picks PowerSGD rank 16, the accurate option that 1 s of compute
+    hides; the next look reads 0.1 s, on which rank 4 learns more per second. A 10x move
+    (``compute_change`` 2) lifts the lock and the layer moves; a 1.7x move keeps it. On the
+    GPT LM at 10 Mbit/s such a lock held rank 16 from step 2 to step 50 (docs/policy.md)."""
+    p = planner(window=50, warmup_steps=0, dwell_windows=5, settle_steps=0)
+    current = dict.fromkeys(NAMES, "none")
+    look = p.decide(measurement(10, mbit=50, compute=1.0), current)
+    current = dict(zip(NAMES, look.plan, strict=True))
+    assert current["fc1.weight"] == "powersgd:rank=16,ef=true"
+    switch = p.dwell.changed_at["fc1.weight"]
+    assert switch.compute == pytest.approx(1.0)
+    restored = planner(window=50, warmup_steps=0, dwell_windows=5, settle_steps=0)
+    restored.load_state_dict(json.loads(json.dumps(p.state_dict())))
+    assert restored.dwell.changed_at == p.dwell.changed_at
+    later = restored.decide(measurement(20, mbit=50, compute=later_compute, specs=current), current)
+    rules = {d["name"]: d["rule"] for d in later.record.decision["layers"]}  # type: ignore[index]
+    if relocked:
+        assert rules["fc1.weight"] == "dwell"
+        assert later.plan[NAMES.index("fc1.weight")] == "powersgd:rank=16,ef=true"
+    else:
+        assert rules["fc1.weight"] != "dwell"
+        assert later.plan[NAMES.index("fc1.weight")] == "powersgd:rank=4,ef=true"
+
+
+def test_the_compute_change_must_exceed_one() -> None:
+    with pytest.raises(ValueError, match="compute_change"):
+        WindowPlanner.Config(compute_change=1.0)
 
 
 @pytest.mark.parametrize(("miss", "released"), [(0.05, False), (0.3, True)])

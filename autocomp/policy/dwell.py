@@ -9,6 +9,14 @@ noisy from window to window. So a layer that switched is locked on its new compr
   measurement came out clearly worse than that prior: the lock guards against noise, not
   against a wrong prior, so it is released (:attr:`DwellClock.released`);
 - the link moved by ``link_change`` or more since the switch;
+- the measured compute-only step moved by ``compute_change`` or more since the switch: a
+  plan's worth is its time against the compute it hides behind and adds to, so a choice made
+  on a 1.09 s compute is no choice for a 0.15 s one. The early looks read one or two steps,
+  and whatever ran between steps (an evaluation, a slow first batch, one-off allocations)
+  counts as compute there: on the GPT LM at 10 Mbit/s the look at step 2 read 1.09 s (the
+  time-to-accuracy bench evaluates after each of the first, slow steps), put PowerSGD rank 16
+  on two matrices, and the provisional lock held them against the look at step 4 (0.15 s)
+  until step 50, at 0.285 s a step against 0.245 s;
 - a guard forced the switch and has since lifted its back-off: the lock holds a choice, and
   a guard's choice lasts only as long as the guard (a critical regime on the digits CNN at
   10 Mbit/s ended at step 400, and the lock still held ``conv2`` on rank 4 until step 700);
@@ -58,17 +66,26 @@ class _Switch:
     provisional: bool = False
     """Made at an early look or in the warm-up: locked only until the next decision that
     settles (a full window's, or the one that ends the warm-up)."""
+    compute: float | None = None
+    """The compute-only step the switch was priced on (a big move since lifts the dwell)."""
 
 
 class DwellClock:
     """When each layer last switched, and which layers are still locked."""
 
     def __init__(
-        self, *, dwell_windows: int, prior_miss: float, link_change: float, switch_margin: float
+        self,
+        *,
+        dwell_windows: int,
+        prior_miss: float,
+        link_change: float,
+        switch_margin: float,
+        compute_change: float = 2.0,
     ) -> None:
         self.dwell_windows = dwell_windows
         self.prior_miss = prior_miss
         self.link_change = link_change
+        self.compute_change = compute_change
         self.switch_margin = switch_margin
         self.changed_at: dict[str, _Switch] = {}
         """Layer -> its last switch."""
@@ -84,10 +101,14 @@ class DwellClock:
         assumed_error: float | None,
         backoff: int = 0,
         provisional: bool = False,
+        compute: float | None = None,
     ) -> None:
-        """Start ``name``'s clock: it switched at ``window`` on a link of ``bandwidth``, under
-        a guard back-off of ``backoff`` levels (``provisional``: at an early look)."""
-        self.changed_at[name] = _Switch(window, bandwidth, assumed_error, backoff, provisional)
+        """Start ``name``'s clock: it switched at ``window`` on a link of ``bandwidth`` and a
+        compute-only step of ``compute`` seconds, under a guard back-off of ``backoff`` levels
+        (``provisional``: at an early look)."""
+        self.changed_at[name] = _Switch(
+            window, bandwidth, assumed_error, backoff, provisional, compute
+        )
 
     def locked(
         self,
@@ -97,13 +118,14 @@ class DwellClock:
         measured_error: Callable[[str, str], float | None],
         backoff: Mapping[str, int],
         settle: bool = True,
+        compute: float | None = None,
     ) -> dict[str, str]:
         """Layers still in their dwell at ``window``, with the spec they keep.
 
         ``measured_error(name, spec)`` is the smoothed measured relative error, or None;
         ``backoff`` the guards' level per layer now; ``settle``: this decision ends every
         provisional lock (it rests on a full window, not an early look, or it ends the
-        warm-up).
+        warm-up); ``compute``: the compute-only step measured now (None: unknown).
         """
         locked = {}
         self.released = set()
@@ -140,13 +162,20 @@ class DwellClock:
                 and bandwidth is not None
                 and bandwidth_moved(then, bandwidth, self.link_change)
             )
-            if not moved:
-                locked[name] = current[name]
+            if moved or self._compute_moved(switch.compute, compute):
+                continue
+            locked[name] = current[name]
         return locked
+
+    def _compute_moved(self, then: float | None, now: float | None) -> bool:
+        """Whether the compute-only step moved by ``compute_change`` or more either way."""
+        if then is None or now is None or not (then > 0 and now > 0):
+            return False
+        return max(then, now) / min(then, now) >= self.compute_change
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            name: [s.window, s.bandwidth, s.assumed_error, s.backoff, s.provisional]
+            name: [s.window, s.bandwidth, s.assumed_error, s.backoff, s.provisional, s.compute]
             for name, s in self.changed_at.items()
         }
 
@@ -158,6 +187,7 @@ class DwellClock:
                 None if len(v) < 3 or v[2] is None else float(v[2]),
                 int(v[3]) if len(v) > 3 else 0,
                 bool(v[4]) if len(v) > 4 else False,
+                None if len(v) < 6 or v[5] is None else float(v[5]),
             )
             for name, v in state.items()
         }

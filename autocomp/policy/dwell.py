@@ -163,6 +163,13 @@ class DwellClock:
                 and bandwidth_moved(then, bandwidth, self.link_change)
             )
             if moved or self._compute_moved(switch.compute, compute):
+                logger.debug(
+                    "autocomp: %s: the %s since its switch moved; dwell lifted",
+                    name,
+                    "link"
+                    if moved
+                    else f"compute-only step ({switch.compute:.3g} s -> {compute:.3g} s)",
+                )
                 continue
             locked[name] = current[name]
         return locked

@@ -162,23 +162,23 @@ class DwellClock:
                 and bandwidth is not None
                 and bandwidth_moved(then, bandwidth, self.link_change)
             )
-            if moved or self._compute_moved(switch.compute, compute):
+            was, now = switch.compute, compute
+            compute_moved = (
+                was is not None
+                and now is not None
+                and was > 0
+                and now > 0
+                and bandwidth_moved(was, now, self.compute_change)  # the same ratio test
+            )
+            if moved or compute_moved:
                 logger.debug(
                     "autocomp: %s: the %s since its switch moved; dwell lifted",
                     name,
-                    "link"
-                    if moved
-                    else f"compute-only step ({switch.compute:.3g} s -> {compute:.3g} s)",
+                    "link" if moved else f"compute-only step ({was:.3g} s -> {now:.3g} s)",
                 )
                 continue
             locked[name] = current[name]
         return locked
-
-    def _compute_moved(self, then: float | None, now: float | None) -> bool:
-        """Whether the compute-only step moved by ``compute_change`` or more either way."""
-        if then is None or now is None or not (then > 0 and now > 0):
-            return False
-        return max(then, now) / min(then, now) >= self.compute_change
 
     def state_dict(self) -> dict[str, Any]:
         return {

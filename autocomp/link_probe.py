@@ -67,6 +67,14 @@ class LinkProbe:
     with a 10 ms step the budget bought the next probe 32 windows later, 1,400 steps of a
     slower plan (docs/benchmarks-history.md, "The link estimate frozen by the plan it chose"). A
     switch costs at most one such probe, and switches are rate-limited by the dwell rules.
+
+    A switch made while the link has stayed out of view since a probe read it is not probed
+    again: the estimate it rests on is that probe's, not a step's, and a later change of the
+    link is the rationed schedule's to find. Every such probe costs four passes of about
+    ``min_seconds x headroom`` (80 ms) each at the estimate whatever the rate, and on the
+    digits CNN at 10 Mbit/s a plan moving between two compressed options every few windows
+    had one after each move: four of 0.33 s in a 30 s run, against PyTorch's PowerSGD hook
+    with none (docs/benchmarks-history.md, "A probe after every switch").
     """
 
     @dataclass(kw_only=True, slots=True)
@@ -96,6 +104,8 @@ class LinkProbe:
         self._blind_windows = 0
         self._unconfirmed = False
         """The plan changed and no window under it has been closed yet."""
+        self._probed = False
+        """A probe was asked for since the traffic last measured the link itself."""
 
     def size(
         self, estimate: LinkEstimate, world_size: int, window_seconds: float
@@ -122,8 +132,10 @@ class LinkProbe:
 
     def plan_changed(self) -> None:
         """The plan switched at this boundary: if the window it runs next comes back blind,
-        that window is probed at once (see the class docstring)."""
-        self._unconfirmed = True
+        that window is probed at once, unless a probe has read the link since the traffic
+        last did (see the class docstring)."""
+        if not self._probed:
+            self._unconfirmed = True
 
     def next_window(
         self,
@@ -148,12 +160,15 @@ class LinkProbe:
         unconfirmed = self._unconfirmed and measured
         if measured:
             self._unconfirmed = False
+            if not blind:
+                self._probed = False
         if not blind or estimate is None or self.config.budget <= 0:
             self._blind_windows = 0
             return 0
         plan = self.size(estimate, world_size, window_seconds)
         if unconfirmed and plan is not None:
             self._blind_windows = 0
+            self._probed = True
             return plan.payload_bytes
         if warming:
             self._blind_windows = 0
@@ -162,11 +177,17 @@ class LinkProbe:
         if plan is None or self._blind_windows < plan.every_windows:
             return 0
         self._blind_windows = 0
+        self._probed = True
         return plan.payload_bytes
 
     def state_dict(self) -> dict[str, int]:
-        return {"blind_windows": self._blind_windows, "unconfirmed": int(self._unconfirmed)}
+        return {
+            "blind_windows": self._blind_windows,
+            "unconfirmed": int(self._unconfirmed),
+            "probed": int(self._probed),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self._blind_windows = int(state.get("blind_windows", 0))
         self._unconfirmed = bool(state.get("unconfirmed", 0))
+        self._probed = bool(state.get("probed", 0))

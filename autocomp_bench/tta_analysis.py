@@ -73,6 +73,35 @@ def median_step(step_times: list[float]) -> float | None:
     return statistics.median(measured)
 
 
+SLOW_STEP_MULTIPLE = 2.0
+"""A step this many times the run's median counts as slow (:func:`slow_steps`)."""
+SLOWEST_KEPT = 8
+"""The slowest steps a run's summary names, with their times."""
+
+
+def slow_steps(step_times: list[float]) -> dict[str, Any]:
+    """Where the run's time went beyond its median step: what a median hides.
+
+    Two methods can share a median step and still differ in steps taken: one-off costs (the
+    opening's probes, decisions, plan switches, a link probe at a boundary) land on a few
+    steps. ``excess_s`` is the training time beyond ``steps x median`` (negative when most
+    steps beat the median), ``slow_excess_s`` the part of it in steps over
+    :data:`SLOW_STEP_MULTIPLE` medians, and ``slowest`` the :data:`SLOWEST_KEPT` slowest steps
+    as ``[step index, seconds]``, slowest first.
+    """
+    median = median_step(step_times)
+    if median is None:
+        return {"excess_s": 0.0, "slow_excess_s": 0.0, "slow_steps": 0, "slowest": []}
+    slow = [t - median for t in step_times if t > SLOW_STEP_MULTIPLE * median]
+    ranked = sorted(enumerate(step_times), key=lambda item: item[1], reverse=True)
+    return {
+        "excess_s": math.fsum(step_times) - len(step_times) * median,
+        "slow_excess_s": math.fsum(slow),
+        "slow_steps": len(slow),
+        "slowest": [[index, seconds] for index, seconds in ranked[:SLOWEST_KEPT]],
+    }
+
+
 def summarize_run(result: dict[str, Any]) -> dict[str, Any]:
     """The numbers a report needs from one worker result, without its per-step lists.
 
@@ -89,6 +118,7 @@ def summarize_run(result: dict[str, Any]) -> dict[str, Any]:
         "steps": result["steps"],
         "rank1_steps": len(result["rank1_step_times"]),
         "median_step_s": median_step(result["step_times"]),
+        "step_time_spread": slow_steps(result["step_times"]),
         "train_seconds": result["train_seconds"],
         "eval_seconds": result["eval_seconds"],
         "valid_loss": final["valid_loss"],

@@ -28,6 +28,7 @@ from autocomp_bench.tta_analysis import (
     choose_oracle,
     median_step,
     penalty_fraction,
+    slow_steps,
     succeeded,
     summarize_run,
     tta_checks,
@@ -54,6 +55,17 @@ def test_median_step_skips_the_first_steps() -> None:
     assert median_step([9.0, 9.0, 9.0, 1.0, 2.0, 3.0]) == 2.0
     assert median_step([9.0, 1.0]) == 5.0  # too few steps: all of them
     assert median_step([]) is None
+
+
+def test_slow_steps_name_where_the_time_beyond_the_median_went() -> None:
+    # Median 1.0 (after the 3 skipped steps); step 0 (9 s) and step 5 (4 s) are slow.
+    times = [9.0, 1.0, 1.0, 1.0, 1.0, 4.0, 1.0, 0.5, 1.5]
+    spread = slow_steps(times)
+    assert spread["excess_s"] == pytest.approx(sum(times) - 9 * 1.0)
+    assert spread["slow_excess_s"] == pytest.approx(8.0 + 3.0)
+    assert spread["slow_steps"] == 2
+    assert spread["slowest"][:3] == [[0, 9.0], [5, 4.0], [8, 1.5]]
+    assert slow_steps([]) == {"excess_s": 0.0, "slow_excess_s": 0.0, "slow_steps": 0, "slowest": []}
 
 
 def test_eval_points_are_evenly_spaced_inside_the_budget() -> None:

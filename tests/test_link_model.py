@@ -417,7 +417,9 @@ def test_a_switch_is_probed_at_its_first_blind_window_once() -> None:
     assert step(blind=True, warming=True) == every.payload_bytes
     assert all(step(blind=True, warming=True) == 0 for _ in range(3 * every.every_windows))
     # A window the meter left open for more samples (its ``blind`` is the last closed one's)
-    # keeps the confirmation pending until one is closed.
+    # keeps the confirmation pending until one is closed. (The traffic reads the link first:
+    # a switch while the link is still out of view since the probe above is not confirmed.)
+    assert step(blind=False) == 0
     probe.plan_changed()
     assert (
         probe.next_window(
@@ -435,6 +437,7 @@ def test_a_switch_is_probed_at_its_first_blind_window_once() -> None:
     meter.end_window()
     assert meter.windows_closed == 1
     # The pending confirmation survives a checkpoint; a budget of 0 turns it off too.
+    assert step(blind=False) == 0
     probe.plan_changed()
     clone = LinkProbe(probe.config)
     clone.load_state_dict(probe.state_dict())
@@ -445,6 +448,40 @@ def test_a_switch_is_probed_at_its_first_blind_window_once() -> None:
     off = LinkProbe(LinkProbe.Config(budget=0.0))
     off.plan_changed()
     assert off.next_window(blind=True, estimate=SLOW_50MBIT, world_size=2, window_seconds=1.0) == 0
+
+
+def test_a_switch_after_a_probe_of_the_blind_link_is_not_probed_again() -> None:
+    """The first switch that takes the link out of view rests on the traffic's reading and is
+    confirmed; the switches after it, while the link stays out of view, rest on that probe's
+    reading, so only the rationed schedule probes again, until the traffic reads the link."""
+    probe = LinkProbe(LinkProbe.Config(budget=0.01))
+    every = probe.size(SLOW_50MBIT, 2, 1.0)
+    assert every is not None and every.every_windows > 3
+
+    def step(blind: bool) -> int:
+        return probe.next_window(
+            blind=blind, estimate=SLOW_50MBIT, world_size=2, window_seconds=1.0
+        )
+
+    assert step(blind=False) == 0
+    probe.plan_changed()  # compressed on the traffic's reading: confirmed
+    assert step(blind=True) == every.payload_bytes
+    probe.plan_changed()  # a move between compressed options, the link still out of view
+    assert [step(blind=True) for _ in range(every.every_windows - 1)] == [0] * (
+        every.every_windows - 1
+    )
+    assert step(blind=True) == every.payload_bytes  # the rationed schedule still runs
+    # Across a checkpoint too.
+    clone = LinkProbe(probe.config)
+    clone.load_state_dict(probe.state_dict())
+    clone.plan_changed()
+    assert (
+        clone.next_window(blind=True, estimate=SLOW_50MBIT, world_size=2, window_seconds=1.0) == 0
+    )
+    # Once the traffic reads the link again, a switch is confirmed again.
+    assert step(blind=False) == 0
+    probe.plan_changed()
+    assert step(blind=True) == every.payload_bytes
 
 
 def _compressed_window(meter: BandwidthMeter, steps: int = 6) -> None:

@@ -127,8 +127,9 @@ def test_the_first_blind_window_after_a_switch_is_probed_whatever_the_budget(
     first window after the switch at the end of the warm-up (steps 4-7) comes back blind, so
     the boundary at step 8 asks for a probe, which runs at the next one (step 12, as every
     probe runs a boundary after it is asked for) and lifts the estimate there. The switch
-    back to ``none`` is checked once too (this model's steps are blind even uncompressed),
-    and after that the budget rations the probes again."""
+    back to ``none`` rests on that probe's reading (this model's steps are blind even
+    uncompressed, so the link stayed out of the traffic's view), so it is not probed again:
+    after the one confirmation the budget rations the probes."""
     policy = tmp_path / "policy.toml"
     policy.write_text(POLICY)
     ranks = run_ranks(_stuck_slow, 2, tmp_path / "ranks", str(policy), "rationed")
@@ -137,7 +138,7 @@ def test_the_first_blind_window_after_a_switch_is_probed_whatever_the_budget(
     assert probes[0] == probes[1]
     assert zero["plans"] == one["plans"] and torch.equal(zero["params"], one["params"])
     fired = [s for s, b in probes[0] if b]
-    assert fired == [WARMUP + 2 * WINDOW, WARMUP + 4 * WINDOW], probes[0]
+    assert fired == [WARMUP + 2 * WINDOW], probes[0]
     by_step = {r["step"]: r for r in zero["records"]}
     assert by_step[WARMUP + WINDOW]["bandwidth_bytes_per_s"] == STUCK.bandwidth_bytes_per_s
     lifted = by_step[WARMUP + 2 * WINDOW]

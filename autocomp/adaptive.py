@@ -103,6 +103,16 @@ uncompressed where a reading of 10 ns/B or more keeps one; one opening in twelve
 ns/B, and its plan put four of them on fp16 (docs/benchmarks-history.md, twenty-seventh session).
 Every rank holds the same agreed reading and plan, so every rank re-reads at the same
 boundaries."""
+CONTENTION_REREAD_SHARE = 0.05
+"""A re-read of the contention waits until its cost (the last contention probe's wall time on
+rank 0) is at most this share of the time since the opening; rank 0's broadcast says when, so
+every rank re-reads at the same boundary. The probe's compute is sized like its transfer, so
+on a slow link one re-read costs about a second (14 pairs of ~60 ms loops when the first
+batch reads none): at 10 Mbit/s the three re-reads at the looks after steps 1, 2 and 4 took
+2.6-2.8 s of a 30 s run of the MLP LM in 5 runs of 6, and 2.5 s of the digits CNN's
+(docs/benchmarks-history.md, "A probe after every switch"). Under this share they come a
+few seconds into a run of a fast step, tens of seconds into one of a slow link, before the
+decisions they correct have run long."""
 QUIET_DECISIONS = 5
 """Decision times whose median stands for it: one slow decision (a first of its kind, a
 loaded machine) does not stretch the schedule; on CI's 2 loaded cores one did, past a
@@ -259,6 +269,11 @@ class AdaptiveLoop:
         """The opening probe's (payload bytes, seconds) while its unsettled contention reading
         is to be taken again at a boundary (``CONTENTION_REREADS``), else None."""
         self._contention_rereads = 0
+        self._contention_reread_due = False
+        """Rank 0's last broadcast allowed a contention re-read at this boundary
+        (``CONTENTION_REREAD_SHARE``)."""
+        self._opened_at: float | None = None
+        """When this rank's opening began (perf_counter): what the re-read's share counts from."""
         self._vector = WindowVector(self.names)
         self.history: deque[WindowRecord] = deque(maxlen=config.history)
         self.decision_failures = 0
@@ -418,6 +433,7 @@ class AdaptiveLoop:
         stamp = self.profiler.stamp()
         if opening:
             started = time.perf_counter()
+            self._opened_at = started
             self._opening()
             self.opening_seconds = time.perf_counter() - started
         if boundary:
@@ -562,6 +578,7 @@ class AdaptiveLoop:
                     "probe_bytes": update.probe_bytes,
                     "warming": not self.planner.warmup_done,
                     "quiet_windows": self._safe_quiet_windows(update, current, measurement),
+                    "contention_reread": self._contention_reread_affordable(),
                     "next_boundary": step + update.window_steps if update.window_steps > 0 else 0,
                 }
             ]
@@ -569,6 +586,7 @@ class AdaptiveLoop:
         if not isinstance(message, dict):
             raise RuntimeError("autocomp: malformed plan broadcast from rank 0")
         self._probe_next = int(message.get("probe_bytes", 0))
+        self._contention_reread_due = bool(message.get("contention_reread", False))
         self._warming = bool(message.get("warming", False))
         quiet = max(1, int(message.get("quiet_windows", 1)))
         self._quiet_until = step + quiet * self.config.window if quiet > 1 else 0
@@ -796,6 +814,8 @@ class AdaptiveLoop:
         quiet moment can only hide contention, not add it)."""
         if self._contention_probe is None or self._contention_rereads <= 0:
             return None
+        if not self._contention_reread_due:
+            return None  # not yet affordable (CONTENTION_REREAD_SHARE); rank 0 says when
         # The plan is the same on every rank that shares the probe's collectives: one DDP
         # group's (broadcast by its rank 0), with the node's groups under a hierarchy. With
         # HSDP each replicate group has its own plan, but no node group joins the probe there.
@@ -819,6 +839,17 @@ class AdaptiveLoop:
                     opened * 1e9,
                 )
         return max(reading, opened)
+
+    def _contention_reread_affordable(self) -> bool:
+        """Rank 0: whether the next boundary may re-read the contention, its last probe's cost
+        within ``CONTENTION_REREAD_SHARE`` of the time since the opening (or no opening timed:
+        nothing to ration by)."""
+        if self._contention_probe is None or self._contention_rereads <= 0:
+            return False
+        cost = self._prober.last_contention_seconds
+        if self._opened_at is None or cost is None:
+            return True
+        return cost <= CONTENTION_REREAD_SHARE * (time.perf_counter() - self._opened_at)
 
     def _remember(self, record: WindowRecord) -> None:
         """Append ``record`` to the history; past ``HISTORY_LAYER_DECISIONS`` per-layer

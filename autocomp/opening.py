@@ -330,6 +330,9 @@ class ProbeRunner:
 
     def __init__(self) -> None:
         self._buffer: torch.Tensor | None = None
+        self.last_contention_seconds: float | None = None
+        """Wall time of this rank's last :meth:`contention` probe, both batches and their
+        agreements (the adaptive loop rations its re-reads by it)."""
 
     def time_all_reduce(
         self, payload_bytes: int, device: torch.device, group: dist.ProcessGroup | None
@@ -454,6 +457,7 @@ class ProbeRunner:
         batches and issue the same collectives. On a GPU the loop is a CUDA kernel, so the
         same probe measures what NCCL's kernels take from it.
         """
+        started = time.perf_counter()
         side = 256 if device.type == "cpu" else 2048
         generator = torch.Generator().manual_seed(0)  # leaves the training RNG alone
         matrix = torch.randn(side, side, generator=generator).to(device)
@@ -482,6 +486,7 @@ class ProbeRunner:
             reading = ContentionReading(per_byte, slowdown)
             if per_byte > 0.0:
                 break
+        self.last_contention_seconds = time.perf_counter() - started
         return reading
 
     def half_sums(

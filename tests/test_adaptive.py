@@ -592,12 +592,22 @@ def test_a_layers_measured_cost_includes_its_decode(tmp_path: Path) -> None:
 
 
 def _contention_reread(
-    rank: int, world_size: int, policy_path: str, opening_slowdown: float, later_slowdown: float
+    rank: int,
+    world_size: int,
+    policy_path: str,
+    opening_slowdown: float,
+    later_slowdown: float,
+    shares: tuple[float, float] = (1e9, 1e9),
 ) -> dict[str, Any]:
     """Train with the contention probe's loops scripted: each pair's loop beside the
     transfer is slowed by ``opening_slowdown`` seconds at the opening and ``later_slowdown``
-    after it (the quiet loop takes 20 ms)."""
+    after it (the quiet loop takes 20 ms). ``shares``: each rank's
+    ``CONTENTION_REREAD_SHARE`` (a huge one: a re-read is always affordable; the scripted
+    loops take no time, so the probe's cost is its loopback transfers alone)."""
+    import autocomp.adaptive as adaptive
     import autocomp.opening as opening
+
+    adaptive.CONTENTION_REREAD_SHARE = shares[rank]
 
     phase = {"name": "opening"}
     loops = {"opening": 0, "boundary": 0}
@@ -627,6 +637,7 @@ def _contention_reread(
         "contention": ctl.adaptive.planner.cost_model.contention_seconds_per_byte,
         "sent": link_bytes(Collective.ALL_REDUCE, payload, world_size),
         "boundary_loops": loops["boundary"],
+        "opening_probe_seconds": ctl.adaptive._prober.last_contention_seconds,
         "compressed": any(spec != "none" for spec in ctl.plan.values()),
         "params": _flat(model),
     }
@@ -670,6 +681,30 @@ def test_an_unsettled_contention_reading_is_taken_again_at_a_boundary(
     # Each re-read of one batch (it read contention): its two timing loops and its pairs.
     expected_loops = rereads * (2 + 2 * CONTENTION_PAIRS)
     assert zero["boundary_loops"] == one["boundary_loops"] == expected_loops
+
+
+@pytest.mark.parametrize(("shares", "rereads"), [((0.0, 0.0), 0), ((1e9, 0.0), 1), ((0.0, 1e9), 0)])
+def test_a_contention_reread_waits_until_rank_0_finds_it_affordable(
+    shares: tuple[float, float], rereads: int, tmp_path: Path
+) -> None:
+    """A re-read costs about a second on a slow link, so it waits until its cost is a small
+    share of the run (``CONTENTION_REREAD_SHARE``). The share is judged on rank 0 alone and
+    travels in its plan broadcast: with a share of 0 there (never affordable) nobody re-reads,
+    whatever the other rank's share, and with a huge one every rank re-reads at the same
+    boundary, its own share notwithstanding; the ranks stay in step either way."""
+    from autocomp.opening import CONTENTION_PAIRS
+
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    zero, one = run_ranks(
+        _contention_reread, 2, tmp_path / "ranks", str(policy), 0.0, 0.004, shares
+    )
+    assert torch.equal(zero["params"], one["params"])
+    assert zero["compressed"] and one["compressed"]
+    assert zero["boundary_loops"] == one["boundary_loops"] == rereads * (2 + 2 * CONTENTION_PAIRS)
+    expected = 0.004 / zero["sent"] if rereads else 0.0  # the opening read none
+    assert zero["contention"] == one["contention"] == pytest.approx(expected)
+    assert zero["opening_probe_seconds"] is not None and zero["opening_probe_seconds"] > 0
 
 
 def _bad_arguments(rank: int, world_size: int) -> dict[str, str]:

@@ -104,9 +104,10 @@ ns/B, and its plan put four of them on fp16 (docs/benchmarks-history.md, twenty-
 Every rank holds the same agreed reading and plan, so every rank re-reads at the same
 boundaries."""
 CONTENTION_REREAD_SHARE = 0.05
-"""A re-read of the contention waits until its cost (the last contention probe's wall time on
-rank 0) is at most this share of the time since the opening; rank 0's broadcast says when, so
-every rank re-reads at the same boundary. The probe's compute is sized like its transfer, so
+"""A re-read of the contention waits until the re-reads' cost, those done and this one (the
+last contention probe's wall time on rank 0), is at most this share of the time since the
+opening; rank 0's broadcast says when, so every rank re-reads at the same boundary. The
+probe's compute is sized like its transfer, so
 on a slow link one re-read costs about a second (14 pairs of ~60 ms loops when the first
 batch reads none): at 10 Mbit/s the three re-reads at the looks after steps 1, 2 and 4 took
 2.6-2.8 s of a 30 s run of the MLP LM in 5 runs of 6, and 2.5 s of the digits CNN's
@@ -274,6 +275,8 @@ class AdaptiveLoop:
         (``CONTENTION_REREAD_SHARE``)."""
         self._opened_at: float | None = None
         """When this rank's opening began (perf_counter): what the re-read's share counts from."""
+        self._contention_reread_seconds = 0.0
+        """Wall time of this rank's contention re-reads so far."""
         self._vector = WindowVector(self.names)
         self.history: deque[WindowRecord] = deque(maxlen=config.history)
         self.decision_failures = 0
@@ -825,6 +828,7 @@ class AdaptiveLoop:
         reading = self._prober.contention(
             payload, seconds, device, self.state.link_group, self._node_group()
         ).seconds_per_byte
+        self._contention_reread_seconds += self._prober.last_contention_seconds or 0.0
         self._contention_rereads -= 1
         if reading > 0.0 or self._contention_rereads == 0:
             self._contention_probe = None
@@ -841,15 +845,16 @@ class AdaptiveLoop:
         return max(reading, opened)
 
     def _contention_reread_affordable(self) -> bool:
-        """Rank 0: whether the next boundary may re-read the contention, its last probe's cost
-        within ``CONTENTION_REREAD_SHARE`` of the time since the opening (or no opening timed:
-        nothing to ration by)."""
+        """Rank 0: whether the next boundary may re-read the contention: the re-reads so far
+        and one more at the last probe's cost within ``CONTENTION_REREAD_SHARE`` of the time
+        since the opening (or no opening timed: nothing to ration by)."""
         if self._contention_probe is None or self._contention_rereads <= 0:
             return False
         cost = self._prober.last_contention_seconds
         if self._opened_at is None or cost is None:
             return True
-        return cost <= CONTENTION_REREAD_SHARE * (time.perf_counter() - self._opened_at)
+        spent = self._contention_reread_seconds + cost
+        return spent <= CONTENTION_REREAD_SHARE * (time.perf_counter() - self._opened_at)
 
     def _remember(self, record: WindowRecord) -> None:
         """Append ``record`` to the history; past ``HISTORY_LAYER_DECISIONS`` per-layer

@@ -107,13 +107,13 @@ CONTENTION_REREAD_SHARE = 0.05
 """A re-read of the contention waits until the re-reads' cost, those done and this one (the
 last contention probe's wall time on rank 0), is at most this share of the time since the
 opening; rank 0's broadcast says when, so every rank re-reads at the same boundary. The
-probe's compute is sized like its transfer, so
-on a slow link one re-read costs about a second (14 pairs of ~60 ms loops when the first
-batch reads none): at 10 Mbit/s the three re-reads at the looks after steps 1, 2 and 4 took
-2.6-2.8 s of a 30 s run of the MLP LM in 5 runs of 6, and 2.5 s of the digits CNN's
-(docs/benchmarks-history.md, "A probe after every switch"). Under this share they come a
-few seconds into a run of a fast step, tens of seconds into one of a slow link, before the
-decisions they correct have run long."""
+probe's compute is sized like its transfer, so on a slow link one re-read costs about a
+second (14 pairs of ~60 ms loops when the first batch reads none): at 10 Mbit/s the three
+re-reads at the looks after steps 1, 2 and 4 took 2.6-2.8 s of a 30 s run of the MLP LM in
+5 runs of 6, and 2.5 s of the digits CNN's (docs/benchmarks-history.md, "A probe after every
+switch"). Under this share the first comes about 20 s into such a run, a few seconds into
+one whose probe is short, and the next once the run is twice as old. A resumed run (no
+opening timed) re-reads without waiting."""
 QUIET_DECISIONS = 5
 """Decision times whose median stands for it: one slow decision (a first of its kind, a
 loaded machine) does not stretch the schedule; on CI's 2 loaded cores one did, past a

@@ -815,7 +815,7 @@ class AdaptiveLoop:
         None when none was taken. Every rank holds the same reading, plan and count, so all
         take it alike; the larger of the two readings stands in every rank's cost model (a
         quiet moment can only hide contention, not add it)."""
-        if self._contention_probe is None or self._contention_rereads <= 0:
+        if self._contention_probe is None or not self._contention_reread_pending:
             return None
         if not self._contention_reread_due:
             return None  # not yet affordable (CONTENTION_REREAD_SHARE); rank 0 says when
@@ -844,11 +844,16 @@ class AdaptiveLoop:
                 )
         return max(reading, opened)
 
+    @property
+    def _contention_reread_pending(self) -> bool:
+        """An unsettled opening reading still has re-reads left (``CONTENTION_REREADS``)."""
+        return self._contention_probe is not None and self._contention_rereads > 0
+
     def _contention_reread_affordable(self) -> bool:
         """Rank 0: whether the next boundary may re-read the contention: the re-reads so far
         and one more at the last probe's cost within ``CONTENTION_REREAD_SHARE`` of the time
         since the opening (or no opening timed: nothing to ration by)."""
-        if self._contention_probe is None or self._contention_rereads <= 0:
+        if not self._contention_reread_pending:
             return False
         cost = self._prober.last_contention_seconds
         if self._opened_at is None or cost is None:

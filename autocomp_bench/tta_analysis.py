@@ -21,6 +21,7 @@ and re-run on a saved document. Definitions:
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import statistics
@@ -93,12 +94,12 @@ def slow_steps(step_times: list[float]) -> dict[str, Any]:
     if median is None:
         return {"excess_s": 0.0, "slow_excess_s": 0.0, "slow_steps": 0, "slowest": []}
     slow = [t - median for t in step_times if t > SLOW_STEP_MULTIPLE * median]
-    ranked = sorted(enumerate(step_times), key=lambda item: item[1], reverse=True)
+    slowest = heapq.nlargest(SLOWEST_KEPT, enumerate(step_times), key=lambda item: item[1])
     return {
         "excess_s": math.fsum(step_times) - len(step_times) * median,
         "slow_excess_s": math.fsum(slow),
         "slow_steps": len(slow),
-        "slowest": [[index, seconds] for index, seconds in ranked[:SLOWEST_KEPT]],
+        "slowest": [[index, seconds] for index, seconds in slowest],
     }
 
 

@@ -473,8 +473,8 @@ def train_budget(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
             info["first_decision_step"] = ctl.history[0].step if ctl.history else None
             info["trail"] = decision_trail(ctl.history)
             # The loop's own time (probes, decisions, plan broadcasts), apart from the steps'.
-            info["opening_seconds"] = getattr(ctl.adaptive, "opening_seconds", None)
-            info["boundary_seconds"] = getattr(ctl.adaptive, "boundary_seconds", None)
+            info["opening_seconds"] = ctl.adaptive.opening_seconds
+            info["boundary_seconds"] = ctl.adaptive.boundary_seconds
         ctl.close()
     elif method == "powersgd" and bytes_per_step is not None:
         # powerSGD_hook all-reduces the raw gradient for its first start_powerSGD_iter steps.

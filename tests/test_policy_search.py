@@ -7,6 +7,12 @@ load off and putting another's on is not: a group's two-round traffic then reads
 where it was 0, and the exposure model times a second round that is not there (found on
 a 400-parameter model, where it changed the fastest plan).
 
+A collective of an option's own (a payload dtype no other layer of the bucket sends, an
+all-gather) is charged to each layer as a share of its latency, and the exact model adds the
+rest once per bucket that holds it (``GroupLoad.own``): a layer that takes it alone pays all of
+it (on the digits CNN at 50 Mbit/s, fp16 on one small matrix charged half a latency measured
+3-4% of the step).
+
 And the slack's plan against the fastest plan climbed towards accuracy: the slack does not
 spend its time on moving layers from fp16 to none when the climb learns more per second,
 and the climb does not displace the slack's accurate plan with errors whose price is
@@ -14,6 +20,8 @@ within ``error_cost``'s uncertainty (``SearchConfig.error_cost_spread``).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -54,9 +62,12 @@ def _option(draw: st.DrawFn, key: str) -> LayerOption:
     two_round = key.startswith("powersgd")
     first = draw(st.floats(min_value=0.0, max_value=1.0)) * comm if two_round else 0.0
     final = draw(st.floats(min_value=0.0, max_value=1.0)) * work if two_round else 0.0
+    own = key in ("fp16", "topk")  # a float16 all-reduce, an all-gather
+    latency = draw(_seconds) if own else 0.0
+    charged = latency / draw(st.integers(min_value=1, max_value=4)) if own else 0.0
     return LayerOption(
         key,
-        comm + work,
+        comm + charged + work,
         draw(st.floats(min_value=0.0, max_value=10.0)),
         1000,
         work=work,
@@ -64,6 +75,9 @@ def _option(draw: st.DrawFn, key: str) -> LayerOption:
         second_round=comm - first if two_round else 0.0,
         final_work=final,
         decode=draw(st.floats(min_value=0.0, max_value=1.0)) * (work - final),
+        own_collective={"fp16": "all_reduce:torch.float16", "topk": "all_gather"}.get(key, ""),
+        own_latency=latency,
+        own_charged=charged,
     )
 
 
@@ -79,8 +93,11 @@ def _problem(draw: st.DrawFn) -> _Problem:
             LayerOption("none", draw(_seconds), 0.0, 4000),
             *(draw(_option(key)) for key in keys[1:]),
         ]
-        pending.append(Pending(index, _layer(f"l{index}", 32), options, {}, ""))
-        group_of.append(draw(st.integers(min_value=0, max_value=groups - 1)))
+        bucket = draw(st.integers(min_value=0, max_value=2 * groups - 1))
+        layer = dataclasses.replace(_layer(f"l{index}", 32), bucket=bucket)
+        pending.append(Pending(index, layer, options, {}, ""))
+        group_of.append(bucket // 2)
+    groups = max(group_of) + 1
     hideable = sorted(draw(st.lists(_seconds, min_size=groups, max_size=groups)))
     buckets = BucketGroups(tuple(_Group(h, 1) for h in hideable), tuple(group_of), contention=0.1)
     fixed = GroupLoad.empty(groups)
@@ -102,12 +119,99 @@ def test_a_move_is_priced_as_the_whole_plan_summed_again(
         load, timeline = plan.trial(index, option)
         moved = [*plan.chosen[:index], option, *plan.chosen[index + 1 :]]
         assert load.fields() == problem.totals(moved).fields()
+        assert load.own == problem.totals(moved).own
         assert timeline == problem.timeline(moved)
         if data.draw(st.booleans()):
             plan.move(index, option, (load, timeline))
             assert plan.chosen == moved
             assert plan.compressed == sum(o.key != "none" for o in moved)
             assert abs(plan.error - sum(o.error for o in moved)) <= 1e-9 * max(1.0, plan.error)
+
+
+# ---- a collective of an option's own ----------------------------------------------------------
+
+_LATENCY = 0.3e-3
+"""Latency of one collective on the synthetic link (seconds)."""
+
+
+def _fp16(bytes_seconds: float, share: int, error: float = 1e-6) -> LayerOption:
+    """fp16 on a layer of a bucket of ``share`` optimizer layers: its bytes plus its share of
+    the float16 all-reduce's latency."""
+    charged = _LATENCY / share
+    return LayerOption(
+        "fp16",
+        bytes_seconds + charged,
+        error,
+        500,
+        own_collective="all_reduce:torch.float16",
+        own_latency=_LATENCY,
+        own_charged=charged,
+    )
+
+
+def test_a_bucket_pays_one_full_latency_per_collective_of_its_own() -> None:
+    """Two layers of one bucket on fp16 share one float16 all-reduce: their shares add up to
+    its latency. One alone leaves half of it uncharged; in two buckets, each pays one."""
+    alone = GroupLoad.empty(1)
+    alone.add(0, _fp16(1e-4, share=2), bucket=0)
+    assert alone.own_seconds(0) == pytest.approx(_LATENCY / 2)
+    together = GroupLoad.empty(1)
+    together.add(0, _fp16(1e-4, share=2), bucket=0)
+    together.add(0, _fp16(1e-4, share=2), bucket=0)
+    assert together.own_seconds(0) == pytest.approx(0.0, abs=1e-15)
+    apart = GroupLoad.empty(1)
+    apart.add(0, _fp16(1e-4, share=2), bucket=0)
+    apart.add(0, _fp16(1e-4, share=2), bucket=1)
+    assert apart.own_seconds(0) == pytest.approx(_LATENCY)
+    # The exact model's communication holds the uncharged rest.
+    groups = BucketGroups((_Group(0.0, 1),), (0,), contention=0.0)
+    plain = GroupLoad.empty(1)
+    plain.add(0, dataclasses.replace(_fp16(1e-4, share=2), own_collective=""), bucket=0)
+    assert groups.timeline(alone).comm_s == pytest.approx(
+        groups.timeline(plain).comm_s + _LATENCY / 2
+    )
+
+
+def _lone_fp16_search(own: bool) -> list[str]:
+    """A bucket of two matrices with nothing to hide behind: ``big`` on PowerSGD (its two
+    rounds ride the bucket's all-reduces), and a small one whose fp16 bytes cost 0.1 ms and
+    whose rank 4 costs 0.2 ms at an error the slack would buy off. fp16 is charged half a
+    latency (0.15 ms)."""
+    options = {
+        "big": [
+            LayerOption("none", 0.010, 0.0, 1 << 20),
+            LayerOption("powersgd", 0.001, 0.05, 8_000),
+        ],
+        "small": [
+            LayerOption("none", 0.0003, 0.0, 1_152),
+            _fp16(1e-4, share=2),
+            LayerOption("powersgd", 0.0002, 2.0, 656),
+        ],
+    }
+    pending = []
+    for index, (name, choices) in enumerate(options.items()):
+        if not own:  # the pricing before: the share only
+            choices = [dataclasses.replace(o, own_collective="") for o in choices]
+        layer = dataclasses.replace(_layer(name, 16), bucket=0)
+        rel_errors = {o.key: 0.5 if o.key == "powersgd" else 0.0 for o in choices}
+        pending.append(Pending(index, layer, choices, rel_errors, ""))
+    groups = BucketGroups((_Group(0.0, 1),), (0, 0), contention=0.0)
+    compute = 0.002
+    timing = StepTiming(
+        backward_seconds=0.001, hideable_seconds=0.0, step_seconds=compute, compute_seconds=compute
+    )
+    settings = SearchConfig(time_slack=0.03, target_overlap=0.9, progress_per_error=0.01)
+    result = search(pending, groups, GroupLoad.empty(1), timing, settings)
+    return [o.key for o in result.chosen]
+
+
+def test_a_layer_that_takes_a_collective_alone_pays_its_whole_latency() -> None:
+    """Priced at its share, fp16 on the small matrix looks 0.05 ms slower than rank 4 (inside
+    the 3% slack of a 3.2 ms step) and wins on error; with the bucket's one float16 all-reduce
+    charged in full it is 0.2 ms slower, outside the slack, and rank 4 rides the bucket's
+    all-reduces instead."""
+    assert _lone_fp16_search(own=False) == ["powersgd", "fp16"]
+    assert _lone_fp16_search(own=True) == ["powersgd", "powersgd"]
 
 
 # ---- the slack's plan against the climb from the fastest plan --------------------------------

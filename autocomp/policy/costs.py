@@ -5,7 +5,13 @@ comm_seconds(collective, 0)``, plus a share of one extra latency when it needs a
 bucket would not issue anyway (an all-gather, a payload in another dtype, or PowerSGD's
 final round): the hook batches those per bucket, so the latency is split among the
 bucket's optimizer-placed layers (:func:`latency_shares`), plus its compression work (cost
-model), kept apart because it runs on the backward's thread. Every bucket pays one all-reduce
+model), kept apart because it runs on the backward's thread. The share is exact when every
+layer of the bucket takes the same kind and short when one takes it alone, so an option also
+names the collective it adds (``OptionCost.own_collective``) and the exact model charges each
+bucket's such collectives one full latency (``autocomp.policy.search.GroupLoad``): on the
+digits CNN at 50 Mbit/s, fp16 on the one small matrix of a bucket otherwise on PowerSGD was
+charged half a latency and measured 3-4% of the step (docs/benchmarks-history.md, "a lone
+collective"). Every bucket pays one all-reduce
 latency whatever the plan; the engine (:mod:`autocomp.policy.engine`) counts that itself.
 PowerSGD's first round travels in that one (with the previous bucket's final round and the
 bucket's small plain parts, :func:`autocomp.hook.launch_bucket`), so only its final round
@@ -34,8 +40,10 @@ def latency_shares(layers: Sequence[LayerProfile], buckets: int) -> dict[str, fl
     charged to every layer counted PowerSGD's two rounds once per layer: on the GPT LM at
     10 Mbit/s that made all-rank-4 look about 8% slower than a top-k mix it measured 5%
     faster than. Split evenly, a uniform bucket is charged exactly; a mixed one is charged
-    less than the extra collectives it really adds (at most one latency per kind), which the
-    ledger of measured plans (``policy/payoff.py``) corrects.
+    less than the extra collectives it really adds (at most one latency per kind). For a
+    payload dtype of its own and the all-gather, the search's exact model adds the rest
+    (``OptionCost.own_collective``); for PowerSGD's final round, the ledger of measured plans
+    (``policy/payoff.py``) is what catches a mix that measures slow.
     """
     by_bucket: dict[int, int] = {}
     for layer in layers:
@@ -86,6 +94,12 @@ class OptionCost:
     """Of ``work``: the final round's payload, computed after the first round is summed."""
     decode: float = 0.0
     """Of ``work``: the decode after the last collective."""
+    own_collective: str = ""
+    """The collective this option adds to its bucket ('' when it rides the bucket's own)."""
+    own_latency: float = 0.0
+    """That collective's full latency."""
+    own_charged: float = 0.0
+    """Of ``comm``: the share of ``own_latency`` charged to this layer."""
 
     @property
     def seconds(self) -> float:
@@ -132,6 +146,20 @@ def option_cost(
     if collective is Collective.ALL_REDUCE:
         comm += latency.half_sum(payload_dtype, sizes[0])
     shares_bucket = collective is Collective.ALL_REDUCE and payload_dtype == layer.dtype
-    if not shares_bucket:
-        comm += extra
-    return OptionCost(comm, work, wire, final_work=final_work, decode=decode)
+    if shares_bucket:
+        return OptionCost(comm, work, wire, final_work=final_work, decode=decode)
+    return OptionCost(
+        comm + extra,
+        work,
+        wire,
+        final_work=final_work,
+        decode=decode,
+        # One all-gather per bucket carries every gathered payload; one all-reduce per dtype.
+        own_collective=(
+            collective.value
+            if collective is Collective.ALL_GATHER
+            else f"{collective.value}:{payload_dtype}"
+        ),
+        own_latency=base,
+        own_charged=extra,
+    )

@@ -249,6 +249,7 @@ class PolicyEngine:
         solver = ""
         fastest_step: float | None = None
         outvoted = False
+        searched = list(pending)
         if pending and hold_reason is not None:
             for item in pending:
                 decisions[item.index] = self._none(item, hold_reason)
@@ -266,7 +267,7 @@ class PolicyEngine:
                 solver, required_gain = f"{solver}, none: gain under the error's cost", 0.0
 
         final = tuple(d for d in decisions if d is not None)
-        load = self._load(decisions, groups, latency_by_group)
+        load = self._load(decisions, groups, latency_by_group, searched)
         timeline = groups.timeline(load)
         total = timeline.comm_s + timeline.work_s
         target = self.target_overlap
@@ -381,7 +382,9 @@ class PolicyEngine:
         fixed = self._load(decisions, groups, latency_by_group)
         with_held = fixed.copy()
         for item in held:
-            with_held.add(groups.group_of[item.index], item.option(locked[item.layer.name]))
+            with_held.add(
+                groups.group_of[item.index], item.option(locked[item.layer.name]), item.layer.bucket
+            )
         result = None
         outvoted = False
         if free or held:
@@ -482,7 +485,7 @@ class PolicyEngine:
         uncompressed = list(decisions)
         for item in pending:
             uncompressed[item.index] = self._none(item, "")
-        plain = self._step_of(uncompressed, groups, latency_by_group, timing)
+        plain = self._step_of(uncompressed, groups, latency_by_group, timing, pending)
         total_weight = math.fsum(self._weight(item.layer) for item in pending)
         if all(d is not None and d.spec == NONE_SPEC for d in chosen) or plain <= 0:
             return True, 0.0, plain
@@ -490,7 +493,7 @@ class PolicyEngine:
             return True, 0.0, plain
         mean_err2 = math.fsum(d.predicted_error for d in chosen if d is not None) / total_weight
         required = self.rules.error_cost * mean_err2
-        planned = self._step_of(decisions, groups, latency_by_group, timing)
+        planned = self._step_of(decisions, groups, latency_by_group, timing, pending)
         gain = 1.0 - planned / plain
         in_use = current is not None and any(
             built(current[item.layer.name]).spec != NONE_SPEC
@@ -519,8 +522,9 @@ class PolicyEngine:
         groups: BucketGroups,
         latency_by_group: Sequence[float],
         timing: StepTiming,
+        items: Sequence[Pending] = (),
     ) -> float:
-        load = self._load(decisions, groups, latency_by_group)
+        load = self._load(decisions, groups, latency_by_group, items)
         timeline = groups.timeline(load)
         return timing.base + timeline.added_s
 
@@ -529,8 +533,11 @@ class PolicyEngine:
         decisions: Sequence[LayerDecision | None],
         groups: BucketGroups,
         latency_by_group: Sequence[float],
+        items: Sequence[Pending] = (),
     ) -> GroupLoad:
-        """What the decided layers and the per-bucket latency put on each group."""
+        """What the decided layers and the per-bucket latency put on each group; ``items``,
+        the optimizer's layers, also name the collectives their options add to a bucket
+        (``GroupLoad.own``). A rule's layer is charged its collective's full latency."""
         load = GroupLoad.empty(len(groups.groups))
         for index, latency in enumerate(latency_by_group):
             load.comm[index] += latency
@@ -546,6 +553,13 @@ class PolicyEngine:
             final_work, decode = decided.predicted_late_work_seconds
             load.final_work[group] += final_work
             load.decode[group] += decode
+        for item in items:
+            decided = decisions[item.index]
+            if decided is None:
+                continue
+            option = next((o for o in item.options if o.key == decided.spec), None)
+            if option is not None:
+                load.note_own(groups.group_of[item.index], option, item.layer.bucket)
         return load
 
     @staticmethod
@@ -690,6 +704,9 @@ class PolicyEngine:
                     cost.second_round,
                     cost.final_work,
                     cost.decode,
+                    cost.own_collective,
+                    cost.own_latency,
+                    cost.own_charged,
                 )
             )
         current = in_use if any(o.key == in_use for o in options) else None

@@ -74,9 +74,28 @@ class LayerOption:
     """Of the work: the final round's payload, computed once the first round is summed."""
     decode: float = 0.0
     """Of the work: the decode after the last collective."""
+    own_collective: str = ""
+    """A collective the bucket issues only for options like this one (a payload dtype of its
+    own, an all-gather; '' for none): the exact model charges it one full latency per
+    bucket that holds such an option (``autocomp.policy.search.GroupLoad``)."""
+    own_latency: float = 0.0
+    """That collective's full latency (seconds)."""
+    own_charged: float = 0.0
+    """Of ``seconds``: the share of ``own_latency`` charged to this layer alone (the rest is
+    the bucket's, :func:`autocomp.policy.costs.latency_shares`)."""
 
     def __post_init__(self) -> None:
-        names = ("seconds", "error", "work", "first_round", "second_round", "final_work", "decode")
+        names = (
+            "seconds",
+            "error",
+            "work",
+            "first_round",
+            "second_round",
+            "final_work",
+            "decode",
+            "own_latency",
+            "own_charged",
+        )
         for name in names:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:

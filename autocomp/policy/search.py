@@ -178,6 +178,7 @@ class BucketGroups:
 
     def timeline(self, load: GroupLoad) -> Timeline:
         """The exposure model's prediction for a per-group load (reverse ready order)."""
+        comm = [c + load.own_seconds(index) for index, c in enumerate(load.comm)]
         ready_order = [
             Group(
                 hideable_s=g.hideable,
@@ -190,7 +191,7 @@ class BucketGroups:
             )
             for g, c, w, f, r, fw, d in zip(
                 self.groups,
-                load.comm,
+                comm,
                 load.work,
                 load.first,
                 load.second,
@@ -233,10 +234,16 @@ class GroupLoad:
     second: list[float]
     final_work: list[float]
     decode: list[float]
+    own: list[dict[tuple[int | None, str], tuple[float, float]]] = field(default_factory=list)
+    """Per group: (bucket, collective) -> (its full latency, the shares of it the options
+    charged) for the options that add a collective of their own to their bucket
+    (``LayerOption.own_collective``). The hook issues one such collective per bucket, so the
+    group's communication is short by the latency less those shares
+    (:meth:`own_seconds`): a layer that takes a kind alone pays all of it."""
 
     @classmethod
     def empty(cls, groups: int) -> GroupLoad:
-        return cls(*([0.0] * groups for _ in range(6)))
+        return cls(*([0.0] * groups for _ in range(6)), [{} for _ in range(groups)])
 
     def copy(self) -> GroupLoad:
         return GroupLoad(
@@ -246,27 +253,54 @@ class GroupLoad:
             list(self.second),
             list(self.final_work),
             list(self.decode),
+            [dict(kinds) for kinds in self.own],
         )
 
-    def add(self, group: int, option: LayerOption) -> None:
+    def add(self, group: int, option: LayerOption, bucket: int | None = None) -> None:
         self.comm[group] += option.seconds - option.work
         self.work[group] += option.work
         self.first[group] += option.first_round
         self.second[group] += option.second_round
         self.final_work[group] += option.final_work
         self.decode[group] += option.decode
+        self.note_own(group, option, bucket)
 
-    def regrouped(self, group: int, fixed: GroupLoad, options: Iterable[LayerOption]) -> GroupLoad:
-        """A copy whose ``group`` holds ``fixed``'s load there plus ``options``, summed in
-        that order: the same floats a full sum in the same order gives. (Taking one
-        option off and putting another on is not: a group's two-round traffic then reads
-        1e-19 where it was 0, and the exposure model times a second round that is not
-        there.)"""
+    def note_own(self, group: int, option: LayerOption, bucket: int | None) -> None:
+        """Record ``option``'s own collective in ``bucket`` (its seconds already counted);
+        without bucket indices the group counts as one bucket."""
+        if not option.own_collective:
+            return
+        while len(self.own) <= group:
+            self.own.append({})
+        key = (bucket, option.own_collective)
+        latency, charged = self.own[group].get(key, (0.0, 0.0))
+        self.own[group][key] = (max(latency, option.own_latency), charged + option.own_charged)
+
+    def own_seconds(self, group: int) -> float:
+        """The latency of ``group``'s own collectives beyond the shares already charged."""
+        if group >= len(self.own):
+            return 0.0
+        return math.fsum(max(0.0, lat - charged) for lat, charged in self.own[group].values())
+
+    def regrouped(
+        self,
+        group: int,
+        fixed: GroupLoad,
+        entries: Iterable[tuple[LayerOption, int | None]],
+    ) -> GroupLoad:
+        """A copy whose ``group`` holds ``fixed``'s load there plus ``entries`` (option,
+        bucket), summed in that order: the same floats a full sum in the same order gives.
+        (Taking one option off and putting another on is not: a group's two-round traffic
+        then reads 1e-19 where it was 0, and the exposure model times a second round that is
+        not there.)"""
         load = self.copy()
         for mine, base in zip(load.fields(), fixed.fields(), strict=True):
             mine[group] = base[group]
-        for option in options:
-            load.add(group, option)
+        while len(load.own) <= group:
+            load.own.append({})
+        load.own[group] = dict(fixed.own[group]) if group < len(fixed.own) else {}
+        for option, bucket in entries:
+            load.add(group, option, bucket)
         return load
 
     def fields(self) -> tuple[list[float], ...]:
@@ -290,7 +324,7 @@ class _Problem:
     def totals(self, chosen: Sequence[LayerOption]) -> GroupLoad:
         load = self.fixed.copy()
         for item, option in zip(self.pending, chosen, strict=True):
-            load.add(self.groups.group_of[item.index], option)
+            load.add(self.groups.group_of[item.index], option, item.layer.bucket)
         return load
 
     def timeline(self, chosen: Sequence[LayerOption]) -> Timeline:
@@ -332,10 +366,14 @@ class PlanMoves:
         """The load and timeline with pending layer ``index`` on ``option``: only its group
         is summed again."""
         group = self._group(index)
+        pending = self._problem.pending
         load = self.load.regrouped(
             group,
             self._problem.fixed,
-            (option if i == index else self.chosen[i] for i in self._members[group]),
+            (
+                (option if i == index else self.chosen[i], pending[i].layer.bucket)
+                for i in self._members[group]
+            ),
         )
         return load, self._problem.groups.timeline(load)
 
@@ -508,6 +546,9 @@ def _discounted(item: Pending, margin: float) -> list[LayerOption]:
             o.second_round * keep,
             o.final_work * keep,
             o.decode * keep,
+            o.own_collective,
+            o.own_latency * keep,
+            o.own_charged * keep,
         )
         if o.key == item.current
         else o

@@ -537,7 +537,9 @@ class PolicyEngine:
     ) -> GroupLoad:
         """What the decided layers and the per-bucket latency put on each group; ``items``,
         the optimizer's layers, also name the collectives their options add to a bucket
-        (``GroupLoad.own``). A rule's layer is charged its collective's full latency."""
+        (``GroupLoad.own``). A rule's layer (a pin) is charged its collective's full latency
+        and not noted, so a searched layer of the same kind in its bucket is priced as if it
+        were alone there: an over-charge of at most one latency, on pinned plans only."""
         load = GroupLoad.empty(len(groups.groups))
         for index, latency in enumerate(latency_by_group):
             load.comm[index] += latency

@@ -249,7 +249,7 @@ class PolicyEngine:
         solver = ""
         fastest_step: float | None = None
         outvoted = False
-        searched = list(pending)
+        searched = pending  # the hold below rebinds pending, the decisions keep its layers
         if pending and hold_reason is not None:
             for item in pending:
                 decisions[item.index] = self._none(item, hold_reason)

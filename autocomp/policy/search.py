@@ -234,7 +234,7 @@ class GroupLoad:
     second: list[float]
     final_work: list[float]
     decode: list[float]
-    own: list[dict[tuple[int | None, str], tuple[float, float]]] = field(default_factory=list)
+    own: list[dict[tuple[int | None, str], tuple[float, float]]]
     """Per group: (bucket, collective) -> (its full latency, the shares of it the options
     charged) for the options that add a collective of their own to their bucket
     (``LayerOption.own_collective``). The hook issues one such collective per bucket, so the
@@ -270,16 +270,12 @@ class GroupLoad:
         without bucket indices the group counts as one bucket."""
         if not option.own_collective:
             return
-        while len(self.own) <= group:
-            self.own.append({})
         key = (bucket, option.own_collective)
         latency, charged = self.own[group].get(key, (0.0, 0.0))
         self.own[group][key] = (max(latency, option.own_latency), charged + option.own_charged)
 
     def own_seconds(self, group: int) -> float:
         """The latency of ``group``'s own collectives beyond the shares already charged."""
-        if group >= len(self.own):
-            return 0.0
         return math.fsum(max(0.0, lat - charged) for lat, charged in self.own[group].values())
 
     def regrouped(
@@ -296,9 +292,7 @@ class GroupLoad:
         load = self.copy()
         for mine, base in zip(load.fields(), fixed.fields(), strict=True):
             mine[group] = base[group]
-        while len(load.own) <= group:
-            load.own.append({})
-        load.own[group] = dict(fixed.own[group]) if group < len(fixed.own) else {}
+        load.own[group] = dict(fixed.own[group])
         for option, bucket in entries:
             load.add(group, option, bucket)
         return load

@@ -98,7 +98,8 @@ class PolicyEngine:
         which is still acceptable, to replace it; in the knapsack each layer's current option
         looks this much cheaper and more accurate (ties keep the plan)."""
         useless_error: float = 0.95
-        """Relative error at or above which an option sends almost nothing of the gradient.
+        """Relative error at or above which an option sends almost nothing of the gradient,
+        judged times the square root of its family's progress weight (top-k at 0.71 and up).
         Not 0.9: PowerSGD rank 4 measures 0.9-0.95 in use under error feedback (its prior
         is 0.92) and still delivers 0.70-0.88 of an uncompressed step on the GPT LM. At 0.9
         the rule took rank 4 off the GPT LM's attention projections for int8, which stepped
@@ -567,7 +568,13 @@ class PolicyEngine:
     @staticmethod
     def _copy(item: Pending) -> Pending:
         return Pending(
-            item.index, item.layer, list(item.options), item.rel_errors, item.note, item.current
+            item.index,
+            item.layer,
+            list(item.options),
+            item.rel_errors,
+            item.note,
+            item.current,
+            progress_errors=item.progress_errors,
         )
 
     # ---- rules -----------------------------------------------------------------------------
@@ -688,12 +695,16 @@ class PolicyEngine:
             note += f"warm-up: options within relative error {max_error:g} only; "
         options = []
         rel_errors = {}
+        progress_errors = {}
         for compressor in ordered:
             rel = rel_error(compressor, layer, self._priors)
             if max_error is not None and rel > max_error:
                 continue  # 'none' (0) always stays; ``_rule`` saw a usable one within it
             cost = option_cost(compressor, layer, latency, share)
             rel_errors[compressor.spec] = rel
+            progress_errors[compressor.spec] = rel * math.sqrt(
+                self.config.priors.progress_weight(compressor)
+            )
             error = self._error(compressor, layer, rel)
             options.append(
                 LayerOption(
@@ -712,7 +723,9 @@ class PolicyEngine:
                 )
             )
         current = in_use if any(o.key == in_use for o in options) else None
-        return Pending(index, layer, options, rel_errors, note, current)
+        return Pending(
+            index, layer, options, rel_errors, note, current, progress_errors=progress_errors
+        )
 
     def _error(self, compressor: Compressor, layer: LayerProfile, rel: float) -> float:
         """The option's predicted error: its squared relative error, weighted by the layer

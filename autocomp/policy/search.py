@@ -30,7 +30,9 @@ matrices for a predicted 2.7% of the step (5.6% measured) while the engine's own
 Two more rules keep the plan sensible and steady:
 
 - **No near-useless option when a much better one is affordable.** An option whose relative
-  error is at least ``useless_error`` sends almost nothing of the gradient; it is dropped from
+  error is at least ``useless_error`` sends almost nothing of the gradient (the error as the
+  progress model counts it, :attr:`Pending.progress_errors`: top-k's is scaled by the square
+  root of its family weight, so top-1% at 0.88 counts as 1.18); it is dropped from
   a layer's choices when another option's error is ``much_better`` lower and costs that layer
   at most ``time_slack`` x T* more, the layers' extra costs summed within that one slack
   (options at ``hopeless_error`` or more first, the worst first; then the rest, cheapest
@@ -115,9 +117,17 @@ class Pending:
     """The spec the layer uses now, if it is among ``options``."""
     dropped: dict[str, str] = field(default_factory=dict)
     """Options removed as near-useless, with why (for the layer's reason)."""
+    progress_errors: dict[str, float] = field(default_factory=dict)
+    """Each option's relative error at what its family's error costs in per-step progress
+    (``rel_error x sqrt(family weight)``); an option missing here counts its ``rel_errors``."""
 
     def option(self, key: str) -> LayerOption:
         return next(o for o in self.options if o.key == key)
+
+    def progress_error(self, key: str) -> float:
+        """The option's relative error as the progress it delivers counts it: what the
+        near-useless rule judges (see the module docstring)."""
+        return self.progress_errors.get(key, self.rel_errors[key])
 
     def drop(self, drops: dict[str, str]) -> None:
         """Remove these options (key -> why) from the layer's choices, noting why."""
@@ -450,24 +460,29 @@ def _useless_drops(item: Pending, allowance: float, config: SearchConfig) -> dic
     one is left), each with why it goes."""
     drops: dict[str, str] = {}
     small = item.layer.numel < config.useless_min_numel and any(
-        item.rel_errors[o.key] < config.useless_error for o in item.options
+        item.progress_error(o.key) < config.useless_error for o in item.options
     )
     for option in item.options:
-        error = item.rel_errors[option.key]
+        error = item.progress_error(option.key)
         if error < config.useless_error:
             continue
+        # Where the family weight made it near-useless (top-k), say so: its own error is lower.
+        raw = item.rel_errors[option.key]
+        counted = "" if raw >= config.useless_error else f"counts as {error:.2f}; "
         if small:
-            drops[option.key] = f"never on a layer under {config.useless_min_numel} elements"
+            drops[option.key] = (
+                f"{counted}never on a layer under {config.useless_min_numel} elements"
+            )
             continue
         better = [
             other
             for other in item.options
-            if item.rel_errors[other.key] <= error - config.much_better
+            if item.progress_error(other.key) <= error - config.much_better
             and other.seconds - option.seconds <= allowance
         ]
         if better:
-            replacement = min(better, key=lambda o: (o.seconds, item.rel_errors[o.key], o.key))
-            drops[option.key] = f"{replacement.key} costs under the slack"
+            replacement = min(better, key=lambda o: (o.seconds, item.progress_error(o.key), o.key))
+            drops[option.key] = f"{counted}{replacement.key} costs under the slack"
     return drops
 
 
@@ -501,12 +516,14 @@ def _drop_useless(pending: Sequence[Pending], allowance: float, config: SearchCo
         if item.layer.numel < config.useless_min_numel:
             item.drop(drops)
             continue
-        top = {k: why for k, why in drops.items() if item.rel_errors[k] >= config.hopeless_error}
+        top = {
+            k: why for k, why in drops.items() if item.progress_error(k) >= config.hopeless_error
+        }
         band = {k: why for k, why in drops.items() if k not in top}
         after_top = [o for o in item.options if o.key not in top]
         if top:
             extra = max(0.0, _fastest(after_top).seconds - _fastest(item.options).seconds)
-            worst = max(item.rel_errors[k] for k in top)
+            worst = max(item.progress_error(k) for k in top)
             moves = item.current is not None and item.current in top
             entries.append(((0, moves, -worst, extra, position), extra, item, top))
         if band:

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import traceback
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,7 @@ def _entry(
     rank: int,
     world_size: int,
     workdir: str,
+    store_path: str,
     args: tuple[Any, ...],
     environ: dict[str, str],
     cwd: str,
@@ -79,7 +81,7 @@ def _entry(
         torch.set_num_threads(1)
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         os.environ.setdefault("AUTOCOMP_RUN_DIR", str(Path(workdir) / "runs"))
-        store = dist.FileStore(str(Path(workdir) / "store"), world_size)
+        store = dist.FileStore(store_path, world_size)
         dist.init_process_group(
             "gloo",
             store=store,
@@ -122,12 +124,17 @@ def run_ranks(
     for rank in range(world_size):  # a previous run's results in the same folder are not ours
         for suffix in (".ok", ".err", ".log"):
             (workdir / f"rank{rank}{suffix}").unlink(missing_ok=True)
+    # A store file of this run's own: the last rank out of a run deletes its FileStore, but a
+    # second run in the same folder once found the first run's file still there, with both
+    # ranks' addresses in it, and a rank that read its peer's stale address hung in the
+    # rendezvous (tests/test_multirank_harness.py, CI on 2026-11-30).
+    store_path = str(workdir / f"store-{uuid.uuid4().hex}")
     ctx = _rank_context()
     environ, cwd = dict(os.environ), os.getcwd()
     procs = [
         ctx.Process(
             target=_entry,
-            args=(fn, rank, world_size, str(workdir), args, environ, cwd),
+            args=(fn, rank, world_size, str(workdir), store_path, args, environ, cwd),
             daemon=True,
         )
         for rank in range(world_size)

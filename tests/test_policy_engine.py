@@ -1228,7 +1228,18 @@ def _small_head(topk_error: float = 0.95) -> list[LayerProfile]:
     ]
 
 
-def test_a_small_layer_never_takes_a_near_useless_option() -> None:
+@pytest.mark.parametrize(
+    ("topk_error", "why"),
+    [
+        (0.95, "rel. error 0.95; never on a layer under 4096 elements"),
+        # Top-1% on the digits CNN's head read 0.939 at 10 Mbit/s (forty-fourth session), just
+        # under ``useless_error`` in its own reading, and the engine moved the head between
+        # int8 and top-1% every few windows. Counted at top-k's progress weight (0.939 x
+        # sqrt(1.8) = 1.26) it is near-useless, so the size floor applies.
+        (0.939, "rel. error 0.94; counts as 1.26; never on a layer under 4096 elements"),
+    ],
+)
+def test_a_small_layer_never_takes_a_near_useless_option(topk_error: float, why: str) -> None:
     """At 5 Mbit/s int8 costs the head ~12 ms more than top-1%, beyond the 3% slack of a
     30 ms step, so the slack rule alone keeps top-1% there (as it did on the digits CNN at 10
     Mbit/s, 2026-11-26). Under ``useless_min_numel`` the head takes the near-useless option
@@ -1236,36 +1247,14 @@ def test_a_small_layer_never_takes_a_near_useless_option() -> None:
     candidates = ("none", "int8", "topk:ratio=0.01")
     timing = StepTiming(backward_seconds=0.018, hideable_seconds=1e-4, step_seconds=0.03)
     loose = PolicyRules(candidates=candidates, time_slack=0.03, useless_min_numel=0)
-    before = engine(5, loose).decide(_small_head(), timing, AFTER_WARMUP, WORLD)
+    before = engine(5, loose).decide(_small_head(topk_error), timing, AFTER_WARMUP, WORLD)
     assert before.layer("head").spec == "topk:ratio=0.01,ef=true"
     rules = PolicyRules(candidates=candidates, time_slack=0.03)
     assert rules.useless_min_numel == 4096
-    decision = engine(5, rules).decide(_small_head(), timing, AFTER_WARMUP, WORLD)
+    decision = engine(5, rules).decide(_small_head(topk_error), timing, AFTER_WARMUP, WORLD)
     head = decision.layer("head")
     assert head.spec == "int8:chunk=256,ef=true", head.reason
-    assert (
-        "not considered: topk:ratio=0.01,ef=true (rel. error 0.95; never on a layer under 4096 "
-        "elements)" in head.reason
-    )
-    assert decision.layer("fc").spec == "topk:ratio=0.01,ef=true"
-
-
-def test_a_small_layer_never_takes_top_k_its_progress_counts_near_useless() -> None:
-    """Top-1% on the digits CNN's head read 0.939 at 10 Mbit/s (forty-fourth session), just
-    under ``useless_error`` in its own reading, and the engine moved the head between int8 and
-    top-1% every few windows. Counted at top-k's progress weight (0.939 x sqrt(1.8) = 1.26) it
-    is near-useless, so the size floor keeps the head off it; the larger layer beside it,
-    whose better options cost more than the slack, keeps top-1%."""
-    candidates = ("none", "int8", "topk:ratio=0.01")
-    timing = StepTiming(backward_seconds=0.018, hideable_seconds=1e-4, step_seconds=0.03)
-    rules = PolicyRules(candidates=candidates, time_slack=0.03)
-    decision = engine(5, rules).decide(_small_head(0.939), timing, AFTER_WARMUP, WORLD)
-    head = decision.layer("head")
-    assert head.spec == "int8:chunk=256,ef=true", head.reason
-    assert (
-        "topk:ratio=0.01,ef=true (rel. error 0.94; counts as 1.26; never on a layer under 4096 "
-        "elements)" in head.reason
-    )
+    assert f"not considered: topk:ratio=0.01,ef=true ({why})" in head.reason
     assert decision.layer("fc").spec == "topk:ratio=0.01,ef=true"
 
 

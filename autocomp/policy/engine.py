@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from autocomp.compressors import (
@@ -567,15 +567,8 @@ class PolicyEngine:
 
     @staticmethod
     def _copy(item: Pending) -> Pending:
-        return Pending(
-            item.index,
-            item.layer,
-            list(item.options),
-            item.rel_errors,
-            item.note,
-            item.current,
-            progress_errors=item.progress_errors,
-        )
+        """A search item the search may drop options from without touching ``item``."""
+        return replace(item, options=list(item.options), dropped={})
 
     # ---- rules -----------------------------------------------------------------------------
 

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from autocomp.policy.optimizer import LayerOption
-from autocomp.policy.search import Pending, SearchResult
+from autocomp.policy.search import (
+    KEPT_AT_TARGET,
+    KEPT_FOR_PROGRESS,
+    Pending,
+    SearchResult,
+)
 from autocomp.policy.types import RULE_KNAPSACK, RULE_SLACK, LayerDecision
 
 __all__ = ["bytes_text", "optimizer_decision", "seconds_text"]
@@ -27,9 +32,18 @@ _HEADS = {
     "{slack:.0%} of the fastest step learn less per second)",
     "fastest": "fastest plan (the least error within {slack:.0%} of its step predicts less "
     "progress per second)",
-    "kept": "plan kept (still within {slack:.0%} of the fastest step; the best alternative "
-    "was not {margin:.0%} more accurate)",
+    "kept": "plan kept ({kept}; the best alternative was not {margin:.0%} more accurate)",
 }
+
+
+def _kept_text(because: str, slack: float) -> str:
+    """Which of the keep rule's conditions held (``SearchResult.kept_because``)."""
+    if because == KEPT_AT_TARGET:
+        return "it meets the overlap target"
+    if because == KEPT_FOR_PROGRESS:
+        return f"its predicted progress per second is within {slack:.0%} of the new plan's"
+    # The plan in use gets twice the slack, so the noise in T* alone cannot evict it.
+    return f"its step is within {2 * slack:.0%} of the fastest plan's, twice the slack"
 
 
 def optimizer_decision(
@@ -43,7 +57,9 @@ def optimizer_decision(
     margin: float,
 ) -> LayerDecision:
     """The decision of one layer the plan search chose, with its reason."""
-    head = _HEADS[result.method].format(slack=slack, target=target, margin=margin)
+    head = _HEADS[result.method].format(
+        slack=slack, target=target, margin=margin, kept=_kept_text(result.kept_because, slack)
+    )
     reason = (
         f"{item.note}{head}: {chosen.key} predicts {seconds_text(chosen.seconds)}, "
         f"{bytes_text(chosen.wire_bytes)}, rel. error {item.rel_errors[chosen.key]:.3g}"

@@ -60,7 +60,17 @@ from autocomp.policy.optimizer import BudgetOptimizer, BudgetSolution, LayerOpti
 from autocomp.policy.progress import progress_ascent, rate
 from autocomp.policy.types import NONE_SPEC, LayerProfile, StepTiming
 
-__all__ = ["BucketGroups", "GroupLoad", "Pending", "SearchConfig", "SearchResult", "search"]
+__all__ = [
+    "KEPT_AT_TARGET",
+    "KEPT_FOR_PROGRESS",
+    "KEPT_WITHIN_TIME",
+    "BucketGroups",
+    "GroupLoad",
+    "Pending",
+    "SearchConfig",
+    "SearchResult",
+    "search",
+]
 
 _TOLERANCE = 1e-9
 
@@ -221,7 +231,7 @@ class SearchResult:
     """Per pending layer, in the order given."""
     runner_ups: tuple[LayerOption | None, ...]
     method: str
-    """'slack', 'target', 'progress' or 'kept'."""
+    """'slack', 'target', 'progress', 'fastest' or 'kept'."""
     timeline: Timeline
     fastest_added: float
     """What the fastest plan adds to the compute-only step (T* - compute)."""
@@ -230,6 +240,15 @@ class SearchResult:
     budget_added: float
     """The most a plan may add and still count as fast: T* (1 + slack) - compute."""
     meets_target: bool
+    kept_because: str = ""
+    """Why the plan in use stayed (``method`` 'kept'): 'time' (its step within twice the
+    slack of T*), 'target' (it meets the overlap target) or 'progress' (its predicted progress
+    per second within the slack of the new plan's); '' otherwise."""
+
+
+KEPT_WITHIN_TIME = "time"
+KEPT_AT_TARGET = "target"
+KEPT_FOR_PROGRESS = "progress"
 
 
 @dataclass(slots=True)
@@ -763,6 +782,7 @@ def search(
     timeline = problem.timeline(chosen)
 
     # Keep the current plan while it is acceptable and the new one is not clearly better.
+    kept_because = ""
     if all(item.current is not None for item in pending) and pending:
         current = [item.option(item.current) for item in pending]  # type: ignore[arg-type]
         current_timeline = problem.timeline(current)
@@ -770,18 +790,21 @@ def search(
         keep_budget = max(
             (1.0 + 2.0 * config.time_slack) * star - compute, fastest_timeline.added_s
         )
-        acceptable = (
-            current_timeline.added_s <= keep_budget * (1 + _TOLERANCE)
-            or _meets_target(current_timeline, target)
-            or (
-                per_error > 0
-                and rate(problem, current, compute, per_error)
-                >= (1.0 - config.time_slack) * rate(problem, chosen, compute, per_error)
-            )
-        )
+        # The first condition that holds, in this order (the explanation names it).
+        if current_timeline.added_s <= keep_budget * (1 + _TOLERANCE):
+            acceptable = KEPT_WITHIN_TIME
+        elif _meets_target(current_timeline, target):
+            acceptable = KEPT_AT_TARGET
+        elif per_error > 0 and rate(problem, current, compute, per_error) >= (
+            1.0 - config.time_slack
+        ) * rate(problem, chosen, compute, per_error):
+            acceptable = KEPT_FOR_PROGRESS
+        else:
+            acceptable = ""
         changed = any(c.key != o.key for c, o in zip(current, chosen, strict=True))
         if acceptable and changed and error(chosen) > (1.0 - config.switch_margin) * error(current):
             method, chosen, solution, timeline = "kept", current, None, current_timeline
+            kept_because = acceptable
 
     runner_ups = _runner_ups(pending, chosen, solution)
     return SearchResult(
@@ -793,6 +816,7 @@ def search(
         open_fastest_added=raw_added,
         budget_added=budget,
         meets_target=_meets_target(timeline, target),
+        kept_because=kept_because,
     )
 
 

@@ -57,9 +57,8 @@ def optimizer_decision(
     margin: float,
 ) -> LayerDecision:
     """The decision of one layer the plan search chose, with its reason."""
-    head = _HEADS[result.method].format(
-        slack=slack, target=target, margin=margin, kept=_kept_text(result.kept_because, slack)
-    )
+    kept = _kept_text(result.kept_because, slack) if result.method == "kept" else ""
+    head = _HEADS[result.method].format(slack=slack, target=target, margin=margin, kept=kept)
     reason = (
         f"{item.note}{head}: {chosen.key} predicts {seconds_text(chosen.seconds)}, "
         f"{bytes_text(chosen.wire_bytes)}, rel. error {item.rel_errors[chosen.key]:.3g}"

@@ -1,4 +1,5 @@
-"""Replay the captured step-100 decision with PowerSGD's priced hook work scaled by F."""
+"""Replay a captured decision (capture.py) with PowerSGD's priced hook work scaled, by factor.
+    python whatif.py OUT.pkl STEP"""
 import pickle, sys
 import autocomp.cost_model as C
 captured = pickle.load(open(sys.argv[1], "rb"))

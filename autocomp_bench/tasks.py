@@ -18,6 +18,8 @@ compression:
 - ``lstm-lm``: a byte-level LSTM LM (recurrent matrices, gradients summed over time);
 - ``digits-resnet``: residual conv blocks with BatchNorm on the shifted digits (DDP broadcasts
   the running statistics before every forward);
+- ``digits-vit``: a small vision transformer on the shifted digits (``nn.TransformerEncoder``
+  with packed attention projections, a class token), AdamW;
 - ``digits-mlp``: an MLP classifier on the digits images (SGD with momentum), the small model
   on which compressors' accuracy is compared.
 """
@@ -57,6 +59,8 @@ saturated instead (unshaped: validation loss 0.0026, 100% accuracy, reached by ~
 3,800 steps)."""
 DIGITS_LR = 0.05
 DIGITS_MOMENTUM = 0.9
+DIGITS_VIT_LR = 1e-3
+DIGITS_VIT_BATCH = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +138,7 @@ def _digits_task(
     lr: float,
     batch: int,
     shift: int = 0,
+    make_optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None,
 ) -> Task:
     _, _, valid_x, valid_y = workloads.digits()
 
@@ -155,7 +160,8 @@ def _digits_task(
         name=name,
         description=description,
         build_model=build,
-        make_optimizer=lambda params: torch.optim.SGD(params, lr=lr, momentum=DIGITS_MOMENTUM),
+        make_optimizer=make_optimizer
+        or (lambda params: torch.optim.SGD(params, lr=lr, momentum=DIGITS_MOMENTUM)),
         batch=make_batch,
         loss=F.cross_entropy,
         evaluate=evaluate,
@@ -257,6 +263,18 @@ def _build(name: str) -> Task:
             batch=DIGITS_BATCH,
             shift=DIGITS_CNN_SHIFT,
         )
+    if name == "digits-vit":
+        return _digits_task(
+            name,
+            "digits ViT (2x2 patches, d 96, 4 pre-norm nn.TransformerEncoderLayer blocks), "
+            f"AdamW {DIGITS_VIT_LR:g}, batch {DIGITS_VIT_BATCH}, images shifted by up to "
+            f"{DIGITS_CNN_SHIFT} pixel",
+            lambda: workloads.DigitsViT(d_model=96, heads=4, layers=4),
+            lr=DIGITS_VIT_LR,
+            batch=DIGITS_VIT_BATCH,
+            shift=DIGITS_CNN_SHIFT,
+            make_optimizer=_adamw(DIGITS_VIT_LR),
+        )
     if name == "digits-mlp":
         return _digits_task(
             name,
@@ -279,6 +297,7 @@ TASKS: tuple[str, ...] = (
     "digits-cnn",
     "lstm-lm",
     "digits-resnet",
+    "digits-vit",
 )
 
 

@@ -283,6 +283,47 @@ class _ResidualBlock(nn.Module):
         return torch.relu(h + self.norm2(self.conv2(x)))
 
 
+class DigitsViT(nn.Module):
+    """A small vision transformer for the 8x8 digit images: 2x2 patches, a class token,
+    pre-norm ``nn.TransformerEncoderLayer`` blocks.
+
+    Its parameters are laid out as PyTorch's own encoder lays them out: each block's query,
+    key and value projections are one packed ``in_proj_weight`` (3d x d), beside the output
+    projection, two MLP matrices and four LayerNorm vectors; the patch projection is a
+    4 x d matrix and the class token and positions are parameters of their own.
+    """
+
+    def __init__(self, d_model: int = 96, heads: int = 4, layers: int = 4, patch: int = 2) -> None:
+        super().__init__()
+        self.patch = patch
+        patches = (8 // patch) ** 2
+        self.project = nn.Linear(patch * patch, d_model)
+        self.cls = nn.Parameter(torch.zeros(1, 1, d_model))
+        self.position = nn.Parameter(torch.zeros(1, patches + 1, d_model))
+        layer = nn.TransformerEncoderLayer(
+            d_model,
+            heads,
+            dim_feedforward=4 * d_model,
+            dropout=0.0,
+            activation="gelu",
+            batch_first=True,
+            norm_first=True,
+        )
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, 10)
+        nn.init.normal_(self.cls, std=0.02)
+        nn.init.normal_(self.position, std=0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p = self.patch
+        # (B, 1, 8, 8) -> (B, 16, 4): non-overlapping p x p patches, row-major.
+        patches = x.unfold(2, p, p).unfold(3, p, p).reshape(x.shape[0], -1, p * p)
+        h = self.project(patches)
+        h = torch.cat([self.cls.expand(x.shape[0], -1, -1), h], dim=1) + self.position
+        return self.head(self.norm(self.encoder(h)[:, 0]))
+
+
 class DigitsMLP(nn.Module):
     """A two-hidden-layer MLP classifier for the 8x8 digit images (flattened)."""
 

@@ -295,6 +295,8 @@ class DigitsViT(nn.Module):
 
     def __init__(self, d_model: int = 96, heads: int = 4, layers: int = 4, patch: int = 2) -> None:
         super().__init__()
+        if patch < 1 or 8 % patch:
+            raise ValueError(f"patch must divide the 8x8 image, got {patch}")
         self.patch = patch
         patches = (8 // patch) ** 2
         self.project = nn.Linear(patch * patch, d_model)

@@ -520,7 +520,9 @@ class ProbeRunner:
         ``HALF_SUM_MAX_LINK_SECONDS_PER_ELEMENT`` (by the opening probe's ``payload_bytes``
         and ``float_seconds``), where it would read 0: its transfers would cost a large
         part of the first step at 10-200 Mbit/s. Every rank has the same float time
-        (agreed), so all skip alike.
+        (agreed), so all skip alike. The probe's own first float32 pass, after a prime of
+        its size, is agreed and judged the same way before any half is sent
+        (:func:`_sum_link_too_slow`): the opening's pass can ride a shaper's bucket.
         """
         probe_numel = max(1, payload_bytes // 4)
         slow_link = float_seconds > HALF_SUM_MAX_LINK_SECONDS_PER_ELEMENT * probe_numel
@@ -532,26 +534,63 @@ class ProbeRunner:
         affordable = int(HALF_SUM_PROBE_SECONDS * probe_numel / float_seconds)
         numel = max(1, min(wanted, affordable))
         whole = self._view(numel * 4, device)
+        _pass_seconds(whole, group)  # primes the path (and drains a shaper's bucket)
+        first_whole = _pass_seconds(whole, group)
+        # The opening's pass may have ridden a shaper's bucket (see _sum_link_too_slow): this
+        # float32 pass, after a prime of the same size, reads the link itself.
+        if _sum_link_too_slow(first_whole, numel, device, group, node):
+            return (0.0,) * len(HALF_DTYPES)
         halves = [torch.zeros(numel, dtype=dtype, device=device) for dtype in HALF_DTYPES]
-        for tensor in (whole, *halves):
-            _pass_seconds(tensor, group)  # primes each type's path (and drains a shaper)
-        fastest_whole = math.inf
+        for tensor in halves:
+            _pass_seconds(tensor, group)  # primes each half type's path
+        fastest_whole = first_whole
         fastest_half = [math.inf] * len(HALF_DTYPES)
-        for _ in range(HALF_SUM_ROUNDS):  # interleaved, so a slow moment falls on every type
-            fastest_whole = min(fastest_whole, _pass_seconds(whole, group))
+        for round_index in range(HALF_SUM_ROUNDS):  # interleaved: a slow moment hits every type
+            if round_index > 0:
+                fastest_whole = min(fastest_whole, _pass_seconds(whole, group))
             for index, tensor in enumerate(halves):
                 fastest_half[index] = min(fastest_half[index], _pass_seconds(tensor, group))
         excess = [half - fastest_whole / 2 for half in fastest_half]
-        # MAX of the negated figures is each one's least over the ranks.
-        agreed = torch.tensor([-fastest_whole, *(-e for e in excess)], dtype=torch.float64)
-        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
-        if node is not None:  # the node's slowest flow, as for the float32 probe
-            agreed = -agreed
-            dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=node)
-            agreed = -agreed
-        whole_seconds, *extras = (-agreed).tolist()
+        whole_seconds, *extras = _agreed_least([fastest_whole, *excess], device, group, node)
         bytes_only = whole_seconds / 2
         return tuple(e / numel if e > 0.2 * bytes_only else 0.0 for e in extras)
+
+
+def _agreed_least(
+    values: Sequence[float],
+    device: torch.device,
+    group: dist.ProcessGroup | None,
+    node: dist.ProcessGroup | None,
+) -> list[float]:
+    """Each figure's least over ``group`` (the fastest rank's pass is skew-free), then its
+    most over ``node`` (the node's slowest flow, as for the opening's float32 probe)."""
+    agreed = torch.tensor([-v for v in values], dtype=torch.float64).to(device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)  # MAX of negated: the least
+    if node is not None:
+        agreed = -agreed
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=node)
+        agreed = -agreed
+    return (-agreed).cpu().tolist()
+
+
+def _sum_link_too_slow(
+    float_seconds: float,
+    numel: int,
+    device: torch.device,
+    group: dist.ProcessGroup | None,
+    node: dist.ProcessGroup | None,
+) -> bool:
+    """Whether the agreed float32 pass of ``numel`` elements is slower than
+    ``HALF_SUM_MAX_LINK_SECONDS_PER_ELEMENT``: a link too slow for the sum of halves to count.
+
+    The opening's probe stops growing at 64 KB once it reads the link as plainly fast, and a
+    token-bucket shaper lets that much through at line rate: on a 500 Mbit/s tbf link (a
+    250 kB bucket) the 64 KB pass read 1.2-1.45 Gbit/s in 3 of 4 openings, so the sums of
+    halves were timed there, sized for that rate, and took 0.22-0.31 s of step 0 to read
+    zeros (lstm-lm, forty-seventh session). One agreement after the first float32 pass
+    stops them; on loopback it costs an 8-byte all-reduce."""
+    (least,) = _agreed_least([float_seconds], device, group, node)
+    return least > HALF_SUM_MAX_LINK_SECONDS_PER_ELEMENT * numel
 
 
 def _pass_seconds(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> float:

@@ -257,6 +257,52 @@ def test_sum_of_halves_compares_each_types_fastest_pass_at_a_resolvable_size(
     assert bfloat16 == 0.0
 
 
+def _half_sums_on_a_shaped_link(rank: int, world: int, first_pass_ms: list[float]) -> dict:
+    """``half_sums`` after an opening pass that read 1 ns an element (a shaper's bucket),
+    with this rank's first float32 pass of the sums scripted at ``first_pass_ms[rank]``."""
+    import autocomp.opening as opening
+
+    passes: list[torch.dtype] = []
+    float32 = iter([5.0, first_pass_ms[rank], 2.0, 2.0, 2.0, 2.0])
+
+    def scripted(tensor: torch.Tensor, group: Any) -> float:
+        passes.append(tensor.dtype)
+        return (next(float32) if tensor.dtype == torch.float32 else 1.5) / 1e3
+
+    opening._pass_seconds = scripted
+    halves = opening.ProbeRunner().half_sums(
+        1 << 16, 16e-6, torch.device("cpu"), None, None, 8 << 20
+    )
+    return {"halves": halves, "passes": [str(dtype) for dtype in passes]}
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(60)
+def test_sums_of_halves_stop_when_their_own_float32_pass_reads_a_slow_link(
+    tmp_path: Path,
+) -> None:
+    """On a 500 Mbit/s tbf link the opening's 64 KB pass rode the shaper's 250 kB bucket and
+    read 1.2-1.45 Gbit/s; the sums of halves, sized for that rate, then took 0.22-0.31 s of
+    step 0 to read zeros. Their own float32 pass after a prime reads the link: agreed as the
+    fastest rank's, a slow one stops the probe on every rank before any half is sent, and
+    a fast one on any rank lets every rank go on (the same collectives everywhere)."""
+    from autocomp.opening import HALF_SUM_MAX_LINK_SECONDS_PER_ELEMENT, HALF_SUM_PROBE_ELEMENTS
+
+    numel = HALF_SUM_PROBE_ELEMENTS  # 0.01 s at 1 ns an element is more than the cap
+    slow_ms = 1.2e3 * HALF_SUM_MAX_LINK_SECONDS_PER_ELEMENT * numel  # 20% over the bound
+    # Both ranks read the link slow: both stop after the prime and the one timed pass.
+    for result in run_ranks(_half_sums_on_a_shaped_link, 2, tmp_path / "slow", [slow_ms] * 2):
+        assert result == {"halves": (0.0, 0.0), "passes": ["torch.float32"] * 2}
+    # One rank's pass met a slow moment, the other read the link fast: the fastest agrees.
+    results = run_ranks(_half_sums_on_a_shaped_link, 2, tmp_path / "mixed", [slow_ms, 2.0])
+    for result in results:
+        float16, bfloat16 = result["halves"]
+        assert float16 == pytest.approx(0.5e-3 / numel)  # 1.5 - 2.0 / 2 ms
+        assert bfloat16 == pytest.approx(0.5e-3 / numel)
+        assert result["passes"].count("torch.float32") == 6  # a prime and five rounds
+        assert result["passes"].count("torch.float16") == 6
+
+
 def _opening(rank: int, world: int) -> dict[str, Any]:
     from autocomp.opening import ProbeRunner
 

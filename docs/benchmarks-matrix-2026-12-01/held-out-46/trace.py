@@ -1,6 +1,6 @@
 """Per-step times and autocomp's INFO log on rank 0 of a 2-rank adaptive run over tbf.
     python trace.py TASK RATE_MBIT STEPS [FROM TO]; METHOD=fp16 traces PyTorch's fp16 hook
-    instead, DEBUG=1 logs at debug level."""
+    instead, METHOD=plan:SPEC autocomp's static plan SPEC on every layer, DEBUG=1 logs at debug level."""
 import datetime, logging, os, sys, time
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -17,6 +17,9 @@ def train():
     if os.environ.get("METHOD") == "fp16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook); ctl = None
+    elif os.environ.get("METHOD", "").startswith("plan:"):  # e.g. METHOD='plan:fp16:ef=false'
+        plan = {"*": os.environ["METHOD"][len("plan:"):]}
+        ctl = autocomp.wrap(ddp, plan=plan, warmup_steps=2, run_dir=False)
     else:
         ctl = autocomp.wrap(ddp, target_overlap=0.9, run_dir=False)
     opt = spec.make_optimizer(ddp.parameters())

@@ -1351,3 +1351,31 @@ def test_an_early_looks_uncompressed_window_is_no_baseline() -> None:
     assert judged.record.decision["solver"] == "held"  # type: ignore[index]
     assert judged.window_steps == BASELINE_SETTLE_STEPS
     assert p.payoff.baseline_sought and p.payoff.last_gain is None
+
+
+def test_the_warm_ups_own_plan_seeks_no_baseline_when_the_warm_up_ends() -> None:
+    """The warm-up runs fp16 (predicted to save under ``baseline_gain`` by design) on a link
+    where an uncompressed step is 1.8x the compute, short of the bar that ends it early. The
+    window that ends it ran that plan, and the decision there replaces it with one predicted
+    to save far more: no uncompressed baseline is sought (the LSTM LM at 500 Mbit/s held 18
+    steps uncompressed there), and the plan compresses at once."""
+    p = planner(window=10, warmup_steps=40, dwell_windows=5, settle_steps=0)
+    _measured_everywhere(p, 0.3)
+    for name in NAMES:  # fp16 (the candidate, with error feedback) within the warm-up's bar
+        p.rel_errors[name]["fp16:ef=false"] = p.rel_errors[name]["fp16:ef=true"] = 0.001
+    current = dict.fromkeys(NAMES, "none")
+    for step in (10, 20, 30, 40):
+        update = p.decide(measurement(step, mbit=400, specs=current), current)
+        current = dict(zip(NAMES, update.plan, strict=True))
+        if step < 40:
+            assert not p.warmup_done
+            assert set(current.values()) == {"none", "fp16:ef=true"}  # biases: none
+    assert p.warmup_done
+    assert update.record.decision["solver"] != "held"  # type: ignore[index]
+    assert not p.payoff.baseline_sought
+    assert update.window_steps == 0
+    assert any(spec.startswith("powersgd") for spec in current.values())
+    # A plan chosen after the warm-up is still judged: it saves over 25% here, so none is
+    # sought at its first settled window either.
+    update = p.decide(measurement(50, mbit=400, specs=current), current)
+    assert not p.payoff.baseline_sought

@@ -8,11 +8,10 @@ of that family's squared error costs in per-step progress
 ``rel_error`` is the profiler's measured value for that spec
 (smoothed over windows by the caller) when there is one, else the :class:`ErrorPriors` value,
 scaled by how the layer's measured specs of the same family compare with their priors
-(geometric mean of the ratios; for PowerSGD's ranks a power of the prior instead, which
-follows a layer's spectrum across ranks); failing those, by the layer's other measured
-specs, but only upwards (a layer hard for one family is likely hard for all; one that suits
-top-k says nothing good about PowerSGD). A biased compressor's scaled prior is capped at 1,
-the error of sending nothing.
+(geometric mean of the ratios); failing those, by the layer's other measured specs, but only
+upwards (a layer hard for one family is likely hard for all; one that suits top-k says nothing
+good about PowerSGD). A biased compressor's scaled prior is capped at 1, the error of sending
+nothing.
 """
 
 from __future__ import annotations
@@ -276,15 +275,10 @@ def rel_error(compressor: Compressor, layer: LayerProfile, priors: ErrorPriors) 
     # than the synthetic tensors. Without this, an unmeasured option always looks better
     # than the measured one in use, and the plan hops to it, window after window. The
     # same family's measurements say most; failing those, the layer's others do.
+    ratios: dict[bool, list[float]] = {True: [], False: []}
     # Against another family the unscaled prior is the reference: a layer hard for PowerSGD
     # says so against the absolute level, not against the model's (which it helped set).
     absolute = replace(priors, family_scale=()) if priors.family_scale else priors
-    if isinstance(compressor, PowerSGD):
-        exponent = _rank_exponent(measured, layer, absolute)
-        if exponent is not None:
-            target = absolute.rel_error(compressor, layer.shape, layer.nonzero_share)
-            return min(target**exponent, max(1.0, target))
-    ratios: dict[bool, list[float]] = {True: [], False: []}
     for spec, value in measured.items():
         other = built(spec)
         same = other.name == compressor.name
@@ -305,29 +299,3 @@ def rel_error(compressor: Compressor, layer: LayerProfile, priors: ErrorPriors) 
     # Dropping the whole gradient is a relative error of 1: a biased compressor's
     # calibrated prior never claims worse (unbiased ones may start above 1).
     return min(prior * scale, max(1.0, prior))
-
-
-def _rank_exponent(
-    measured: dict[str, float], layer: LayerProfile, absolute: ErrorPriors
-) -> float | None:
-    """The power ``g`` with ``error = prior ** g`` that the layer's measured PowerSGD ranks
-    read (the mean over them), or None when none is measured strictly between 0 and 1.
-
-    A rank's error follows the layer's spectrum: a layer whose gradient is more low-rank
-    than the priors' loses less at every rank, and proportionally less at a high rank, so
-    a constant factor between measured and prior errors carries a rank's reading badly to
-    another rank. Averaged-update errors in use (2 gloo ranks on loopback, steps 40-200,
-    ranks 4, 8, 16 and 32 pinned on every matrix of ``lstm-lm``, ``gpt`` and ``mlp-lm``, 24
-    layers and 288 rank pairs; docs/benchmarks-history.md, forty-seventh session): the
-    factor predicted another rank's error within a median 0.26 in log (0.69 at the 90th
-    percentile), the power within 0.13 (0.47). On the LSTM's recurrent matrix rank 16 read
-    0.100 at step 118 and the factor put rank 4 at 0.23; run, rank 4 averaged 0.62 there."""
-    exponents = []
-    for spec, value in measured.items():
-        other = built(spec)
-        if not isinstance(other, PowerSGD) or not 0.0 < value < 1.0:
-            continue
-        reference = absolute.rel_error(other, layer.shape, layer.nonzero_share)
-        if 0.0 < reference < 1.0:
-            exponents.append(math.log(value) / math.log(reference))
-    return math.fsum(exponents) / len(exponents) if exponents else None

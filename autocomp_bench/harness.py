@@ -193,6 +193,18 @@ def _free_port() -> int:
 # ---- code snapshot ---------------------------------------------------------------------------
 
 
+def code_source() -> str:
+    """The checkout the imported autocomp comes from (the folder holding the package).
+
+    Reports print it beside the code digest: an A/B of two trees is only one when each
+    arm's report names its own tree. ``python -m`` puts the working directory ahead of
+    PYTHONPATH, so ``cd main && PYTHONPATH=other python -m autocomp_bench.cli`` runs main's
+    code (forty-eighth session: two A/Bs of 36 runs measured one tree twice)."""
+    import autocomp
+
+    return str(Path(autocomp.__file__).resolve().parent.parent)
+
+
 def snapshot_code(root: Path) -> tuple[Path, str]:
     """Copy autocomp (with its policy presets) and autocomp_bench to ``root``; (dir, digest).
 

@@ -39,6 +39,7 @@ from autocomp_bench.harness import (
     Network,
     Rate,
     Runner,
+    code_source,
     exit_on_sigterm,
     machine_summary,
     open_network,
@@ -419,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp)
         code_dir, digest = snapshot_code(root)
         document["code_digest"] = digest
+        document["code_source"] = code_source()
+        print(f"code {digest} from {document['code_source']}", flush=True)
         runner_config = Runner.Config(gloo_timeout_s=args.gloo_timeout, code_dir=code_dir)
         with open_network(shaped) as network:
             document["machine"] = machine_summary(network, config.threads)

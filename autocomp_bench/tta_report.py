@@ -160,10 +160,12 @@ def _definitions(document: dict[str, Any]) -> list[str]:
 
 def _machine_line(document: dict[str, Any]) -> str:
     m = document["machine"]
+    source = f" (from {document['code_source']})" if document.get("code_source") else ""
     return (
         f"Machine: {m['cpu']}, {m['usable_cpus']} usable CPUs, torch {m['torch']} (CPU), "
         f"{m['torch_threads_per_rank']} thread(s) per rank, {m['backend']}, {m['network']}. "
-        f"Code {document.get('code_digest')}. Total runtime {document['runtime_s'] / 60:.1f} min."
+        f"Code {document.get('code_digest')}{source}. Total runtime "
+        f"{document['runtime_s'] / 60:.1f} min."
     )
 
 

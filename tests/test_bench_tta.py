@@ -240,6 +240,7 @@ def _document() -> dict[str, Any]:
         "benchmark": "autocomp_bench.tta",
         "command": "autocomp-bench tta --tasks gpt,cnn --budget-s 10",
         "code_digest": "0123456789abcdef",
+        "code_source": "/src/autocomp-main",
         "machine": {
             "cpu": "test CPU",
             "usable_cpus": 2,
@@ -264,6 +265,7 @@ def test_markdown_and_text_reports_from_a_synthetic_result() -> None:
     assert markdown == render_markdown(live)
     assert markdown.startswith("## Time to accuracy (`autocomp-bench tta`)")
     assert "Command: `autocomp-bench tta --tasks gpt,cnn --budget-s 10`" in markdown
+    assert "Code 0123456789abcdef (from /src/autocomp-main)." in markdown  # which tree ran
     assert "### gpt @ 50mbit" in markdown and "### cnn @ unshaped" in markdown
     assert "| method | steps | median s/step | valid loss |" in markdown
     assert "| adaptive | 100 | 0.1400 | 1.9900 |" in markdown

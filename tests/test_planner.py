@@ -1379,3 +1379,31 @@ def test_the_warm_ups_own_plan_seeks_no_baseline_when_the_warm_up_ends() -> None
     # sought at its first settled window either.
     update = p.decide(measurement(50, mbit=400, specs=current), current)
     assert not p.payoff.baseline_sought
+
+
+def test_a_plan_chosen_at_the_warm_ups_end_is_judged_at_its_own_settled_window() -> None:
+    """On a faster link the plan chosen where the warm-up ends is itself predicted to save
+    under ``baseline_gain``: the warm-up's window seeks no baseline, and that plan's first
+    settled window does (the change defers the baseline to the plan it judges, it does not
+    drop it)."""
+    p = planner(window=10, warmup_steps=40, dwell_windows=5, settle_steps=0)
+    _measured_everywhere(p, 0.3)
+    for name in NAMES:
+        p.rel_errors[name]["fp16:ef=false"] = p.rel_errors[name]["fp16:ef=true"] = 0.001
+    current = dict.fromkeys(NAMES, "none")
+    solvers = {}
+    for step in (10, 20, 30, 40, 50, 60):  # 1 Gbit/s: uncompressed 1.34x the compute
+        update = p.decide(measurement(step, mbit=1000, specs=current), current)
+        if step == 30:
+            assert "fp16:ef=true" in current.values()  # the warm-up's plan ran, settled
+        current = dict(zip(NAMES, update.plan, strict=True))
+        solvers[step] = update.record.decision["solver"]  # type: ignore[index]
+        if step == 40:
+            assert not p.payoff.baseline_sought
+            assert update.plan != ["none"] * len(NAMES)
+            chosen = p.last_decision
+            assert chosen is not None and chosen.uncompressed_step_seconds
+            gain = 1 - chosen.predicted_step_seconds / chosen.uncompressed_step_seconds
+            assert 0 < gain < PayoffCheck.Config().baseline_gain
+    assert solvers[40] != "held" and solvers[50] != "held"
+    assert solvers[60] == "held" and p.payoff.baseline_sought

@@ -1353,16 +1353,23 @@ def test_an_early_looks_uncompressed_window_is_no_baseline() -> None:
     assert p.payoff.baseline_sought and p.payoff.last_gain is None
 
 
+def _warming_up_on_fp16() -> WindowPlanner:
+    """A 40-step warm-up whose fp16 (the candidate, with error feedback) is within the warm-up's
+    error bar, every other option measured at 0.3."""
+    p = planner(window=10, warmup_steps=40, dwell_windows=5, settle_steps=0)
+    _measured_everywhere(p, 0.3)
+    for name in NAMES:
+        p.rel_errors[name]["fp16:ef=false"] = p.rel_errors[name]["fp16:ef=true"] = 0.001
+    return p
+
+
 def test_the_warm_ups_own_plan_seeks_no_baseline_when_the_warm_up_ends() -> None:
     """The warm-up runs fp16 (predicted to save under ``baseline_gain`` by design) on a link
     where an uncompressed step is 1.8x the compute, short of the bar that ends it early. The
     window that ends it ran that plan, and the decision there replaces it with one predicted
     to save far more: no uncompressed baseline is sought (the LSTM LM at 500 Mbit/s held 18
     steps uncompressed there), and the plan compresses at once."""
-    p = planner(window=10, warmup_steps=40, dwell_windows=5, settle_steps=0)
-    _measured_everywhere(p, 0.3)
-    for name in NAMES:  # fp16 (the candidate, with error feedback) within the warm-up's bar
-        p.rel_errors[name]["fp16:ef=false"] = p.rel_errors[name]["fp16:ef=true"] = 0.001
+    p = _warming_up_on_fp16()
     current = dict.fromkeys(NAMES, "none")
     for step in (10, 20, 30, 40):
         update = p.decide(measurement(step, mbit=400, specs=current), current)
@@ -1386,10 +1393,7 @@ def test_a_plan_chosen_at_the_warm_ups_end_is_judged_at_its_own_settled_window()
     under ``baseline_gain``: the warm-up's window seeks no baseline, and that plan's first
     settled window does (the change defers the baseline to the plan it judges, it does not
     drop it)."""
-    p = planner(window=10, warmup_steps=40, dwell_windows=5, settle_steps=0)
-    _measured_everywhere(p, 0.3)
-    for name in NAMES:
-        p.rel_errors[name]["fp16:ef=false"] = p.rel_errors[name]["fp16:ef=true"] = 0.001
+    p = _warming_up_on_fp16()
     current = dict.fromkeys(NAMES, "none")
     solvers = {}
     for step in (10, 20, 30, 40, 50, 60):  # 1 Gbit/s: uncompressed 1.34x the compute

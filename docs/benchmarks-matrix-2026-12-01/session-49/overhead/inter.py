@@ -16,6 +16,10 @@ def build(mode, task, kw):
         ctl = autocomp.wrap(ddp, target_overlap=0.9, **kw)
     elif mode == "pinned":
         ctl = autocomp.wrap(ddp, target_overlap=0.9, plan={"*": "none"}, **kw)
+    elif mode == "static4":
+        ctl = autocomp.wrap(ddp, plan={"*": "powersgd:rank=4"})
+    elif mode == "pinned4":
+        ctl = autocomp.wrap(ddp, target_overlap=0.9, plan={"*": "powersgd:rank=4"}, **kw)
     elif mode == "static":
         ctl = autocomp.wrap(ddp, plan={"*": "none"})
     elif mode == "torch_hook":

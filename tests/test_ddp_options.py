@@ -377,7 +377,8 @@ def test_training_loop_variants_keep_the_ranks_identical(tmp_path: Path) -> None
     a frozen layer (absent from DDP's buckets, so from the plan), gradient clipping after the
     all-reduce, ``zero_grad(set_to_none=False)``, a checkpointed layer and
     ``ZeroRedundancyOptimizer``, a ``none`` plan gives plain DDP's bits, and every compressor
-    family keeps the ranks identical and learns as the uncompressed run does."""
+    family keeps the ranks identical and learns as the uncompressed run does (under clipping
+    it only has to learn: see below)."""
     results = run_ranks(_loop_variants, 2, tmp_path)
     for variant in LOOP_VARIANTS:
         for result in results:

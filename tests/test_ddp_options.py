@@ -361,7 +361,7 @@ def _loop_variant(rank: int, variant: str, plan: str) -> dict[str, Any]:
         losses.append(loss.item())
     if ctl is not None:
         ctl.close()
-    return {"params": _flat(model), "losses": losses, "frozen": _flat(model.conv)}
+    return {"params": _flat(model), "losses": losses, "conv": _flat(model.conv)}
 
 
 def _loop_variants(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
@@ -396,7 +396,7 @@ def test_training_loop_variants_keep_the_ranks_identical(tmp_path: Path) -> None
             continue
         _assert_learns_like(every[0]["losses"], results[0][f"{variant}/none"]["losses"])
     # The frozen layer kept its initial weights under every plan.
-    frozen = [r[f"frozen/{plan}"]["frozen"] for r in results for plan in ("ddp", "none", "every")]
-    trained = results[0]["clip/ddp"]["frozen"]  # the same seed's conv where it trains
+    frozen = [r[f"frozen/{plan}"]["conv"] for r in results for plan in ("ddp", "none", "every")]
+    trained = results[0]["clip/ddp"]["conv"]  # the same seed's conv where it trains
     assert all(torch.equal(f, frozen[0]) for f in frozen)
     assert not torch.equal(frozen[0], trained)

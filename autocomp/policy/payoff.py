@@ -42,9 +42,10 @@ digits ResNet at 200 Mbit/s (0.17 MB of gradients a step) compressed from step 1
 whole run (thirty-third session). So when a settled compressed window finds no baseline and
 the plan that ran was predicted to save less than ``baseline_gain`` of the uncompressed step,
 the optimizer's layers are held uncompressed for ``baseline_windows`` windows, once, to measure
-one; the check then judges the compressed plan that follows as usual. A plan predicted to save
-more (a slow link) is not worth measuring against: the windows would cost more than a wrong
-bet there could.
+one; the check then judges the compressed plan that follows as usual (the planner holds that
+decision to the plan the hold interrupted, with the engine's hysteresis). A plan predicted to
+save more (a slow link) is not worth measuring against: the windows would cost more than a
+wrong bet there could.
 
 Those windows are short (:meth:`PayoffCheck.baseline_window_steps`): ``BASELINE_SETTLE_STEPS``
 for the one that takes the switch, ``baseline_steps`` for each one measured. Regular windows

@@ -1,0 +1,56 @@
+"""Time the parts of AdaptiveLoop's window boundary in every worker; each rank writes its
+totals to /tmp/s50/prof/boundary-<pid>.json at exit."""
+import atexit, json, os, time, functools
+totals = {}
+def timed(owner, name, key=None):
+    key = key or name
+    orig = getattr(owner, name)
+    @functools.wraps(orig)
+    def wrapper(*a, **k):
+        t = time.perf_counter()
+        try:
+            return orig(*a, **k)
+        finally:
+            v = totals.setdefault(key, [0.0, 0])
+            v[0] += time.perf_counter() - t; v[1] += 1
+    setattr(owner, name, wrapper)
+try:
+    import autocomp.adaptive as A
+    import autocomp.planner as P
+    import autocomp.link_probe  # noqa
+    L = A.AdaptiveLoop
+    for n in ("_boundary", "_broadcast", "_measurement", "_agree_warmup_end", "_apply",
+              "_reread_contention", "_sketched", "_remember", "_peer_record", "_node_group"):
+        if hasattr(L, n):
+            timed(L, n)
+    timed(P.WindowPlanner, "decide", "planner.decide")
+    import autocomp.opening as O
+    timed(O.ProbeRunner, "fastest_all_reduce", "probe.fastest_all_reduce")
+    import autocomp.profiler as PR
+    for cls in vars(PR).values():
+        if isinstance(cls, type) and hasattr(cls, "end_window"):
+            timed(cls, "end_window", f"{cls.__name__}.end_window")
+    if hasattr(A, "combine_link_busy"):
+        orig = A.combine_link_busy
+        def clb(*a, **k):
+            t = time.perf_counter()
+            try: return orig(*a, **k)
+            finally:
+                v = totals.setdefault("combine_link_busy", [0.0, 0]); v[0] += time.perf_counter() - t; v[1] += 1
+        A.combine_link_busy = clb
+    import torch.distributed as dist
+    orig_ar = A.dist.all_reduce
+    def ar(*a, **k):
+        t = time.perf_counter()
+        try: return orig_ar(*a, **k)
+        finally:
+            v = totals.setdefault("adaptive.dist.all_reduce", [0.0, 0]); v[0] += time.perf_counter() - t; v[1] += 1
+    class _D:  # only the adaptive module's reference to dist is wrapped
+        def __getattr__(self, n): return getattr(dist, n)
+    D = _D(); D.all_reduce = ar; A.dist = D
+except Exception as err:  # not a worker that imports autocomp
+    totals["import_error"] = [0.0, str(err)]
+@atexit.register
+def _dump():
+    if len(totals) > 1:
+        json.dump(totals, open(f"/tmp/s50/prof/boundary-{os.getpid()}.json", "w"), indent=1)

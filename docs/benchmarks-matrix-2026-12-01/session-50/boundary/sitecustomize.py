@@ -1,5 +1,6 @@
 """Time the parts of AdaptiveLoop's window boundary in every worker; each rank writes its
-totals to /tmp/s50/prof/boundary-<pid>.json at exit."""
+totals to boundary-<pid>.json beside this file at exit. Put this folder on PYTHONPATH
+(the tta workers inherit it)."""
 import atexit, json, os, time, functools
 totals = {}
 def timed(owner, name, key=None):
@@ -53,4 +54,5 @@ except Exception as err:  # not a worker that imports autocomp
 @atexit.register
 def _dump():
     if len(totals) > 1:
-        json.dump(totals, open(f"/tmp/s50/prof/boundary-{os.getpid()}.json", "w"), indent=1)
+        out = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"boundary-{os.getpid()}.json")
+        json.dump(totals, open(out, "w"), indent=1)

@@ -1337,7 +1337,8 @@ def test_the_decision_after_a_baseline_hold_keeps_the_plan_the_hold_interrupted(
     Mbit/s, searched afresh after its hold, took plans 15-25% slower per step than the one
     the hold interrupted, and dwelled on them). During the hold rank 4's error reads 0.19
     against 0.20 for rank 16, the plan in use: 10% less squared error, short of the 15% a
-    switch must win by, so rank 16 resumes. At 0.18 (19% less) it does switch."""
+    switch must win by, so rank 16 resumes, across a checkpoint taken inside the hold. At
+    0.18 (19% less) it does switch."""
 
     def after_hold(rank4_error: float) -> tuple[str, str, dict[str, str]]:
         p = planner(warmup_steps=0, dwell_windows=5, settle_steps=0)
@@ -1353,6 +1354,10 @@ def test_the_decision_after_a_baseline_hold_keeps_the_plan_the_hold_interrupted(
             update = p.decide(measurement(10 * window, mbit=1600, specs=current), current)
             if window == 2:
                 interrupted = dict(current)
+            if window == 3:  # a restart inside the hold keeps the interrupted plan
+                restored = planner(warmup_steps=0, dwell_windows=5, settle_steps=0)
+                restored.load_state_dict(json.loads(json.dumps(p.state_dict())))
+                p = restored
             current = dict(zip(NAMES, update.plan, strict=True))
             solvers.append(update.record.decision["solver"])  # type: ignore[index]
         assert solvers[2:4] == ["held", "held"]

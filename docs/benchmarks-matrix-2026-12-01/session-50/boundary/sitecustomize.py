@@ -32,23 +32,12 @@ try:
         if isinstance(cls, type) and hasattr(cls, "end_window"):
             timed(cls, "end_window", f"{cls.__name__}.end_window")
     if hasattr(A, "combine_link_busy"):
-        orig = A.combine_link_busy
-        def clb(*a, **k):
-            t = time.perf_counter()
-            try: return orig(*a, **k)
-            finally:
-                v = totals.setdefault("combine_link_busy", [0.0, 0]); v[0] += time.perf_counter() - t; v[1] += 1
-        A.combine_link_busy = clb
+        timed(A, "combine_link_busy")
     import torch.distributed as dist
-    orig_ar = A.dist.all_reduce
-    def ar(*a, **k):
-        t = time.perf_counter()
-        try: return orig_ar(*a, **k)
-        finally:
-            v = totals.setdefault("adaptive.dist.all_reduce", [0.0, 0]); v[0] += time.perf_counter() - t; v[1] += 1
     class _D:  # only the adaptive module's reference to dist is wrapped
         def __getattr__(self, n): return getattr(dist, n)
-    D = _D(); D.all_reduce = ar; A.dist = D
+    D = _D(); D.all_reduce = dist.all_reduce; A.dist = D
+    timed(D, "all_reduce", "adaptive.dist.all_reduce")
 except Exception as err:  # not a worker that imports autocomp
     totals["import_error"] = [0.0, str(err)]
 @atexit.register

@@ -299,9 +299,10 @@ def test_the_history_keeps_the_newest_layer_decisions(monkeypatch: pytest.Monkey
 
 
 def test_only_a_settled_uncompressed_plan_stretches_the_windows() -> None:
-    """``AdaptiveLoop._quiet_windows``: about ``quiet_window_seconds`` of windows (7 ms steps,
-    50-step windows, 2 s: five), capped at ``MAX_QUIET_WINDOWS``, and one window whenever
-    anything is left to decide, watch or apply, or another loop shares the schedule."""
+    """``AdaptiveLoop._quiet_windows``: about ``quiet_window_seconds`` of windows, the nearest
+    whole number (7 ms steps, 50-step windows, 2 s: six), capped at ``MAX_QUIET_WINDOWS``, and
+    one window whenever anything is left to decide, watch or apply, or another loop shares the
+    schedule."""
     from types import SimpleNamespace
 
     from autocomp.adaptive import MAX_QUIET_WINDOWS, QUIET_DECISIONS, AdaptiveLoop
@@ -310,7 +311,12 @@ def test_only_a_settled_uncompressed_plan_stretches_the_windows() -> None:
     none = dict.fromkeys(NAMES, "none")
     m = SimpleNamespace(timings={"step_seconds": 0.007})
 
-    def quiet(loop: object = None, current: dict[str, str] = none, **update: object) -> int:
+    def quiet(
+        loop: object = None,
+        current: dict[str, str] = none,
+        m: object = m,
+        **update: object,
+    ) -> int:
         fields: dict[str, object] = {
             "plan": [none[n] for n in NAMES],
             "resets": [],
@@ -325,7 +331,11 @@ def test_only_a_settled_uncompressed_plan_stretches_the_windows() -> None:
             m,  # type: ignore[arg-type]
         )
 
-    assert quiet() == 5
+    assert quiet() == 6
+    # A window just over half the stretch still stretches to two (floored, it got none: the
+    # digits ResNet at 1 Gbit/s, 20.6 ms steps, held a boundary every 1.03 s window).
+    assert quiet(m=SimpleNamespace(timings={"step_seconds": 0.0206})) == 2
+    assert quiet(m=SimpleNamespace(timings={"step_seconds": 0.03})) == 1  # 1.5 s: one
     fast = SimpleNamespace(timings={"step_seconds": 1e-5})
     assert (
         AdaptiveLoop._quiet_windows(  # type: ignore[arg-type]
@@ -337,12 +347,13 @@ def test_only_a_settled_uncompressed_plan_stretches_the_windows() -> None:
         == MAX_QUIET_WINDOWS
     )
     # 70 ms steps: a 3.5 s window is already longer than 2 s. A boundary that cost 0.1 s
-    # (a decision over many parameters) stretches to 10 s, so boundaries stay near 1%.
+    # (a decision over many parameters) stretches to 10 s (three windows), so boundaries stay
+    # near 1%.
     slow = SimpleNamespace(timings={"step_seconds": 0.07})
     plain = PlanUpdate([none[n] for n in NAMES], [], 0, WindowRecord.opening(1.0))
     assert AdaptiveLoop._quiet_windows(_quiet_loop(), plain, none, slow) == 1  # type: ignore[arg-type]
     costly = _quiet_loop(_decision_seconds=deque([0.1], maxlen=QUIET_DECISIONS))
-    assert AdaptiveLoop._quiet_windows(costly, plain, none, slow) == 2  # type: ignore[arg-type]
+    assert AdaptiveLoop._quiet_windows(costly, plain, none, slow) == 3  # type: ignore[arg-type]
     # One slow decision among quick ones (a first of its kind, a loaded machine) does not.
     once = _quiet_loop(_decision_seconds=deque([0.001, 0.002, 0.1], maxlen=QUIET_DECISIONS))
     assert AdaptiveLoop._quiet_windows(once, plain, none, slow) == 1  # type: ignore[arg-type]

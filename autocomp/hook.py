@@ -39,6 +39,9 @@ gets its error feedback and compressor state reset, and is sent uncompressed on 
 the non-finite average itself reaches the optimizer exactly as plain DDP would deliver it, so
 AMP's GradScaler still sees it and skips the step.
 
+On the CPU, consecutive layers on one 16-bit cast are encoded and decoded as one part
+(:mod:`autocomp.hook_cast_span`), which sends the same bytes as the layers would one by one.
+
 This module is the bucket-level machinery: the collectives, the two-round pipeline and the
 write-back. One layer's encode and decode (and their replay without collectives) are in
 :mod:`autocomp.hook_layer`; the per-parameter slots and bucket layouts in
@@ -57,6 +60,12 @@ import torch.distributed as dist
 
 from autocomp import callbacks
 from autocomp.compressors import Collective
+from autocomp.hook_cast_span import (
+    CastSpan,
+    decode_cast_span,
+    encode_cast_span,
+    find_cast_spans,
+)
 from autocomp.hook_layer import (
     Encoding,
     LayerSlot,
@@ -94,6 +103,8 @@ def _all_gather(output: torch.Tensor, payload: torch.Tensor, group: Any) -> torc
 class _Part:
     encoding: Encoding
     offset: int
+    span: CastSpan | None = None
+    """The cast span the layer was encoded in (:mod:`autocomp.hook_cast_span`), if any."""
 
 
 @dataclass(slots=True)
@@ -313,7 +324,18 @@ def encode_bucket(
     profiler = state.profiler
     buffer = work.buffer
     reduce_parts: dict[torch.dtype, list[_Part]] = {}
-    for slot, offset in zip(slots, offsets, strict=True):
+    sampling = sample or (profiler is not None and profiler.sample_this_step)
+    # Consecutive layers on one 16-bit cast are encoded as one (a span), in their place.
+    spans = find_cast_spans(slots, offsets, work.step, buffer, sampling)
+    span_left = 0
+    for index, (slot, offset) in enumerate(zip(slots, offsets, strict=True)):
+        span = spans.get(index)
+        if span is not None:
+            _encode_span(state, span, work, reduce_parts)
+            span_left = len(span.slots)
+        if span_left:
+            span_left -= 1
+            continue
         grad = buffer[offset : offset + slot.numel]
         if state.sends_plain(slot, work.step):
             encoding = Encoding(slot, grad, grad, plain=True)
@@ -335,6 +357,31 @@ def encode_bucket(
         else:
             work.gather_parts.append(part)
     return reduce_parts
+
+
+def _encode_span(
+    state: HookState,
+    span: CastSpan,
+    work: BucketWork,
+    reduce_parts: dict[torch.dtype, list[_Part]],
+) -> None:
+    profiler = state.profiler
+    started = profiler.stamp() if profiler is not None and profiler.time_layers else None
+    encoding = encode_cast_span(span, work.buffer, work.step)
+    if started is not None and profiler is not None:
+        profiler.shared_cost([(s.name, s.numel) for s in span.slots], started)
+    for slot in span.slots:
+        slot.bytes_sent += slot.wire_bytes()
+        slot.bytes_raw += slot.numel * slot.dtype.itemsize
+    if state.check_wire_bytes:
+        sent = sum(s.wire_bytes() for s in span.slots)
+        produced = encoding.payload.numel() * encoding.payload.element_size()
+        if produced != sent:
+            raise RuntimeError(
+                f"cast span {span.slots[0].name}..{span.slots[-1].name} produced {produced} "
+                f"bytes but its compressors report {sent}"
+            )
+    reduce_parts.setdefault(span.wire_dtype, []).append(_Part(encoding, span.offset, span))
 
 
 def launch_bucket(
@@ -576,7 +623,15 @@ def _finish(state: HookState, work: BucketWork) -> torch.Tensor:
         start = 0
         for part in parts:
             size = part.encoding.payload.numel()
-            _write_back(buffer, part, flat[start : start + size], step, checks, timer)
+            span = part.span
+            if span is None:
+                _write_back(buffer, part, flat[start : start + size], step, checks, timer)
+            else:
+                began = timer.stamp() if timer is not None else None
+                bad = decode_cast_span(span, flat[start : start + size], buffer)
+                checks.extend((step, slot, flag) for slot, flag in bad)
+                if timer is not None and began is not None:
+                    timer.shared_cost([(s.name, s.numel) for s in span.slots], began)
             start += size
     if work.final_flat is not None:
         start = 0

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import statistics
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -370,6 +370,27 @@ class StepProfiler:
         ended = self.clock.stamp()
         with self._lock:
             self._layer_costs.append((name, started, ended))
+
+    def shared_cost(self, layers: Sequence[tuple[str, int]], started: Stamp) -> None:
+        """Hook work done for several layers at once (a cast span,
+        :mod:`autocomp.hook_cast_span`) from ``started`` until now, shared out by their sizes
+        (``(name, elements)``) so that each layer's cost stays measured. Host stamps only: a
+        device clock times layers only on sampled steps, which never share work."""
+        ended = self.clock.stamp()
+        if not isinstance(started, float) or not isinstance(ended, float):
+            return
+        total = sum(size for _, size in layers)
+        if total <= 0:
+            return
+        span = ended - started
+        costs = []
+        at = started
+        for name, size in layers:
+            until = at + span * size / total
+            costs.append((name, at, until))
+            at = until
+        with self._lock:
+            self._layer_costs.extend(costs)
 
     def layer_sample(
         self,

@@ -467,3 +467,78 @@ def test_the_last_buckets_gather_waits_for_its_first_round(tmp_path: Path) -> No
     for result in results:
         assert result["buckets"] == 1
         assert result["at_gather"] == [True] * 4, [r["at_gather"] for r in results]
+
+
+def _cast_spans_either_way(rank: int, world_size: int) -> dict[str, Any]:
+    """Train on 16-bit casts (two spans per bucket where ``fc2``'s ``none`` splits them) with
+    cast spans on and then off; rank 0 feeds ``fc3.weight`` an Inf at step 6, and a step with
+    any non-finite gradient is skipped, as a GradScaler would."""
+    from autocomp import hook, hook_cast_span
+
+    spanned = []
+    find = hook.find_cast_spans
+
+    def counted(*args: Any) -> Any:
+        found = find(*args)
+        spanned.append(sum(len(span.slots) for span in found.values()))
+        return found
+
+    hook.find_cast_spans = counted  # type: ignore[assignment]
+    out: dict[str, Any] = {}
+    plan = [("fc2.*", "none"), ("norm.*", "bf16:ef=false"), ("*", "fp16:ef=false")]
+    try:
+        for spans in (True, False):
+            hook_cast_span.CAST_SPANS = spans
+            spanned.clear()
+            torch.manual_seed(0)
+            model = MultiBucketNet()
+            ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
+            ctl = autocomp.wrap(ddp, plan=plan)
+            step_now = [0]
+
+            def poison(grad: torch.Tensor, step_now: list[int] = step_now) -> torch.Tensor:
+                if rank == 0 and step_now[0] == 6:
+                    grad = grad.clone()
+                    grad[1, 2] = float("inf")
+                return grad
+
+            model.fc3.weight.register_hook(poison)
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+            bad_steps: list[list[str]] = []
+            for step in range(12):
+                step_now[0] = step
+                x, y = classification_batch(rank, step)
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(ddp(x), y).backward()
+                bad = [n for n, p in model.named_parameters() if not p.grad.isfinite().all()]
+                bad_steps.append(bad)
+                if not bad:
+                    opt.step()
+            out[str(spans)] = {
+                "params": _flat_params(model),
+                "bad": bad_steps,
+                "events": list(ctl._state.nonfinite_events),
+                "spanned": sum(spanned),
+            }
+            ctl.close()
+    finally:
+        hook.find_cast_spans = find  # type: ignore[assignment]
+        hook_cast_span.CAST_SPANS = True
+    return out
+
+
+def test_cast_spans_train_bit_identically_to_the_per_layer_path(tmp_path: Path) -> None:
+    """Cast spans (``autocomp.hook_cast_span``) change only how the hook's CPU work is batched:
+    on 2 ranks, over several buckets and two cast dtypes, the parameters are bit-identical to
+    the per-layer path's, and an Inf in one layer's gradient marks that layer alone: its
+    average is non-finite at step 6, every other layer's is finite, and the hook resets that
+    layer (sends it plain the step after, which splits its span there)."""
+    results = run_ranks(_cast_spans_either_way, 2, tmp_path)
+    for result in results:
+        spans, per_layer = result["True"], result["False"]
+        assert spans["spanned"] > 0 and per_layer["spanned"] == 0
+        assert torch.equal(spans["params"], per_layer["params"])
+        assert spans["bad"] == per_layer["bad"]
+        assert spans["bad"][6] == ["fc3.weight"] and not any(spans["bad"][7:])
+        assert spans["events"] == per_layer["events"] == [(6, "fc3.weight")]
+    assert torch.equal(results[0]["True"]["params"], results[1]["True"]["params"])

@@ -65,7 +65,7 @@ def effective_compressor(compressor: Compressor, shape: torch.Size) -> Compresso
 _EF = Param("ef", bool, True, doc="feed the rounding error back into the next step")
 
 
-class _CastCompressor(Compressor):
+class CastCompressor(Compressor):
     """Round to a 16-bit float type; sums in that type on the wire."""
 
     collective: ClassVar[Collective] = Collective.ALL_REDUCE
@@ -120,7 +120,7 @@ class _CastCompressor(Compressor):
 
 
 @register_compressor
-class Float16(_CastCompressor):
+class Float16(CastCompressor):
     """IEEE half precision: 2 bytes per element, ~3 significant decimal digits."""
 
     name: ClassVar[str] = "fp16"
@@ -128,7 +128,7 @@ class Float16(_CastCompressor):
 
 
 @register_compressor
-class BFloat16(_CastCompressor):
+class BFloat16(CastCompressor):
     """bfloat16: float32's range with 8 mantissa bits; never overflows where float32 does not."""
 
     name: ClassVar[str] = "bf16"

@@ -11,14 +11,17 @@ to 1 Gbit/s), that overhead was most of the gain.
 
 A span is a run of two or more such layers that lie back to back in the bucket. Its float32
 slice is cast and saturated in one pass, sent as one part of the bucket's all-reduce, and
-decoded with one copy. What each layer gets is unchanged, bit for bit:
+decoded with one copy. What each layer gets is unchanged:
 
 - the payload is the per-layer payloads concatenated (a cast and a clamp are elementwise, and
   each layer's first element gets the per-layer path's ``+ 0`` marker), so the all-reduce
   sends the same bytes in the same order;
 - a non-finite input still marks only its own layer: the span's sum is read on the host (CPU
   only, so the read costs no device sync), and only when it is not finite is each layer summed
-  and marked as :meth:`~autocomp.compressors.cast.CastCompressor.compress` marks it;
+  and marked as :meth:`~autocomp.compressors.cast.CastCompressor.compress` marks it. (One
+  difference remains: a layer of finite elements near 1e32 whose own float32 sum overflows is
+  marked by the per-layer path, while in a span whose sum other layers keep finite it is
+  saturated to the cast's largest value like any large element);
 - the decoded average is checked the same way: a finite sum of the span clears every layer at
   once, and otherwise each layer whose sum is not finite gets its flag, so the hook resets that
   layer alone;

@@ -3,8 +3,8 @@
 The hook encodes layer by layer, and on a 16-bit cast (``fp16:ef=false``, ``bf16:ef=false``)
 each layer costs a handful of small tensor operations and its Python bookkeeping, both ways:
 fixed cost per tensor, not per byte. With every gradient on ``fp16`` the hook took 4.1 ms a
-step on the digits ViT's 56 tensors (world size 1, one thread) where PyTorch's
-``fp16_compress_hook``, which casts the whole bucket at once, takes about 0.1 ms; interleaved
+step on the digits ViT's 56 tensors (world size 1, one thread), where one bucket-wide cast
+and copy back, as PyTorch's ``fp16_compress_hook`` does them, take 0.13 ms; interleaved
 over a 500 Mbit/s link that plan stepped 0.975x plain DDP and PyTorch's hook 0.922x (fifty-first
 session, docs/benchmarks-history.md). Where fp16 is the best plan a user can type (500 Mbit/s
 to 1 Gbit/s), that overhead was most of the gain.

@@ -138,8 +138,6 @@ def encode_cast_span(span: CastSpan, buffer: torch.Tensor, step: int) -> Encodin
         for slot, start in zip(span.slots, starts, strict=True):
             total = x[start : start + slot.numel].sum(dtype=torch.float32)
             payload[start : start + 1].add_((total - total).to(payload.dtype))
-    for slot in span.slots:
-        slot.residual = None
     return Encoding(span.slots[0], x, payload, False, step=step)
 
 

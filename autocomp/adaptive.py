@@ -165,7 +165,7 @@ class AdaptiveLoop:
         """While every layer is sent uncompressed and the plan holds (after the warm-up, with
         no probe or reset pending), regular boundaries come about this many seconds apart, in
         the nearest whole number of windows (at most ``MAX_QUIET_WINDOWS``; a window longer
-        than 1.5x this gets none), instead of every ``window`` steps. There
+        than two thirds of this gets no stretch), instead of every ``window`` steps. There
         a boundary can only confirm the plan, and it costs a few milliseconds: on the digits
         CNN over loopback (2 gloo ranks) 7 ms every 50 steps of 7 ms, 2% of the run. A
         costlier decision stretches further (``QUIET_BOUNDARY_SHARE``). A link that slows

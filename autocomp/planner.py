@@ -265,7 +265,11 @@ class WindowPlanner:
         )
         self.engine = PolicyEngine(rules, self.cost_model, target_overlap=config.target_overlap)
         self.payoff = PayoffCheck(
-            PayoffCheck.Config(min_gain=rules.min_gain, revert_slack=rules.time_slack)
+            PayoffCheck.Config(
+                min_gain=rules.min_gain,
+                lossless_min_gain=rules.lossless_min_gain,
+                revert_slack=rules.time_slack,
+            )
         )
         self.idle_link = IdleLink(IdleLink.Config(link_change=config.link_change))
         guard_rules = rules.guards

@@ -1535,12 +1535,14 @@ def test_grad_l1_weighs_a_layer_by_its_gradients_l1_norm() -> None:
 
 
 def test_an_unmeasured_plan_must_be_predicted_to_clear_min_gain() -> None:
-    """The payoff check holds a compressed plan that does not measure ``min_gain`` faster
-    than uncompressed, so until the compression in use has measured its gain
+    """The payoff check holds a compressed plan that does not measure its bar faster than
+    uncompressed, so until the compression in use has measured its gain
     (``compression_measured``) a plan predicted to save less is not taken: fp16 on
     ``fc1`` predicted 1% faster on loopback, right after PowerSGD had measured 28% slower
     than predicted, ran a window more at 1.1x (``mlp-lm`` unshaped, thirty-third session).
-    Once measured, the error's cost alone sets the bar (and the gain here clears it)."""
+    fp16's error costs no progress, so its bar is the lossless one (``time_slack``, at most
+    ``min_gain``), not ``min_gain``. Once measured, the error's cost alone sets the bar (and
+    the gain here clears it)."""
     fp16 = "fp16:ef=false"
     profile = _measured(fp16, 5e-4)
     free = engine(2600, PolicyRules(candidates=("none", fp16))).decide(
@@ -1548,15 +1550,18 @@ def test_an_unmeasured_plan_must_be_predicted_to_clear_min_gain() -> None:
     )
     gain = 1 - free.predicted_step_seconds / free.uncompressed_step_seconds  # type: ignore[attr-defined]
     assert 0.0 < gain < 0.5 and free.required_gain < 1e-5  # type: ignore[attr-defined]
-    rules = PolicyRules(candidates=("none", fp16), min_gain=1.2 * gain)
+    rules = PolicyRules(candidates=("none", fp16), min_gain=0.5, time_slack=1.2 * gain)
     eng = engine(2600, rules)
     kept = eng.decide(profile, TIMING, AFTER_WARMUP, WORLD, compression_measured=True)
     assert kept.plan == free.plan  # type: ignore[attr-defined]
     unmeasured = eng.decide(profile, TIMING, AFTER_WARMUP, WORLD, compression_measured=False)
     assert set(unmeasured.plan.values()) == {"none"}  # type: ignore[attr-defined]
     held = next(d for d in unmeasured.layers if d.rule == "no_gain")  # type: ignore[attr-defined]
-    assert "the min_gain an unmeasured plan needs" in held.reason
-    below = engine(2600, PolicyRules(candidates=("none", fp16), min_gain=0.8 * gain))
+    assert f"the {1.2 * gain:.0%} an unmeasured plan needs" in held.reason
+    # min_gain 50%, but a lossless plan needs only the lossless bar: 0.8 x its gain.
+    below = engine(
+        2600, PolicyRules(candidates=("none", fp16), min_gain=0.5, time_slack=0.8 * gain)
+    )
     assert (
         below.decide(profile, TIMING, AFTER_WARMUP, WORLD, compression_measured=False).plan
         == free.plan  # type: ignore[attr-defined]

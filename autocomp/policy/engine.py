@@ -42,6 +42,7 @@ from autocomp.compressors import (
 from autocomp.policy.costs import LatencyCache, OptionCost, latency_shares, option_cost
 from autocomp.policy.explain import optimizer_decision
 from autocomp.policy.optimizer import LayerOption
+from autocomp.policy.payoff import gain_bar
 from autocomp.policy.priors import ErrorPriors, built, model_scaled, rel_error
 from autocomp.policy.progress import progress_rate
 from autocomp.policy.rules import Pin, PolicyRules, error_weight, runtime_pins
@@ -473,12 +474,13 @@ class PolicyEngine:
         ``1 - switch_margin`` of the bar, so a gain near it does not flip the plan each window.
 
         After a compressed plan measured no payoff, and until the compression in use has
-        measured its gain (``compression_measured``), the bar is at least ``rules.min_gain``:
-        the payoff check holds any compressed plan that does not measure that much faster
-        than uncompressed, so a plan predicted to save less can only lose its windows, and
-        this run has shown its predictions err by more than such a gain. On the MLP LM on
-        loopback, fp16 on ``fc1`` predicted 1% faster right after a PowerSGD window had
-        measured 28% slower than predicted, and ran a window more at 1.1x.
+        measured its gain (``compression_measured``), the bar is at least the payoff check's
+        (``gain_bar``: ``rules.min_gain``, or ``rules.lossless_min_gain`` for a plan whose
+        error costs no progress): the check holds any compressed plan that does not measure
+        that much faster than uncompressed, so a plan predicted to save less can only lose
+        its windows, and this run has shown its predictions err by more than such a gain. On
+        the MLP LM on loopback, fp16 on ``fc1`` predicted 1% faster right after a PowerSGD
+        window had measured 28% slower than predicted, and ran a window more at 1.1x.
         """
         chosen = [decisions[item.index] for item in pending]
         if any(d is None for d in chosen):
@@ -502,16 +504,20 @@ class PolicyEngine:
             if item.layer.name in current
         )
         bar = required * (1.0 - self.config.switch_margin) if in_use else required
-        floor = "" if compression_measured else " or the min_gain an unmeasured plan needs"
+        floor_note = ""
         if not compression_measured:
-            bar = max(bar, self.rules.min_gain)
+            rules = self.rules
+            floor = gain_bar(required, rules.min_gain, rules.lossless_min_gain)
+            bar = max(bar, floor)
+            floor_note = f" or the {floor:.0%} an unmeasured plan needs"
         if gain >= bar:
             return True, required, plain
         reason = (
             f"no gain: the plan predicted {gain:.1%} off the step "
             f"({planned * 1e3:,.4g} vs {plain * 1e3:,.4g} ms uncompressed), under the "
             f"{bar:.1%} of per-step progress its error costs (error_cost "
-            f"{self.rules.error_cost:g} x mean squared relative error {mean_err2:.3g}){floor}"
+            f"{self.rules.error_cost:g} x mean squared relative error {mean_err2:.3g})"
+            f"{floor_note}"
         )
         for item in pending:
             decisions[item.index] = self._none(item, reason)

@@ -390,6 +390,13 @@ class PolicyRules:
         if not isinstance(self.guards, GuardRules):
             raise ValueError(f"PolicyRules.guards must be GuardRules, got {self.guards!r}")
 
+    @property
+    def lossless_min_gain(self) -> float:
+        """``min_gain`` for a plan whose compression error costs no per-step progress (fp16,
+        bf16): ``time_slack``, within which plans count as equally fast, at most
+        ``min_gain``. The bar guards such a plan only against noise (docs/policy.md)."""
+        return min(self.time_slack, self.min_gain)
+
     def pin_for(self, name: str) -> Pin | None:
         """The first pin whose glob matches ``name``, if any."""
         return next((pin for pin in self.pins if pin.matches(name)), None)

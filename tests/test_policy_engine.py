@@ -161,8 +161,10 @@ def test_warmup_takes_only_the_options_that_send_the_gradient_almost_whole() -> 
         assert layer.spec.split(":")[0] in ("fp16", "int8"), layer
         assert "warm-up: options within relative error 0.02 only" in layer.reason
         assert layer.rule != "warmup"
-    # The other rules still speak for the layers they claim.
-    assert warm.layer("fc0.bias").rule == "1d"
+    # The other rules still speak for the layers they claim (a bias held by the 1-D rule
+    # rides along when its bucket is all on one lossless cast: policy/ride_along.py).
+    bias = warm.layer("fc0.bias")
+    assert bias.rule in ("1d", "ride_along") and "1-D: compress_1d is false" in bias.reason
     assert (
         warm.predicted_step_seconds
         < decide(50, step=3, rules=no_warmup_options()).predicted_step_seconds

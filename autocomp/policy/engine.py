@@ -45,6 +45,7 @@ from autocomp.policy.optimizer import LayerOption
 from autocomp.policy.payoff import gain_bar
 from autocomp.policy.priors import ErrorPriors, built, model_scaled, rel_error
 from autocomp.policy.progress import progress_rate
+from autocomp.policy.ride_along import riders
 from autocomp.policy.rules import Pin, PolicyRules, error_weight, runtime_pins
 from autocomp.policy.search import BucketGroups, GroupLoad, Pending, SearchConfig, search
 from autocomp.policy.types import (
@@ -56,6 +57,7 @@ from autocomp.policy.types import (
     RULE_NO_GAIN,
     RULE_ONE_D,
     RULE_PIN,
+    RULE_RIDE_ALONG,
     RULE_SINGLE_RANK,
     RULE_TOO_SMALL,
     RULE_WARMUP,
@@ -267,6 +269,14 @@ class PolicyEngine:
             )
             if not pays:  # the optimizer's layers were set to 'none'
                 solver, required_gain = f"{solver}, none: gain under the error's cost", 0.0
+        for index, spec in riders(layers, decisions).items():
+            held = decisions[index]
+            assert held is not None
+            reason = (
+                f"rides along with its bucket's {spec}: one collective for the bucket "
+                f"(held from lossy options: {held.reason})"
+            )
+            decisions[index] = self._fixed(layers[index], RULE_RIDE_ALONG, spec, reason, latency)
 
         final = tuple(d for d in decisions if d is not None)
         load = self._load(decisions, groups, latency_by_group, searched)

@@ -346,7 +346,7 @@ class PolicyRules:
     min_gain: float = 0.05
     """A compressed window must measure at least this much faster than an uncompressed one on
     a similar link, else compression is held off for a while (the payoff check: predictions
-    near break-even are not to be trusted)."""
+    near break-even are not to be trusted); a lossless plan needs ``lossless_min_gain``."""
     time_slack: float = 0.03
     """Plans whose predicted step is within this fraction of the fastest plan's count as
     equally fast; the least compression error among them wins (progress per second)."""

@@ -22,6 +22,7 @@ __all__ = [
     "RULE_NO_GAIN",
     "RULE_ONE_D",
     "RULE_PIN",
+    "RULE_RIDE_ALONG",
     "RULE_SINGLE_RANK",
     "RULE_SLACK",
     "RULE_TOO_SMALL",
@@ -51,6 +52,8 @@ RULE_SLACK = "slack"
 RULE_NO_GAIN = "no_gain"
 RULE_DWELL = "dwell"
 """Kept: the layer changed compressor fewer than ``dwell_windows`` windows ago."""
+RULE_RIDE_ALONG = "ride_along"
+"""A layer a rule held at 'none' takes its bucket's lossless cast (policy/ride_along.py)."""
 OPTIMIZER_RULES = (RULE_KNAPSACK, RULE_SLACK, RULE_DWELL)
 """Rules under which the engine, not a fixed rule, chose the compressor."""
 
@@ -200,7 +203,7 @@ class LayerDecision:
     """Why, in words (specific: numbers, the rule, the runner-up)."""
     rule: str
     """What decided, machine-readable: warmup, force_none, pin, too_small, 1d, single_rank,
-    no_bandwidth, fast_link, knapsack, slack, no_gain or dwell."""
+    no_bandwidth, fast_link, knapsack, slack, no_gain, dwell or ride_along."""
     predicted_seconds: float
     """Time this layer adds to C (communication bandwidth term, extra latency, compression)."""
     predicted_wire_bytes: int

@@ -72,10 +72,10 @@ def main() -> None:
     for gain in (0.09, 0.06, 0.03, 0.0, -0.05):
         ideal = max(1.0 / (1.0 - gain), 1.0)
         for windows in (13, 100):
-            row = [
-                f"{name} {statistics.mean(run(cls, gain, sigma, windows, s) for s in range(400)):.4f}"
-                for name, cls in versions.items()
-            ]
+            row = []
+            for name, cls in versions.items():
+                kept = statistics.mean(run(cls, gain, sigma, windows, s) for s in range(400))
+                row.append(f"{name} {kept:.4f}")
             print(f"gain {gain:+.2f}, {windows:3d} windows (ideal {ideal:.4f}): " + ", ".join(row))
 
 

@@ -4,17 +4,20 @@ Layers a rule holds at 'none' (1-D, under ``min_numel``) take their bucket's los
 when that saves the bucket a collective: some layer of the bucket is on fp16/bf16 without
 error feedback and no other layer sends an all-reduce payload of the held layers' dtype.
 Also through the engine: the riders' rule is ``ride_along`` and their reason keeps the rule
-that held them; a held plan (no cast) carries no riders.
+that held them; a held plan (no cast) carries no riders. A searched layer left at 'none' beside
+a cast is completed onto it when the exposure model, which then counts the bucket's float32
+all-reduce as gone, predicts the step no longer.
 """
 
 from __future__ import annotations
 
 import torch
 
-from autocomp.policy import LayerProfile, PolicyEngine, PolicyRules
-from autocomp.policy.ride_along import riders
+from autocomp.compressors import Compressor
+from autocomp.policy import LayerProfile, PolicyEngine, PolicyRules, StepTiming
+from autocomp.policy.ride_along import cast_only_buckets, completions, riders
 from autocomp.policy.types import LayerDecision
-from tests.test_policy_engine import AFTER_WARMUP, TIMING
+from tests.test_policy_engine import AFTER_WARMUP, TIMING, FakeCostModel
 from tests.test_policy_engine import engine as build_engine  # its fake cost model
 
 FP16 = "fp16:ef=false"
@@ -125,3 +128,62 @@ def test_the_engine_names_the_riders_and_a_held_plan_has_none() -> None:
     held = engine.decide(layers, TIMING, AFTER_WARMUP, 2, hold_reason="held for a test")
     assert set(held.plan.values()) == {"none"}
     assert held.layer("fc0.bias").rule == "1d"
+
+
+def test_completions_propose_a_buckets_open_layers_and_cast_only_buckets_are_named() -> None:
+    """A searched layer the search left at 'none' beside a cast is proposed for the cast
+    (the engine keeps it if its model predicts no longer a step); a bucket with a cast and
+    nothing else of its own dtype is cast-only (one all-reduce, the cast's)."""
+    layers, decisions = _bucket([FP16, "none"])
+    searched = [0, 2]  # the two matrices
+    assert completions(layers, decisions, searched) == {2: FP16}
+    assert completions(layers, decisions, [0]) == {}  # a rule's 'none' is not open
+    assert cast_only_buckets(layers, decisions) == set()
+    all_cast, all_decisions = _bucket([FP16, FP16])
+    assert cast_only_buckets(all_cast, all_decisions) == {0}
+    blocked, blocked_decisions = _bucket([FP16, "none", "powersgd:rank=4,ef=true"])
+    assert completions(blocked, blocked_decisions, [0, 2, 4]) == {}
+
+
+class _PerTensorCast(FakeCostModel):
+    """The fake link, with a cast priced per tensor as the wrap-time calibration prices it:
+    a fixed 40 us on top of its elements."""
+
+    def __init__(self, mbit_per_s: float, cast_seconds: float = 40e-6) -> None:
+        super().__init__(mbit_per_s)
+        self.cast_seconds = cast_seconds
+
+    def compress_seconds(
+        self, compressor: Compressor, shape: torch.Size, nonzero_share: float = 1.0
+    ) -> float:
+        work = super().compress_seconds(compressor, shape, nonzero_share)
+        return work + (self.cast_seconds if compressor.name == "fp16" else 0.0)
+
+
+def test_the_engine_completes_a_bucket_when_that_drops_its_float32_all_reduce() -> None:
+    """At 1 Gbit/s with little backward to hide behind, fp16 pays on a 512x512 matrix; on a
+    32x64 one it saves 33 us of bytes for 40 us of work, so the search alone leaves it
+    uncompressed. Completed, with the two biases riding (40 us each), the bucket sends one
+    all-reduce instead of two (100 us less): 13 us faster than with that matrix pinned to
+    'none'. At 60 us a tensor the completion would lose, and is not made."""
+    layers = [
+        _layer("big.weight", (512, 512)),
+        _layer("big.bias", (512,)),
+        _layer("small.weight", (32, 64)),
+        _layer("small.bias", (32,)),
+    ]
+    timing = StepTiming(backward_seconds=0.01, hideable_seconds=0.001, step_seconds=0.02)
+    rules = PolicyRules(candidates=("none", FP16))
+    engine = PolicyEngine(rules, _PerTensorCast(1000), target_overlap=0.9)
+    decision = engine.decide(layers, timing, AFTER_WARMUP, 2)
+    assert set(decision.plan.values()) == {FP16}, decision.plan
+    small = decision.layer("small.weight")
+    assert "completes its bucket's fp16:ef=false" in small.reason, small.reason
+    assert decision.layer("small.bias").rule == "ride_along"
+    pinned = engine.decide(layers, timing, AFTER_WARMUP, 2, pins=[("small.weight", "none")])
+    assert pinned.plan["small.weight"] == "none" and pinned.plan["big.weight"] == FP16
+    assert pinned.layer("big.bias").rule == "1d"  # a float32 all-reduce stays: no ride
+    assert decision.predicted_step_seconds < pinned.predicted_step_seconds - 10e-6
+    costly = PolicyEngine(rules, _PerTensorCast(1000, cast_seconds=60e-6), target_overlap=0.9)
+    kept = costly.decide(layers, timing, AFTER_WARMUP, 2)
+    assert kept.plan["small.weight"] == "none" and kept.layer("big.bias").rule == "1d"

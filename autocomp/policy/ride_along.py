@@ -27,6 +27,7 @@ Layers on an all-gather (int8, top-k) do not count; their collective is there ei
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from autocomp.compressors import Collective, effective_compressor
 from autocomp.compressors.cast import CastCompressor
@@ -39,7 +40,7 @@ from autocomp.policy.types import (
     LayerProfile,
 )
 
-__all__ = ["RIDING_RULES", "riders"]
+__all__ = ["RIDING_RULES", "cast_only_buckets", "completions", "riders"]
 
 RIDING_RULES = frozenset({RULE_ONE_D, RULE_TOO_SMALL})
 """Rules whose 'none' is about a lossy option's error, which a lossless cast does not have."""
@@ -52,6 +53,59 @@ def _lossless_cast(spec: str) -> CastCompressor | None:
     return None
 
 
+@dataclass(slots=True)
+class _Bucket:
+    """One bucket's layers as the ride-along sees them."""
+
+    cast: CastCompressor | None = None
+    """The first lossless cast among the layers that are not held."""
+    held: list[int] = field(default_factory=list)
+    """Layers a rule of ``RIDING_RULES`` holds at 'none'."""
+    open: list[int] = field(default_factory=list)
+    """Searched layers (``searched``) the search left at 'none': they could take the cast."""
+    blocked: bool = False
+    """Some other layer sends an all-reduce of the held layers' dtype (or is undecided)."""
+
+
+def _scan(
+    layers: Sequence[LayerProfile],
+    decisions: Sequence[LayerDecision | None],
+    searched: frozenset[int] = frozenset(),
+) -> dict[int | None, _Bucket]:
+    indices_by_bucket: dict[int | None, list[int]] = {}
+    for index, layer in enumerate(layers):
+        indices_by_bucket.setdefault(layer.bucket, []).append(index)
+    out: dict[int | None, _Bucket] = {}
+    for bucket, indices in indices_by_bucket.items():
+        scan = out[bucket] = _Bucket()
+        for index in indices:
+            decided, layer = decisions[index], layers[index]
+            if decided is None:
+                scan.blocked = True
+                continue
+            if decided.spec == NONE_SPEC and decided.rule in RIDING_RULES:
+                scan.held.append(index)
+                continue
+            if decided.spec == NONE_SPEC and index in searched:
+                scan.open.append(index)
+                continue
+            lossless = _lossless_cast(decided.spec)
+            if lossless is not None:
+                scan.cast = scan.cast or lossless
+                continue
+            compressor = effective_compressor(built(decided.spec), layer.shape)
+            if (
+                compressor.collective is Collective.ALL_REDUCE
+                and compressor.payload_dtype(layer.dtype) == layer.dtype
+            ):
+                scan.blocked = True
+    return out
+
+
+def _wider(layer: LayerProfile, cast: CastCompressor) -> bool:
+    return layer.dtype.is_floating_point and layer.dtype.itemsize > cast.wire_dtype.itemsize
+
+
 def riders(
     layers: Sequence[LayerProfile], decisions: Sequence[LayerDecision | None]
 ) -> dict[int, str]:
@@ -60,47 +114,45 @@ def riders(
     In each bucket (layers without a bucket index form one together), the layers held at
     'none' by a rule of ``RIDING_RULES`` take the first lossless cast spec among the bucket's
     other layers, if it has one, and if none of those others sends an all-reduce payload of
-    the held layers' own dtype (a matrix left uncompressed, PowerSGD's factors): the held
-    layers then save that dtype's collective, and the bucket sends one collective less. Held
-    layers no wider than the cast stay as they are."""
-    by_bucket: dict[int | None, list[int]] = {}
-    for index, layer in enumerate(layers):
-        by_bucket.setdefault(layer.bucket, []).append(index)
+    its own dtype (a matrix left uncompressed, PowerSGD's factors): the held layers then
+    save that collective, and the bucket sends one collective less. Held layers no wider
+    than the cast stay as they are."""
     chosen: dict[int, str] = {}
-    for indices in by_bucket.values():
-        held = [
-            i
-            for i in indices
-            if (d := decisions[i]) is not None and d.rule in RIDING_RULES and d.spec == NONE_SPEC
-        ]
-        if not held:
+    for scan in _scan(layers, decisions).values():
+        if scan.blocked or scan.cast is None:
             continue
-        held_dtypes = {layers[i].dtype for i in held}
-        cast: CastCompressor | None = None
-        blocked = False
-        for index in indices:
-            decided = decisions[index]
-            if index in held:
-                continue
-            if decided is None:
-                blocked = True
-                break
-            layer = layers[index]
-            compressor = effective_compressor(built(decided.spec), layer.shape)
-            if (
-                compressor.collective is Collective.ALL_REDUCE
-                and compressor.payload_dtype(layer.dtype) in held_dtypes
-            ):
-                blocked = True
-                break
-            lossless = _lossless_cast(decided.spec)
-            if cast is None and lossless is not None:
-                cast = lossless
-        if blocked or cast is None:
-            continue
-        wire = cast.wire_dtype.itemsize
-        for index in held:
-            dtype = layers[index].dtype
-            if dtype.is_floating_point and dtype.itemsize > wire:
-                chosen[index] = cast.spec
+        for index in scan.held:
+            if _wider(layers[index], scan.cast):
+                chosen[index] = scan.cast.spec
     return chosen
+
+
+def completions(
+    layers: Sequence[LayerProfile],
+    decisions: Sequence[LayerDecision | None],
+    searched: Sequence[int],
+) -> dict[int, str]:
+    """Index -> cast spec for the searched layers left at 'none' in a bucket that would
+    otherwise send nothing else uncompressed: on its cast, with its riders, the bucket drops
+    its float32 all-reduce. A proposal; the engine keeps it only if its exposure model
+    predicts the step no longer (the cast's work against the collective and the bytes)."""
+    chosen: dict[int, str] = {}
+    for scan in _scan(layers, decisions, frozenset(searched)).values():
+        if scan.blocked or scan.cast is None or not scan.open:
+            continue
+        if all(_wider(layers[index], scan.cast) for index in scan.open):
+            chosen.update(dict.fromkeys(scan.open, scan.cast.spec))
+    return chosen
+
+
+def cast_only_buckets(
+    layers: Sequence[LayerProfile], decisions: Sequence[LayerDecision | None]
+) -> set[int | None]:
+    """Buckets with no all-reduce of their own dtype once their riders ride: a lossless cast,
+    nothing blocking, nothing left open. Each is one all-reduce fewer than the engine's
+    per-bucket latency counts (that collective is the cast's own)."""
+    return {
+        bucket
+        for bucket, scan in _scan(layers, decisions).items()
+        if scan.cast is not None and not scan.blocked
+    }

@@ -11,10 +11,12 @@ all-reduce as gone, predicts the step no longer.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from autocomp.compressors import Compressor
-from autocomp.policy import LayerProfile, PolicyEngine, PolicyRules, StepTiming
+from autocomp.policy import LayerProfile, PolicyDecision, PolicyEngine, PolicyRules, StepTiming
 from autocomp.policy.ride_along import cast_only_buckets, completions, riders
 from autocomp.policy.types import LayerDecision
 from tests.test_policy_engine import AFTER_WARMUP, TIMING, FakeCostModel
@@ -147,11 +149,12 @@ def test_completions_propose_a_buckets_open_layers_and_cast_only_buckets_are_nam
 
 class _PerTensorCast(FakeCostModel):
     """The fake link, with a cast priced per tensor as the wrap-time calibration prices it:
-    a fixed 40 us on top of its elements."""
+    a fixed ``cast_seconds`` on top of its elements; ``device_type`` as a CostModel's."""
 
-    def __init__(self, mbit_per_s: float, cast_seconds: float = 40e-6) -> None:
+    def __init__(self, mbit_per_s: float, cast_seconds: float, device_type: str) -> None:
         super().__init__(mbit_per_s)
         self.cast_seconds = cast_seconds
+        self.config = SimpleNamespace(device_type=device_type)
 
     def compress_seconds(
         self, compressor: Compressor, shape: torch.Size, nonzero_share: float = 1.0
@@ -162,10 +165,15 @@ class _PerTensorCast(FakeCostModel):
 
 def test_the_engine_completes_a_bucket_when_that_drops_its_float32_all_reduce() -> None:
     """At 1 Gbit/s with little backward to hide behind, fp16 pays on a 512x512 matrix; on a
-    32x64 one it saves 33 us of bytes for 40 us of work, so the search alone leaves it
-    uncompressed. Completed, with the two biases riding (40 us each), the bucket sends one
-    all-reduce instead of two (100 us less): 13 us faster than with that matrix pinned to
-    'none'. At 60 us a tensor the completion would lose, and is not made."""
+    32x64 one it saves 33 us of bytes for 40-60 us of work priced per tensor, so the search
+    alone leaves it uncompressed, beside a bucket-wide float32 all-reduce of 100 us.
+
+    On CPU the hook casts the bucket as one span, so a layer that joins it is priced at the
+    span's per-element rate (the big matrix's): completed, with the biases riding, the
+    bucket sends one all-reduce, and the plan is predicted faster than with the small matrix
+    pinned to 'none'. On CUDA (the per-layer path) the per-tensor price stands: at 40 us a
+    tensor the completion still wins (3 x 40 - 33 < 100 us), at 60 us it loses and is not
+    made."""
     layers = [
         _layer("big.weight", (512, 512)),
         _layer("big.bias", (512,)),
@@ -174,16 +182,21 @@ def test_the_engine_completes_a_bucket_when_that_drops_its_float32_all_reduce() 
     ]
     timing = StepTiming(backward_seconds=0.01, hideable_seconds=0.001, step_seconds=0.02)
     rules = PolicyRules(candidates=("none", FP16))
-    engine = PolicyEngine(rules, _PerTensorCast(1000), target_overlap=0.9)
-    decision = engine.decide(layers, timing, AFTER_WARMUP, 2)
-    assert set(decision.plan.values()) == {FP16}, decision.plan
-    small = decision.layer("small.weight")
-    assert "completes its bucket's fp16:ef=false" in small.reason, small.reason
-    assert decision.layer("small.bias").rule == "ride_along"
-    pinned = engine.decide(layers, timing, AFTER_WARMUP, 2, pins=[("small.weight", "none")])
-    assert pinned.plan["small.weight"] == "none" and pinned.plan["big.weight"] == FP16
-    assert pinned.layer("big.bias").rule == "1d"  # a float32 all-reduce stays: no ride
-    assert decision.predicted_step_seconds < pinned.predicted_step_seconds - 10e-6
-    costly = PolicyEngine(rules, _PerTensorCast(1000, cast_seconds=60e-6), target_overlap=0.9)
-    kept = costly.decide(layers, timing, AFTER_WARMUP, 2)
+
+    def decide(cast_seconds: float, device: str, **kwargs: object) -> PolicyDecision:
+        costs = _PerTensorCast(1000, cast_seconds, device)
+        engine = PolicyEngine(rules, costs, target_overlap=0.9)
+        return engine.decide(layers, timing, AFTER_WARMUP, 2, **kwargs)  # type: ignore[arg-type]
+
+    for cast_seconds, device in ((60e-6, "cpu"), (40e-6, "cuda")):
+        decision = decide(cast_seconds, device)
+        assert set(decision.plan.values()) == {FP16}, (device, decision.plan)
+        small = decision.layer("small.weight")
+        assert "completes its bucket's fp16:ef=false" in small.reason, small.reason
+        assert decision.layer("small.bias").rule == "ride_along"
+        pinned = decide(cast_seconds, device, pins=[("small.weight", "none")])
+        assert pinned.plan["small.weight"] == "none" and pinned.plan["big.weight"] == FP16
+        assert pinned.layer("big.bias").rule == "1d"  # a float32 all-reduce stays: no ride
+        assert decision.predicted_step_seconds < pinned.predicted_step_seconds - 10e-6
+    kept = decide(60e-6, "cuda")
     assert kept.plan["small.weight"] == "none" and kept.layer("big.bias").rule == "1d"

@@ -45,7 +45,7 @@ from autocomp.policy.optimizer import LayerOption
 from autocomp.policy.payoff import gain_bar
 from autocomp.policy.priors import ErrorPriors, built, model_scaled, rel_error
 from autocomp.policy.progress import progress_rate
-from autocomp.policy.ride_along import cast_only_buckets, completions, riders
+from autocomp.policy.ride_along import cast_only_buckets, completions, lossless_cast, riders
 from autocomp.policy.rules import Pin, PolicyRules, error_weight, runtime_pins
 from autocomp.policy.search import BucketGroups, GroupLoad, Pending, SearchConfig, search
 from autocomp.policy.types import (
@@ -574,6 +574,7 @@ class PolicyEngine:
         latency: LatencyCache,
     ) -> None:
         """Put the layers that ride along with their bucket's cast on it (``riders``)."""
+        rates = self._span_rates(layers, decisions)
         for index, spec in riders(layers, decisions).items():
             held = decisions[index]
             assert held is not None
@@ -582,9 +583,34 @@ class PolicyEngine:
                 f"(held from lossy options: {held.reason})"
             )
             # The bucket's cast collective is there already: a rider adds bytes and work only.
-            decisions[index] = self._fixed(
+            rider = self._fixed(
                 layers[index], RULE_RIDE_ALONG, spec, reason, latency, share=math.inf
             )
+            decisions[index] = _in_span(rider, layers[index], rates.get(layers[index].bucket))
+
+    def _span_rates(
+        self, layers: Sequence[LayerProfile], decisions: Sequence[LayerDecision | None]
+    ) -> dict[int | None, float]:
+        """Per bucket, the least cast work per element among its layers on a lossless cast:
+        what a layer that joins the bucket's cast span costs per element. On CPU the hook
+        casts, sends and copies back consecutive cast layers as one span
+        (:mod:`autocomp.hook_cast_span`), whose measured time is shared out by size, so a
+        small layer joining it adds its elements' share, not the per-tensor price its own
+        options carry (the ViT at 500 Mbit/s priced fp16 at 70-80 us on a 96x96 matrix and
+        280 us on a 96-element bias, measured on the per-layer path; the whole bucket-wide
+        cast and copy back of its 450k elements takes 0.13 ms). Empty on CUDA, where the
+        per-layer path stays."""
+        if getattr(getattr(self.cost_model, "config", None), "device_type", "cpu") != "cpu":
+            return {}
+        rates: dict[int | None, float] = {}
+        for layer, decided in zip(layers, decisions, strict=True):
+            if decided is None or layer.numel <= 0 or decided.predicted_work_seconds <= 0:
+                continue
+            if decided.rule == RULE_RIDE_ALONG or not lossless_cast(decided.spec):
+                continue
+            rate = decided.predicted_work_seconds / layer.numel
+            rates[layer.bucket] = min(rate, rates.get(layer.bucket, rate))
+        return rates
 
     def _complete_casts(
         self,
@@ -607,6 +633,7 @@ class PolicyEngine:
         (fifty-second session)."""
         by_index = {item.index: item for item in pending}
         proposal = completions(layers, decisions, list(by_index))
+        rates = self._span_rates(layers, decisions)
         by_bucket: dict[int | None, dict[int, str]] = {}
         for index, spec in proposal.items():
             by_bucket.setdefault(layers[index].bucket, {})[index] = spec
@@ -617,7 +644,7 @@ class PolicyEngine:
                 option = next((o for o in item.options if o.key == spec), None)
                 if old is None or old.rule == RULE_DWELL or option is None:
                     break
-                trial[index] = LayerDecision(
+                completed = LayerDecision(
                     name=old.name,
                     spec=spec,
                     reason=(
@@ -632,6 +659,7 @@ class PolicyEngine:
                     predicted_rounds_seconds=(option.first_round, option.second_round),
                     predicted_late_work_seconds=(option.final_work, option.decode),
                 )
+                trial[index] = _in_span(completed, layers[index], rates.get(layers[index].bucket))
             else:
                 # Both sides as they would be sent: with their riders on the cast or not.
                 ridden = list(decisions)
@@ -880,3 +908,19 @@ class PolicyEngine:
             predicted_wire_bytes=option.wire_bytes,
             predicted_error=option.error,
         )
+
+
+def _in_span(decided: LayerDecision, layer: LayerProfile, rate: float | None) -> LayerDecision:
+    """``decided`` (a cast) priced as a member of its bucket's cast span: its work at the
+    span's per-element ``rate`` when that is less (``PolicyEngine._span_rates``)."""
+    work = decided.predicted_work_seconds
+    if rate is None or work <= 0 or rate * layer.numel >= work:
+        return decided
+    scale = rate * layer.numel / work
+    final_work, decode = decided.predicted_late_work_seconds
+    return replace(
+        decided,
+        predicted_seconds=decided.predicted_seconds - work * (1.0 - scale),
+        predicted_work_seconds=work * scale,
+        predicted_late_work_seconds=(final_work * scale, decode * scale),
+    )

@@ -40,13 +40,14 @@ from autocomp.policy.types import (
     LayerProfile,
 )
 
-__all__ = ["RIDING_RULES", "cast_only_buckets", "completions", "riders"]
+__all__ = ["RIDING_RULES", "cast_only_buckets", "completions", "lossless_cast", "riders"]
 
 RIDING_RULES = frozenset({RULE_ONE_D, RULE_TOO_SMALL})
 """Rules whose 'none' is about a lossy option's error, which a lossless cast does not have."""
 
 
-def _lossless_cast(spec: str) -> CastCompressor | None:
+def lossless_cast(spec: str) -> CastCompressor | None:
+    """The cast ``spec`` builds when it is fp16/bf16 without error feedback, else None."""
     compressor = built(spec)
     if isinstance(compressor, CastCompressor) and not compressor.error_feedback:
         return compressor
@@ -89,7 +90,7 @@ def _scan(
             if decided.spec == NONE_SPEC and index in searched:
                 scan.open.append(index)
                 continue
-            lossless = _lossless_cast(decided.spec)
+            lossless = lossless_cast(decided.spec)
             if lossless is not None:
                 scan.cast = scan.cast or lossless
                 continue

@@ -58,10 +58,11 @@ as the 50-step window that it is compared with measures its own to a few percent
 Judging near the noise. On a shared machine a window's median step moves by 5-7% from one
 window to the next with nothing changed (the digits ViT at 500 Mbit/s, uncompressed for the
 last 300 steps of a run: 83-98 ms), so one window against one baseline cannot tell a 6% gain
-from none, and a plan is judged again at every settled window. fp16 on that ViT measures
-0.94x the uncompressed step when the two alternate step by step, yet 10 of 14 runs held it
-off at its first judgement after the baseline, each for the rest of the run (fifty-second
-session, docs/benchmarks-history.md). Three rules bring the check closer to the gain:
+from none, and a plan is judged again at every settled window. fp16 on every tensor of that
+ViT steps 0.94x plain DDP when the modes alternate step by step (autocomp uncompressed:
+0.99x), yet 10 of the fifty-first session's 14 runs held their fp16 plans off at the first
+judgement after the baseline, each for the rest of the run (docs/benchmarks-history.md,
+fifty-second session). Three rules bring the check closer to the gain:
 
 - the plan's side of the comparison is the median of its settled windows since it last
   started (the current stretch, up to ``ledger_windows`` of them), not the latest one;

@@ -434,22 +434,12 @@ class PolicyEngine:
                     held, free, result = [], unlocked_items, unlocked
         for item in held:
             option = item.option(locked[item.layer.name])
-            decisions[item.index] = LayerDecision(
-                name=item.layer.name,
-                spec=option.key,
-                reason=(
-                    f"{item.note}dwell: changed compressor recently, kept {option.key} "
-                    f"(predicts {option.seconds:.3g} s, rel. error "
-                    f"{item.rel_errors[option.key]:.3g})"
-                ),
-                rule=RULE_DWELL,
-                predicted_seconds=option.seconds,
-                predicted_work_seconds=option.work,
-                predicted_rounds_seconds=(option.first_round, option.second_round),
-                predicted_late_work_seconds=(option.final_work, option.decode),
-                predicted_wire_bytes=option.wire_bytes,
-                predicted_error=option.error,
+            reason = (
+                f"{item.note}dwell: changed compressor recently, kept {option.key} "
+                f"(predicts {option.seconds:.3g} s, rel. error "
+                f"{item.rel_errors[option.key]:.3g})"
             )
+            decisions[item.index] = _option_decision(item, option, reason, RULE_DWELL)
         if result is None:
             return "dwell", timing.base, outvoted
         for item, chosen, runner in zip(free, result.chosen, result.runner_ups, strict=True):
@@ -637,6 +627,7 @@ class PolicyEngine:
         by_bucket: dict[int | None, dict[int, str]] = {}
         for index, spec in proposal.items():
             by_bucket.setdefault(layers[index].bucket, {})[index] = spec
+        before: float | None = None  # the plan as it stands, riders on (set when needed)
         for bucket_proposal in by_bucket.values():
             trial = list(decisions)
             for index, spec in bucket_proposal.items():
@@ -644,32 +635,24 @@ class PolicyEngine:
                 option = next((o for o in item.options if o.key == spec), None)
                 if old is None or old.rule == RULE_DWELL or option is None:
                     break
-                completed = LayerDecision(
-                    name=old.name,
-                    spec=spec,
-                    reason=(
-                        f"completes its bucket's {spec}: the bucket sends no float32 "
-                        f"all-reduce (the search alone: {old.reason})"
-                    ),
-                    rule=old.rule,
-                    predicted_seconds=option.seconds,
-                    predicted_wire_bytes=option.wire_bytes,
-                    predicted_error=option.error,
-                    predicted_work_seconds=option.work,
-                    predicted_rounds_seconds=(option.first_round, option.second_round),
-                    predicted_late_work_seconds=(option.final_work, option.decode),
+                reason = (
+                    f"completes its bucket's {spec}: the bucket sends no float32 "
+                    f"all-reduce (the search alone: {old.reason})"
                 )
+                completed = _option_decision(item, option, reason, old.rule)
                 trial[index] = _in_span(completed, layers[index], rates.get(layers[index].bucket))
             else:
                 # Both sides as they would be sent: with their riders on the cast or not.
-                ridden = list(decisions)
-                self._ride(layers, ridden, latency)
+                if before is None:
+                    ridden = list(decisions)
+                    self._ride(layers, ridden, latency)
+                    before = self._step_of(ridden, groups, latency_by_group, timing, pending)
                 self._ride(layers, trial, latency)
-                before = self._step_of(ridden, groups, latency_by_group, timing, pending)
                 after = self._step_of(trial, groups, latency_by_group, timing, pending)
                 if after <= before:
                     for index in bucket_proposal:
                         decisions[index] = trial[index]
+                    before = after
 
     @staticmethod
     def _load(
@@ -895,19 +878,23 @@ class PolicyEngine:
     def _none(item: Pending, reason: str) -> LayerDecision:
         """A search layer left uncompressed because compression does not pay (measured, or
         predicted against the progress its error costs)."""
-        option = item.option(NONE_SPEC)
-        return LayerDecision(
-            name=item.layer.name,
-            spec=NONE_SPEC,
-            reason=item.note + reason,
-            rule=RULE_NO_GAIN,
-            predicted_seconds=option.seconds,
-            predicted_work_seconds=option.work,
-            predicted_rounds_seconds=(option.first_round, option.second_round),
-            predicted_late_work_seconds=(option.final_work, option.decode),
-            predicted_wire_bytes=option.wire_bytes,
-            predicted_error=option.error,
-        )
+        return _option_decision(item, item.option(NONE_SPEC), item.note + reason, RULE_NO_GAIN)
+
+
+def _option_decision(item: Pending, option: LayerOption, reason: str, rule: str) -> LayerDecision:
+    """A search layer's decision for one of its options, priced as that option."""
+    return LayerDecision(
+        name=item.layer.name,
+        spec=option.key,
+        reason=reason,
+        rule=rule,
+        predicted_seconds=option.seconds,
+        predicted_work_seconds=option.work,
+        predicted_rounds_seconds=(option.first_round, option.second_round),
+        predicted_late_work_seconds=(option.final_work, option.decode),
+        predicted_wire_bytes=option.wire_bytes,
+        predicted_error=option.error,
+    )
 
 
 def _in_span(decided: LayerDecision, layer: LayerProfile, rate: float | None) -> LayerDecision:

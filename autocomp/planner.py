@@ -261,7 +261,12 @@ class WindowPlanner:
         self.meter = BandwidthMeter(BandwidthMeter.Config(min_samples=min(8, max(2, window))))
         self.probe = LinkProbe(config.probe or LinkProbe.Config())
         self.cost_model = CostModel(
-            CostModel.Config(world_size=world_size, refit_every=64, device_type=device_type)
+            CostModel.Config(
+                world_size=world_size,
+                refit_every=64,
+                auto_refit=False,  # one refit after each window's samples (_update_layers)
+                device_type=device_type,
+            )
         )
         self.engine = PolicyEngine(rules, self.cost_model, target_overlap=config.target_overlap)
         self.payoff = PayoffCheck(
@@ -677,6 +682,7 @@ class WindowPlanner:
                 old = known.get(layer.spec)
                 new = reading
                 known[layer.spec] = new if old is None else old + alpha * (new - old)
+        self.cost_model.refit_if_due()
         # Non-finite norms go to the guards (which react) but never into the policy's weights.
         self.grad_norms.update({n: v for n, v in grad_norms.items() if math.isfinite(v)})
         return grad_norms, residual_norms

@@ -327,6 +327,96 @@ def test_manual_refit_only() -> None:
     assert model.fitted
 
 
+def test_a_batch_of_samples_refits_once_when_due() -> None:
+    """``refit_if_due`` (what the planner calls after a window's samples, with
+    ``auto_refit=False``): one refit for a batch past ``refit_every``, none before it, and
+    none again until as many new samples have come."""
+    model = CostModel(CostModel.Config(refit_every=8, min_fit_samples=4, auto_refit=False))
+    fits = []
+    fit = model.fit
+    model.fit = lambda: (fits.append(model.samples), fit())[1]  # type: ignore[method-assign]
+    for i in range(7):
+        model.add_sample("sign", torch.Size([32 * (i + 1), 16]), 1e-3)
+    assert not model.refit_if_due() and not model.fitted
+    for i in range(7, 20):  # a window of 13 samples: past the cadence once, in one batch
+        model.add_sample("sign", torch.Size([32 * (i + 1), 16]), 1e-3)
+    assert model.refit_if_due() and model.fitted
+    assert fits == [20]  # on every sample of the batch
+    assert not model.refit_if_due()
+    for i in range(20, 27):
+        model.add_sample("sign", torch.Size([32 * (i + 1), 16]), 1e-3)
+    assert not model.refit_if_due()
+    model.add_sample("sign", torch.Size([32 * 28, 16]), 1e-3)
+    assert model.refit_if_due() and fits == [20, 28]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("n_estimators", 0),
+        ("n_estimators", 2.5),
+        ("max_depth", True),
+        ("max_depth", 0),
+        ("learning_rate", 0.0),
+        ("learning_rate", float("nan")),
+    ],
+)
+def test_the_regressor_settings_are_checked_by_the_config(field: str, value: object) -> None:
+    """The fit skips scikit-learn's own parameter validation, so the config checks them."""
+    with pytest.raises(ValueError, match=field):
+        CostModel.Config(**{field: value})  # type: ignore[arg-type]
+
+
+def test_the_planner_refits_its_cost_model_once_per_window() -> None:
+    """The planner's cost model refits after a window's samples, not inside them: a window
+    with more compressed layers than ``refit_every`` refit once or twice mid-window before
+    (21 fits in 13 decisions on a 196-tensor ViT)."""
+    from autocomp.planner import WindowPlanner
+    from autocomp.policy import load_policy
+    from autocomp.window import LayerWindow, WindowMeasurement
+
+    names = [f"b{i}.weight" for i in range(150)]
+    shapes = {n: torch.Size([64 + i, 64]) for i, n in enumerate(names)}
+    planner = WindowPlanner(
+        load_policy("default"),
+        names,
+        shapes,
+        dict.fromkeys(names, torch.float32),
+        [],
+        WindowPlanner.Config(window=10, warmup_steps=0),
+        world_size=2,
+    )
+    assert not planner.cost_model.config.auto_refit
+    fits = []
+    fit = planner.cost_model.fit
+    planner.cost_model.fit = lambda: (fits.append(planner.cost_model.samples), fit())[1]  # type: ignore[method-assign]
+    layers = {
+        n: LayerWindow(
+            spec="int8",
+            grad_norm=1.0,
+            residual_norm=0.0,
+            rel_error=None,
+            hook_seconds=1e-3,
+            bucket=0,
+            bucket_hideable_seconds=0.0,
+        )
+        for n in names
+    }
+    measurement = WindowMeasurement(
+        step=100,
+        world_size=2,
+        window_steps=10,
+        profiled_ranks=2,
+        timings={"step_seconds": 0.1},
+        loss=None,
+        layers=layers,
+        busy_min=[],
+        collectives=[],
+    )
+    planner._update_layers(measurement)
+    assert fits == [150]
+
+
 def test_warm_start_from_bench_document() -> None:
     document = {
         "benchmark": "autocomp_bench.compressors",

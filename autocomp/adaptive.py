@@ -91,7 +91,8 @@ hold 520 MB on rank 0, and every full garbage collection would walk them all."""
 QUIET_BOUNDARY_SHARE = 0.01
 """A quiet stretch lasts at least rank 0's decision time over this share, so that boundaries
 that can only confirm an uncompressed plan take about 1% of the run however long the
-decision: over 802 parameters it took 100 ms, every 50 steps of 50 ms (4%)."""
+decision: over 802 parameters it took 100 ms, every 50 steps of 50 ms (4%). A settled
+compressed plan's stretch is bounded by the same share (``MAX_SETTLED_WINDOWS``)."""
 CONTENTION_REREADS = 3
 """Boundaries at which an unsettled contention reading from the opening (none, or a slowdown
 under ``opening.CONTENTION_SETTLED_SLOWDOWN``) is taken again, while some layer is compressed
@@ -118,6 +119,14 @@ QUIET_DECISIONS = 5
 """Decision times whose median stands for it: one slow decision (a first of its kind, a
 loaded machine) does not stretch the schedule; on CI's 2 loaded cores one did, past a
 boundary a Lightning run's test expects."""
+MAX_SETTLED_WINDOWS = 4
+"""Most windows a settled compressed plan's stretch spans (``QUIET_BOUNDARY_SHARE``): its
+guards and the payoff check judge at each boundary, so their reaction waits at most this many
+windows."""
+SETTLED_DECISIONS = 2
+"""Consecutive decisions that kept a compressed plan before its windows may stretch: the
+window just measured then ran the plan unchanged (a settled window, judged by the payoff
+check), not the switch into it."""
 
 
 class AdaptiveLoop:
@@ -168,8 +177,10 @@ class AdaptiveLoop:
         than two thirds of this gets no stretch), instead of every ``window`` steps. There
         a boundary can only confirm the plan, and it costs a few milliseconds: on the digits
         CNN over loopback (2 gloo ranks) 7 ms every 50 steps of 7 ms, 2% of the run. A
-        costlier decision stretches further (``QUIET_BOUNDARY_SHARE``). A link that slows
-        down is then seen this much later. 0: every window ends at a boundary."""
+        costlier decision stretches further (``QUIET_BOUNDARY_SHARE``), and one that costs
+        over 1% of a window also stretches a settled compressed plan's windows (see
+        ``_quiet_windows``). A link that slows down is then seen this much later. 0: every
+        window ends at a boundary."""
         opening: bool = True
         """At step 0, before its first collective, probe the link and decide at once when an
         uncompressed step would be communication-bound (see ``WindowPlanner.open``). Needs
@@ -288,6 +299,8 @@ class AdaptiveLoop:
         """When rank 0 began this boundary's decision."""
         self._decision_seconds: deque[float] = deque(maxlen=QUIET_DECISIONS)
         """Rank 0's last decision times; their median sizes a quiet stretch."""
+        self._kept_decisions = 0
+        """Rank 0: consecutive decisions that left every layer's spec as it was."""
         self.boundary_seconds = 0.0
         """Wall time this rank spent at window boundaries (measurement all-reduce, decision,
         plan broadcast, probe): the window loop's own cost, reported by the overhead bench."""
@@ -557,6 +570,7 @@ class AdaptiveLoop:
             }
             if contention is not None:  # read again before this decision (replays apply it)
                 line["contention_seconds_per_byte"] = contention
+            failures_before = self.decision_failures
             try:
                 self.planner.sparse_bytes = {
                     name: self.state.slots[name].sparse_step_bytes
@@ -575,6 +589,10 @@ class AdaptiveLoop:
             record = update.record
             record_window_line({**line, "decision": record.decision})
             self._decision_seconds.append(time.perf_counter() - self._decision_started)
+            kept = self.decision_failures == failures_before and all(
+                current[name] == spec for name, spec in zip(self.names, update.plan, strict=True)
+            )
+            self._kept_decisions = self._kept_decisions + 1 if kept else 0
             payload = [
                 {
                     "plan": update.plan,
@@ -632,11 +650,23 @@ class AdaptiveLoop:
     ) -> int:
         """Rank 0: how many windows until the next regular boundary (1: the next window).
 
-        More than one only while nothing is left to decide, watch or apply: the warm-up is
-        over, every layer stays uncompressed (no error to guard), the plan does not change,
-        and no probe, reset or guard event is pending. Only a flat loop whose decision is its
-        own stretches its windows: HSDP's replicate groups and the hierarchy's owners keep
-        boundary-time collectives with peer loops, which must keep the same schedule.
+        More than one only while nothing is left to apply or watch at the next window: the
+        warm-up is over, the plan does not change, and no probe, reset, measuring window or
+        guard event is pending. Then two stretches:
+
+        - every layer uncompressed (a quiet stretch): a boundary can only confirm the plan, so
+          they come about ``quiet_window_seconds`` apart, and at least 100x rank 0's decision
+          time apart (``QUIET_BOUNDARY_SHARE``);
+        - some layer compressed, on a plan kept for ``SETTLED_DECISIONS`` decisions (a settled
+          stretch): only the decision's share bounds it (at most ``MAX_SETTLED_WINDOWS``), since
+          the guards and the payoff check judge such a plan at its boundaries. A decision grows
+          with the layers times their options: 0.87 s over 800 parameters (8 buckets, 50
+          Mbit/s), 60-210 ms on the digits ViT's 56, where windows of 50 steps of 85 ms made
+          the decisions 2-3% of the run. A cheap one stretches nothing.
+
+        Only a flat loop whose decision is its own stretches its windows: HSDP's replicate
+        groups and the hierarchy's owners keep boundary-time collectives with peer loops, which
+        must keep the same schedule.
         """
         seconds = self.config.quiet_window_seconds
         if seconds <= 0 or self.warmup_peers or self.state.hierarchy is not None:
@@ -647,23 +677,26 @@ class AdaptiveLoop:
             return 1
         if update.record.guard_events or self.planner.frozen:
             return 1
-        if any(
-            spec != NONE_SPEC or current[name] != spec
-            for name, spec in zip(self.names, update.plan, strict=True)
-        ):
+        if any(current[name] != spec for name, spec in zip(self.names, update.plan, strict=True)):
             return 1
         window_seconds = measurement.timings["step_seconds"] * self.config.window
         if not window_seconds > 0:
             return 1
-        # At least 100x rank 0's own work at a boundary, which grows with the parameter count
-        # (the wait for the slowest rank at the exchange is left out: paid anyway).
+        # Rank 0's own work at a boundary, which grows with the parameter count (the wait for
+        # the slowest rank at the exchange is left out: paid anyway).
         decided = statistics.median(self._decision_seconds) if self._decision_seconds else 0.0
-        seconds = max(seconds, decided / QUIET_BOUNDARY_SHARE)
+        affordable = decided / QUIET_BOUNDARY_SHARE
+        if all(spec == NONE_SPEC for spec in update.plan):
+            most, seconds = MAX_QUIET_WINDOWS, max(seconds, affordable)
+        elif self._kept_decisions >= SETTLED_DECISIONS:
+            most, seconds = MAX_SETTLED_WINDOWS, affordable
+        else:
+            return 1
         # The nearest whole number of windows, not the floor: floored, every window between
         # 1x and 2x the stretch got no stretch at all (the digits ResNet at 1 Gbit/s, 50
         # windows of 1.03 s against a 2 s stretch: 50 boundaries in 60 s, on "none" from step
         # 16, 1.6 s of them).
-        return max(1, min(MAX_QUIET_WINDOWS, round(seconds / window_seconds)))
+        return max(1, min(most, round(seconds / window_seconds)))
 
     def _agree_warmup_end(self, measurement: WindowMeasurement | None) -> bool:
         """Every rank, while the warm-up lasts: whether any deciding rank of
@@ -980,6 +1013,7 @@ class AdaptiveLoop:
             "last_boundary": self._last_boundary,
             "warming": self._warming,
             "quiet_until": self._quiet_until,
+            "kept_decisions": self._kept_decisions,  # rank 0's; only rank 0 reads it
             "requested_boundary": self._requested_boundary,
             "contention_probe": None
             if self._contention_probe is None
@@ -993,6 +1027,7 @@ class AdaptiveLoop:
         self._last_boundary = int(state["last_boundary"])
         self._warming = bool(state.get("warming", True))
         self._quiet_until = int(state.get("quiet_until", 0))
+        self._kept_decisions = int(state.get("kept_decisions", 0))
         self._requested_boundary = int(state.get("requested_boundary", 0))
         probe = state.get("contention_probe")
         self._contention_probe = None if probe is None else (int(probe[0]), float(probe[1]))

@@ -80,6 +80,9 @@ def _setup(
     torch.manual_seed(0)
     model = MultiBucketNet()
     ddp = DDP(model, bucket_cap_mb=0.02)
+    # The plain schedule, a boundary every window: any decision costs more than its share of
+    # these few-millisecond windows, and a settled compressed plan would stretch them.
+    kwargs.setdefault("quiet_window_seconds", 0.0)
     config = autocomp.AutocompConfig(
         target_overlap=0.9, policy=policy_path, window=WINDOW, **kwargs
     )
@@ -306,6 +309,44 @@ def test_a_settled_uncompressed_plan_stretches_the_windows(tmp_path: Path) -> No
     # Without the stretch the run would hold a boundary every window after the warm-up.
     after_warmup = [s for s in steps if s > 4]
     assert len(after_warmup) <= 3, steps
+
+
+def _settled(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:
+    import autocomp.adaptive as adaptive
+
+    # Any decision now costs more than the share: a kept compressed plan stretches at once.
+    adaptive.QUIET_BOUNDARY_SHARE = 1e-9
+    model, ddp, opt, ctl = _setup(rank, policy_path, quiet_window_seconds=2.0)
+    plans = {}
+    for step in range(10 * WINDOW + 4 * adaptive.MAX_SETTLED_WINDOWS * WINDOW):
+        _train_step(ctl, ddp, opt, rank, step)
+        plans[step] = dict(ctl.plan)  # what a boundary at this step decided
+    return {"steps": [r.step for r in ctl.history], "plans": plans, "params": _flat(model)}
+
+
+def test_a_settled_compressed_plan_stretches_the_windows_alike_on_every_rank(
+    tmp_path: Path,
+) -> None:
+    """A compressed plan kept for ``SETTLED_DECISIONS`` decisions, with decisions costlier
+    than their share of a window (forced here), stretches the windows to
+    ``MAX_SETTLED_WINDOWS``: every rank skips the same boundaries, so the boundary-time
+    collectives stay matched and the parameters identical."""
+    from autocomp.adaptive import MAX_SETTLED_WINDOWS, SETTLED_DECISIONS
+
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    results = run_ranks(_settled, 2, tmp_path / "ranks", str(policy))
+    reference = results[0]
+    assert results[1]["steps"] == reference["steps"]
+    assert torch.equal(results[1]["params"], reference["params"])
+    steps, plans = reference["steps"], reference["plans"]
+    stretched = [a for a, b in itertools.pairwise(steps) if b - a == MAX_SETTLED_WINDOWS * WINDOW]
+    assert stretched, steps
+    for start in stretched:
+        assert set(plans[start].values()) != {"none"}, (start, plans[start])
+        # Only after the plan was kept: the boundaries before it ran the same plan.
+        before = [s for s in steps if s < start][-SETTLED_DECISIONS:]
+        assert all(plans[s] == plans[start] for s in before), (start, steps)
 
 
 def _short_window(rank: int, world_size: int, policy_path: str) -> dict[str, Any]:

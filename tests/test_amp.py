@@ -75,7 +75,11 @@ def _train_amp(rank: int, world_size: int, policy: str) -> dict[str, Any]:
     torch.manual_seed(0)
     model = MultiBucketNet()
     ddp = DDP(model, bucket_cap_mb=0.02)
-    ctl = autocomp.wrap(ddp, target_overlap=0.9, policy=policy, window=WINDOW)
+    # The plain schedule: the test expects a boundary at every window.
+    config = autocomp.AutocompConfig(
+        target_overlap=0.9, policy=policy, window=WINDOW, quiet_window_seconds=0.0
+    )
+    ctl = autocomp.wrap(ddp, config=config)
     assert ctl.adaptive is not None
     if rank == 0:
         ctl.adaptive.meter.end_window = lambda **_: SLOW_LINK  # type: ignore[method-assign]

@@ -88,6 +88,7 @@ def _stuck_slow(
         window=WINDOW,
         first_look_steps=WARMUP,
         opening=False,
+        quiet_window_seconds=0.0,  # a boundary every window: the probes' schedule is per window
     )
     ctl = autocomp.wrap(ddp, config=config)
     loop = ctl.adaptive
@@ -528,7 +529,11 @@ def shaped_worker(policy_path: str, out_dir: str) -> None:
     )
     ddp = DDP(model, bucket_cap_mb=1)
     config = autocomp.AutocompConfig(
-        policy=policy_path, window=WINDOW, run_dir=False, first_look_steps=WARMUP
+        policy=policy_path,
+        window=WINDOW,
+        run_dir=False,
+        first_look_steps=WARMUP,
+        quiet_window_seconds=0.0,  # a boundary every window: the probes' schedule is per window
     )
     ctl = autocomp.wrap(ddp, config=config)
     assert ctl.adaptive is not None

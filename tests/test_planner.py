@@ -220,6 +220,7 @@ def _quiet_loop(**fields: object) -> object:
         planner=SimpleNamespace(warmup_done=True, frozen=False),
         names=NAMES,
         _decision_seconds=deque([0.0], maxlen=QUIET_DECISIONS),  # decisions cost nothing
+        _kept_decisions=0,
     )
     for key, value in fields.items():
         setattr(loop, key, value)
@@ -305,7 +306,12 @@ def test_only_a_settled_uncompressed_plan_stretches_the_windows() -> None:
     schedule."""
     from types import SimpleNamespace
 
-    from autocomp.adaptive import MAX_QUIET_WINDOWS, QUIET_DECISIONS, AdaptiveLoop
+    from autocomp.adaptive import (
+        MAX_QUIET_WINDOWS,
+        QUIET_DECISIONS,
+        SETTLED_DECISIONS,
+        AdaptiveLoop,
+    )
     from autocomp.window import PlanUpdate, WindowRecord
 
     none = dict.fromkeys(NAMES, "none")
@@ -360,6 +366,10 @@ def test_only_a_settled_uncompressed_plan_stretches_the_windows() -> None:
     compressed = {**none, "fc1.weight": "powersgd:rank=4"}
     assert quiet(plan=[compressed[n] for n in NAMES], current=compressed) == 1
     assert quiet(current=compressed) == 1  # the plan changes at this boundary
+    # A compressed plan stretches only for a costly decision, and only once kept (see the
+    # next test); quiet_window_seconds is no floor for it.
+    settled = _quiet_loop(_kept_decisions=SETTLED_DECISIONS)
+    assert quiet(settled, plan=[compressed[n] for n in NAMES], current=compressed) == 1
     assert quiet(probe_bytes=1 << 20) == 1
     assert quiet(resets=["fc1.weight"]) == 1
     assert quiet(window_steps=16) == 1  # a short window asked for: it ends first
@@ -382,6 +392,54 @@ def test_only_a_settled_uncompressed_plan_stretches_the_windows() -> None:
     broken._quiet_windows = lambda *args: AdaptiveLoop._quiet_windows(broken, *args)  # type: ignore[attr-defined]
     update = PlanUpdate([none[n] for n in NAMES], [], 0, WindowRecord.opening(1.0))
     assert AdaptiveLoop._safe_quiet_windows(broken, update, none, m) == 1  # type: ignore[arg-type]
+
+
+def test_a_costly_decision_stretches_a_settled_compressed_plan() -> None:
+    """``AdaptiveLoop._quiet_windows`` on a compressed plan: once it has been kept for
+    ``SETTLED_DECISIONS`` decisions, a decision that costs over 1% of a window stretches the
+    windows so that decisions stay near 1% of the run (``QUIET_BOUNDARY_SHARE``), at most
+    ``MAX_SETTLED_WINDOWS``. A plan just switched to, a plan that changes, or anything pending
+    keeps the regular windows: the guards and the payoff check judge it at each boundary."""
+    from types import SimpleNamespace
+
+    from autocomp.adaptive import (
+        MAX_SETTLED_WINDOWS,
+        QUIET_DECISIONS,
+        SETTLED_DECISIONS,
+        AdaptiveLoop,
+    )
+    from autocomp.window import PlanUpdate, WindowRecord
+
+    plan = {**dict.fromkeys(NAMES, "none"), "fc1.weight": "powersgd:rank=4"}
+    window_of_70ms = SimpleNamespace(timings={"step_seconds": 0.07})  # 3.5 s windows
+
+    def stretch(decided: float, kept: int, current: dict[str, str] = plan, **update: object) -> int:
+        loop = _quiet_loop(
+            _decision_seconds=deque([decided], maxlen=QUIET_DECISIONS), _kept_decisions=kept
+        )
+        fields: dict[str, object] = {
+            "plan": [plan[n] for n in NAMES],
+            "resets": [],
+            "probe_bytes": 0,
+            "record": WindowRecord.opening(1.0),
+            **update,
+        }
+        return AdaptiveLoop._quiet_windows(loop, PlanUpdate(**fields), current, window_of_70ms)  # type: ignore[arg-type]
+
+    # 0.1 s a decision: 1% of 10 s, the nearest whole number of 3.5 s windows.
+    assert stretch(0.1, SETTLED_DECISIONS) == 3
+    assert stretch(0.1, SETTLED_DECISIONS + 5) == 3
+    assert stretch(0.05, SETTLED_DECISIONS) == 1  # 5 s: one window and a half rounds to one
+    assert stretch(0.9, SETTLED_DECISIONS) == MAX_SETTLED_WINDOWS  # 800 parameters
+    assert stretch(0.001, SETTLED_DECISIONS) == 1  # cheap: the regular windows
+    assert stretch(0.1, SETTLED_DECISIONS - 1) == 1  # the window just ran the switch
+    changing = {**plan, "fc1.weight": "int8"}
+    assert stretch(0.1, SETTLED_DECISIONS, current=changing) == 1
+    assert stretch(0.1, SETTLED_DECISIONS, probe_bytes=1 << 20) == 1
+    assert stretch(0.1, SETTLED_DECISIONS, resets=["fc1.weight"]) == 1
+    assert stretch(0.1, SETTLED_DECISIONS, window_steps=16) == 1
+    events = WindowRecord.opening(1.0, guard_events=[{"guard": "residual"}])
+    assert stretch(0.1, SETTLED_DECISIONS, record=events) == 1
 
 
 def test_the_early_looks_do_not_read_as_a_critical_regime() -> None:

@@ -1,22 +1,20 @@
 """Session-53 harness: session-52/inter_rules.py (interleaved modes over a shaped link) with
   - MODE~N: MODE again (a noise control);
-  - SEQ=1: modes in blocks of BLOCK steps (seq_shaped.py) instead of step by step, so that an
-    adaptive mode times its own steps (interleaved, its step reads every mode's);
+  - BLOCK=n: modes in blocks of n steps (session-51/inter/inter_shaped.py) instead of step by
+    step, so that an adaptive mode times its own steps (interleaved, its step reads every
+    mode's); SKIP=k: the first k steps of each mode left out of the medians (default 10);
   - free_timed: adaptive, with rank 0's boundary parts timed and printed (DECIDE, PROBE,
     TIMED; CPROF=1 adds a cProfile of the decisions, /tmp/decide.prof) and autocomp's INFO log;
   - free_f16: adaptive on a policy whose candidates are none and fp16 only;
   - task digits-vit-deep: the digits ViT at d 64, 16 blocks (196 tensors).
 From the repository root (as root: network namespaces):
-  SEQ=1 BLOCK=400 PYTHONPATH=. python docs/benchmarks-matrix-2026-12-01/session-53/seq.py \
+  BLOCK=400 PYTHONPATH=. python docs/benchmarks-matrix-2026-12-01/session-53/seq.py \
       free_timed 400 digits-vit-deep 200 OUT.json"""
 import importlib.util, os, sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "session-52"))
 import inter_rules
 inter = inter_rules.inter
-if os.environ.get("SEQ"):
-    spec2 = importlib.util.spec_from_file_location("seq_shaped", os.path.join(HERE, "seq_shaped.py"))
-    inter = importlib.util.module_from_spec(spec2); spec2.loader.exec_module(inter)
 inter.__file__ = os.path.abspath(__file__)
 _b = inter.build
 import autocomp_bench.tasks as _tasks
@@ -103,9 +101,8 @@ def build(mode, task):
         timed(adaptive.AdaptiveLoop, "_reread_contention")
         timed(adaptive.AdaptiveLoop, "_measurement")
         def report():
-            if True:
-                print("TIMED", {k: (round(v, 3), cnt[k]) for k, v in acc.items()}, flush=True)
-        import builtins; builtins._autocomp_timed_report = report
+            print("TIMED", {k: (round(v, 3), cnt[k]) for k, v in acc.items()}, flush=True)
+        atexit.register(lambda: report() if os.environ.get("GROUP_RANK") == "0" else None)
         mode = "free"
         import logging, torch.distributed as dist2
         if dist2.get_rank() == 0:

@@ -37,19 +37,24 @@ def worker(modes, steps, task, out):
     rank = dist.get_rank()
     built = {m: build(m, task) for m in modes}
     times = {m: [] for m in modes}
-    for step in range(steps):
-        for m in (modes if step % 2 == 0 else modes[::-1]):
+    # BLOCK=n (added in session 53): each mode runs n steps in a row, the order alternating
+    # per block, so that an adaptive mode times its own steps; 1 (the default) interleaves the
+    # modes step by step, as before.
+    block = int(os.environ.get("BLOCK", "1"))
+    for first in range(0, steps, block):
+        for m in (modes if first // block % 2 == 0 else modes[::-1]):
             spec, ddp, ctl, opt = built[m]
-            x, y = spec.batch(rank, step, 1)
-            t0 = time.perf_counter()
-            loss = spec.loss(ddp(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            v = float(loss.item())
-            if ctl is not None and ctl.adaptive is not None:
-                ctl.observe_loss(v)
-            times[m].append(time.perf_counter() - t0)
+            for step in range(first, min(first + block, steps)):
+                x, y = spec.batch(rank, step, 1)
+                t0 = time.perf_counter()
+                loss = spec.loss(ddp(x), y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                v = float(loss.item())
+                if ctl is not None and ctl.adaptive is not None:
+                    ctl.observe_loss(v)
+                times[m].append(time.perf_counter() - t0)
     info = {}
     for m in modes:
         ctl = built[m][2]
@@ -78,8 +83,9 @@ def main():
     res = json.loads(Path(out).read_text())
     base = modes[0]
     for m in modes:
-        t = res["times"][m][10:]
-        rel = [a / b for a, b in zip(t, res["times"][base][10:])]
+        skip = int(os.environ.get("SKIP", "10"))  # first steps left out (SKIP: session 53)
+        t = res["times"][m][skip:]
+        rel = [a / b for a, b in zip(t, res["times"][base][skip:])]
         total = sum(res["times"][m])
         print(f"{m:12s} median {statistics.median(t)*1000:6.1f} ms  mean {statistics.fmean(t)*1000:6.1f} ms  total {total:6.1f} s  paired median ratio vs {base} {statistics.median(rel):.3f}",
               {k: v for k, v in res["info"].get(m, {}).items() if k != "trail"})

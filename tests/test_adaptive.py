@@ -1,7 +1,7 @@
 """Tier 2: the adaptive window loop on local gloo ranks.
 
 Loopback is a fast link, where the right answer is to compress nothing; to exercise real
-decisions these tests replace rank 0's link fit with a fixed slow link (10 Mbit/s; 1 Mbit/s
+decisions these tests replace rank 0's link fit with a fixed slow link (10 Mbit/s; 0.1 Mbit/s
 for the opening), so the policy compresses. Everything else is real: the profiler, the
 all-reduce of measurements, the rank-0 decision, the broadcast and the switch.
 
@@ -61,10 +61,13 @@ SLOW_LINK = LinkEstimate(
     latency_s=1e-3, bandwidth_bytes_per_s=10e6 / 8, samples=16, rel_residual=0.0
 )
 CRAWLING_LINK = LinkEstimate(
-    latency_s=1e-3, bandwidth_bytes_per_s=1e6 / 8, samples=16, rel_residual=0.0
+    latency_s=1e-3, bandwidth_bytes_per_s=0.1e6 / 8, samples=16, rel_residual=0.0
 )
-"""1 Mbit/s: the opening's 10x dominance holds against any first forward here (1 s of
-communication against at most a few tens of milliseconds of compute)."""
+"""0.1 Mbit/s: 120 KB of gradients take 10 s, so the opening's bar (5x three first forwards)
+holds for any first forward under 0.67 s. At 1 Mbit/s (1 s, a bar of 67 ms) the agreement
+test failed as the first test of a run, twice in two sessions: the opening left step 0
+uncompressed (its first switch came at step 1); a cold process's first forward is the
+likely reason (it is reported in the assertion now)."""
 FAST_LINK = LinkEstimate(
     latency_s=50e-6, bandwidth_bytes_per_s=10e9 / 8, samples=16, rel_residual=0.0
 )
@@ -127,6 +130,7 @@ def _agreement(rank: int, world_size: int, policy_path: str, opening: bool) -> d
         "plans": plans_by_step,
         "switches": [(r.step, sorted(r.changes.items())) for r in ctl.history],
         "probes": [r.probe_bytes for r in ctl.history if r.step == 0],
+        "first_forward": None if ctl.adaptive is None else ctl.adaptive.first_forward_seconds,
         "params": _flat(model),
         "reasons": None
         if ctl.last_decision is None
@@ -150,10 +154,11 @@ def test_every_rank_holds_the_same_plan_and_switches_at_the_same_step(
     plans = reference["plans"]
     first_switch = next(step for step, changes in reference["switches"] if changes)
     if opening:
-        # The opening probes the (injected, 1 Mbit/s) link before step 0's first collective:
-        # 120 KB of gradients take 1 s, over 10x any first forward here, so the first step
-        # already compresses, on every rank alike.
-        assert first_switch == 0 and reference["probes"] and reference["probes"][0] > 0
+        # The opening probes the (injected, 0.1 Mbit/s) link before step 0's first collective:
+        # 120 KB of gradients take 10 s, over 5x three of any first forward here, so the first
+        # step already compresses, on every rank alike.
+        opened = first_switch == 0 and reference["probes"] and reference["probes"][0] > 0
+        assert opened, (first_switch, reference["probes"], reference["first_forward"])
         assert any(spec != "none" for spec in plans[1].values())
     else:
         # The warm-up's first step is uncompressed. The glance after it (step 1: one step

@@ -661,8 +661,9 @@ class AdaptiveLoop:
           stretch): only the decision's share bounds it (at most ``MAX_SETTLED_WINDOWS``), since
           the guards and the payoff check judge such a plan at its boundaries. A decision grows
           with the layers times their options: 0.87 s over 800 parameters (8 buckets, 50
-          Mbit/s), 60-210 ms on the digits ViT's 56, where windows of 50 steps of 85 ms made
-          the decisions 2-3% of the run. A cheap one stretches nothing.
+          Mbit/s, decide_bench), 70-280 ms over a 16-block digits ViT's 196 against 8-12 s
+          windows, 10-90 ms over the 4-block one's 56 against 4-5 s windows (1.8% of a run at
+          500 Mbit/s). A cheap one stretches nothing.
 
         Only a flat loop whose decision is its own stretches its windows: HSDP's replicate
         groups and the hierarchy's owners keep boundary-time collectives with peer loops, which

@@ -40,7 +40,7 @@ from autocomp.compressors import (
     effective_compressor,
 )
 from autocomp.policy.costs import LatencyCache, OptionCost, latency_shares, option_cost
-from autocomp.policy.explain import optimizer_decision
+from autocomp.policy.explain import optimizer_decision, option_decision
 from autocomp.policy.optimizer import LayerOption
 from autocomp.policy.payoff import gain_bar
 from autocomp.policy.priors import ErrorPriors, built, model_scaled, rel_error
@@ -439,7 +439,7 @@ class PolicyEngine:
                 f"(predicts {option.seconds:.3g} s, rel. error "
                 f"{item.rel_errors[option.key]:.3g})"
             )
-            decisions[item.index] = _option_decision(item, option, reason, RULE_DWELL)
+            decisions[item.index] = option_decision(item, option, reason, RULE_DWELL)
         if result is None:
             return "dwell", timing.base, outvoted
         for item, chosen, runner in zip(free, result.chosen, result.runner_ups, strict=True):
@@ -639,7 +639,7 @@ class PolicyEngine:
                     f"completes its bucket's {spec}: the bucket sends no float32 "
                     f"all-reduce (the search alone: {old.reason})"
                 )
-                completed = _option_decision(item, option, reason, old.rule)
+                completed = option_decision(item, option, reason, old.rule)
                 trial[index] = _in_span(completed, layers[index], rates.get(layers[index].bucket))
             else:
                 # Both sides as they would be sent: with their riders on the cast or not.
@@ -878,23 +878,7 @@ class PolicyEngine:
     def _none(item: Pending, reason: str) -> LayerDecision:
         """A search layer left uncompressed because compression does not pay (measured, or
         predicted against the progress its error costs)."""
-        return _option_decision(item, item.option(NONE_SPEC), item.note + reason, RULE_NO_GAIN)
-
-
-def _option_decision(item: Pending, option: LayerOption, reason: str, rule: str) -> LayerDecision:
-    """A search layer's decision for one of its options, priced as that option."""
-    return LayerDecision(
-        name=item.layer.name,
-        spec=option.key,
-        reason=reason,
-        rule=rule,
-        predicted_seconds=option.seconds,
-        predicted_work_seconds=option.work,
-        predicted_rounds_seconds=(option.first_round, option.second_round),
-        predicted_late_work_seconds=(option.final_work, option.decode),
-        predicted_wire_bytes=option.wire_bytes,
-        predicted_error=option.error,
-    )
+        return option_decision(item, item.option(NONE_SPEC), item.note + reason, RULE_NO_GAIN)
 
 
 def _in_span(decided: LayerDecision, layer: LayerProfile, rate: float | None) -> LayerDecision:

@@ -11,7 +11,7 @@ from autocomp.policy.search import (
 )
 from autocomp.policy.types import RULE_KNAPSACK, RULE_SLACK, LayerDecision
 
-__all__ = ["bytes_text", "optimizer_decision", "seconds_text"]
+__all__ = ["bytes_text", "optimizer_decision", "option_decision", "seconds_text"]
 
 
 def seconds_text(seconds: float) -> str:
@@ -76,17 +76,30 @@ def optimizer_decision(
             for key, why in sorted(item.dropped.items())
         )
         reason += f"; not considered: {dropped}"
+    rule = RULE_KNAPSACK if result.meets_target else RULE_SLACK
+    return option_decision(item, chosen, reason, rule, runner)
+
+
+def option_decision(
+    item: Pending,
+    option: LayerOption,
+    reason: str,
+    rule: str,
+    runner: LayerOption | None = None,
+) -> LayerDecision:
+    """A search layer's decision for one of its options, priced as that option (with the
+    runner-up's figures when one is named)."""
     return LayerDecision(
         name=item.layer.name,
-        spec=chosen.key,
+        spec=option.key,
         reason=reason,
-        rule=RULE_KNAPSACK if result.meets_target else RULE_SLACK,
-        predicted_seconds=chosen.seconds,
-        predicted_work_seconds=chosen.work,
-        predicted_rounds_seconds=(chosen.first_round, chosen.second_round),
-        predicted_late_work_seconds=(chosen.final_work, chosen.decode),
-        predicted_wire_bytes=chosen.wire_bytes,
-        predicted_error=chosen.error,
+        rule=rule,
+        predicted_seconds=option.seconds,
+        predicted_work_seconds=option.work,
+        predicted_rounds_seconds=(option.first_round, option.second_round),
+        predicted_late_work_seconds=(option.final_work, option.decode),
+        predicted_wire_bytes=option.wire_bytes,
+        predicted_error=option.error,
         runner_up=None if runner is None else runner.key,
         runner_up_seconds=None if runner is None else runner.seconds,
         runner_up_error=None if runner is None else runner.error,

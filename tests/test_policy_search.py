@@ -1,11 +1,12 @@
 """Tier 1: pure unit, no processes.
 
-Covers the plan search's single-layer moves (``autocomp.policy.search.PlanMoves``): a move
-is priced by summing only the moved layer's bucket group again, and the load and timeline
-it predicts must be the very floats the whole plan summed again gives. Taking one option's
-load off and putting another's on is not: a group's two-round traffic then reads 1e-19
-where it was 0, and the exposure model times a second round that is not there (found on
-a 400-parameter model, where it changed the fastest plan).
+Covers the plan search's single-layer moves (``autocomp.policy.plan_load.PlanMoves``): a move
+swaps one layer's terms in its bucket group's sums, and the load and timeline it predicts
+must be the very floats the whole plan summed again gives, in any order: each group's sum is
+the correctly rounded sum of its terms (``math.fsum``). In floats a swap is not: a group's
+two-round traffic then read 1e-19 where it was 0, and the exposure model timed a second
+round that was not there (found on a 400-parameter model, where it changed the fastest
+plan); the sums are kept exactly for that.
 
 A collective of an option's own (a payload dtype no other layer of the bucket sends, an
 all-gather) is charged to each layer as a share of its latency, and the exact model adds the
@@ -24,6 +25,7 @@ within ``error_cost``'s uncertainty (``SearchConfig.error_cost_spread``).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -32,16 +34,13 @@ from hypothesis import strategies as st
 
 from autocomp.policy.explain import optimizer_decision
 from autocomp.policy.optimizer import LayerOption
+from autocomp.policy.plan_load import BucketGroup, BucketGroups, GroupLoad, SearchProblem
 from autocomp.policy.search import (
     KEPT_FOR_PROGRESS,
     KEPT_WITHIN_TIME,
-    BucketGroups,
-    GroupLoad,
     Pending,
     SearchConfig,
     SearchResult,
-    _Group,
-    _Problem,
     search,
 )
 from autocomp.policy.types import LayerProfile, StepTiming
@@ -88,7 +87,7 @@ def _option(draw: st.DrawFn, key: str) -> LayerOption:
 
 
 @st.composite
-def _problem(draw: st.DrawFn) -> _Problem:
+def _problem(draw: st.DrawFn) -> SearchProblem:
     groups = draw(st.integers(min_value=1, max_value=4))
     layers = draw(st.integers(min_value=1, max_value=12))
     pending = []
@@ -105,17 +104,19 @@ def _problem(draw: st.DrawFn) -> _Problem:
         group_of.append(bucket // 2)
     groups = max(group_of) + 1
     hideable = sorted(draw(st.lists(_seconds, min_size=groups, max_size=groups)))
-    buckets = BucketGroups(tuple(_Group(h, 1) for h in hideable), tuple(group_of), contention=0.1)
+    buckets = BucketGroups(
+        tuple(BucketGroup(h, 1) for h in hideable), tuple(group_of), contention=0.1
+    )
     fixed = GroupLoad.empty(groups)
     for g in range(groups):
-        fixed.comm[g] = draw(_seconds)
-    return _Problem(pending, buckets, fixed)
+        fixed.add_seconds(g, comm=draw(_seconds))
+    return SearchProblem(pending, buckets, fixed)
 
 
 @settings(max_examples=200, deadline=None)
 @given(problem=_problem(), data=st.data())
 def test_a_move_is_priced_as_the_whole_plan_summed_again(
-    problem: _Problem, data: st.DataObject
+    problem: SearchProblem, data: st.DataObject
 ) -> None:
     chosen = [data.draw(st.sampled_from(item.options)) for item in problem.pending]
     plan = problem.moves(chosen)
@@ -127,6 +128,32 @@ def test_a_move_is_priced_as_the_whole_plan_summed_again(
         assert load.fields() == problem.totals(moved).fields()
         assert load.own == problem.totals(moved).own
         assert timeline == problem.timeline(moved)
+        backwards = SearchProblem(problem.pending[::-1], problem.groups, problem.fixed)
+        assert backwards.totals(moved[::-1]).fields() == load.fields()
+        for group in range(len(problem.groups.groups)):
+            mine = [
+                (o, item.layer.bucket)
+                for item, o in zip(problem.pending, moved, strict=True)
+                if problem.groups.group_of[item.index] == group
+            ]
+            comm = [problem.fixed.comm[group]]
+            for o, _ in mine:
+                comm += [o.seconds, -o.work]
+            assert load.comm[group] == math.fsum(comm)
+            assert load.second[group] == math.fsum(o.second_round for o, _ in mine)
+            sharing: dict[tuple[int | None, str], list[LayerOption]] = {}
+            for o, bucket in mine:
+                if o.own_collective:
+                    sharing.setdefault((bucket, o.own_collective), []).append(o)
+            uncharged = (
+                max(0.0, max(o.own_latency for o in kind) - math.fsum(o.own_charged for o in kind))
+                for kind in sharing.values()
+            )
+            assert load.own_seconds(group) == pytest.approx(
+                math.fsum(uncharged),
+                rel=1e-12,
+                abs=1e-18,
+            )
         if data.draw(st.booleans()):
             plan.move(index, option, (load, timeline))
             assert plan.chosen == moved
@@ -170,7 +197,7 @@ def test_a_bucket_pays_one_full_latency_per_collective_of_its_own() -> None:
     apart.add(0, _fp16(1e-4, share=2), bucket=1)
     assert apart.own_seconds(0) == pytest.approx(_LATENCY)
     # The exact model's communication holds the uncharged rest.
-    groups = BucketGroups((_Group(0.0, 1),), (0,), contention=0.0)
+    groups = BucketGroups((BucketGroup(0.0, 1),), (0,), contention=0.0)
     plain = GroupLoad.empty(1)
     plain.add(0, dataclasses.replace(_fp16(1e-4, share=2), own_collective=""), bucket=0)
     assert groups.timeline(alone).comm_s == pytest.approx(
@@ -201,7 +228,7 @@ def _lone_fp16_search(own: bool) -> list[str]:
         layer = dataclasses.replace(_layer(name, 16), bucket=0)
         rel_errors = {o.key: 0.5 if o.key == "powersgd" else 0.0 for o in choices}
         pending.append(Pending(index, layer, choices, rel_errors, ""))
-    groups = BucketGroups((_Group(0.0, 1),), (0, 0), contention=0.0)
+    groups = BucketGroups((BucketGroup(0.0, 1),), (0, 0), contention=0.0)
     compute = 0.002
     timing = StepTiming(
         backward_seconds=0.001, hideable_seconds=0.0, step_seconds=compute, compute_seconds=compute
@@ -247,7 +274,7 @@ def _search(
     powersgd_errors: list[float], compute: float = _COMPUTE, **config: float
 ) -> tuple[str, list[str], float]:
     pending = _exposed_layers(powersgd_errors)
-    groups = BucketGroups((_Group(0.0, 1),), (0,) * len(pending), contention=0.0)
+    groups = BucketGroups((BucketGroup(0.0, 1),), (0,) * len(pending), contention=0.0)
     timing = StepTiming(
         backward_seconds=0.1, hideable_seconds=0.0, step_seconds=compute, compute_seconds=compute
     )
@@ -291,7 +318,7 @@ def test_the_slack_keeps_accuracy_the_climb_would_bet_within_the_price_uncertain
     assert step == pytest.approx(_COMPUTE + 3 * 0.0045 + 6 * 0.004)
 
 
-def _kept(current: list[str], fp16_seconds: float) -> tuple[SearchResult, _Problem]:
+def _kept(current: list[str], fp16_seconds: float) -> tuple[SearchResult, SearchProblem]:
     """The exposed layers with a plan in use, fp16 at ``fp16_seconds`` and PowerSGD's error 2."""
     pending = [
         dataclasses.replace(item, current=spec)
@@ -299,13 +326,13 @@ def _kept(current: list[str], fp16_seconds: float) -> tuple[SearchResult, _Probl
     ]
     for item in pending:
         item.options[1] = dataclasses.replace(item.options[1], seconds=fp16_seconds)
-    groups = BucketGroups((_Group(0.0, 1),), (0,) * len(pending), contention=0.0)
+    groups = BucketGroups((BucketGroup(0.0, 1),), (0,) * len(pending), contention=0.0)
     timing = StepTiming(
         backward_seconds=0.1, hideable_seconds=0.0, step_seconds=_COMPUTE, compute_seconds=_COMPUTE
     )
     settings = SearchConfig(time_slack=0.03, target_overlap=0.9, progress_per_error=0.01)
     result = search(pending, groups, GroupLoad.empty(1), timing, settings)
-    return result, _Problem(pending, groups, GroupLoad.empty(1))
+    return result, SearchProblem(pending, groups, GroupLoad.empty(1))
 
 
 def test_a_kept_plan_says_which_condition_kept_it() -> None:

@@ -5,6 +5,8 @@ engine that combines them into a per-layer plan with a reason for every layer.
 - :mod:`autocomp.policy.rules`: :class:`PolicyRules`, :func:`load_policy`, presets;
 - :mod:`autocomp.policy.priors`: measured and prior relative errors per option;
 - :mod:`autocomp.policy.optimizer`: multiple-choice knapsack over a discretized time budget;
+- :mod:`autocomp.policy.plan_load`: a plan's load per bucket group, summed exactly, and
+  the single-layer moves the searches price;
 - :mod:`autocomp.policy.search`: least error within the time slack of the fastest plan;
 - :mod:`autocomp.policy.explain`: the reasons;
 - :mod:`autocomp.policy.engine`: :class:`PolicyEngine`, rules first, then the search;

@@ -8,7 +8,7 @@ bucket's optimizer-placed layers (:func:`latency_shares`), plus its compression 
 model), kept apart because it runs on the backward's thread. The share is exact when every
 layer of the bucket takes the same kind and short when one takes it alone, so an option also
 names the collective it adds (``OptionCost.own_collective``) and the exact model charges each
-bucket's such collectives one full latency (``autocomp.policy.search.GroupLoad``): on the
+bucket's such collectives one full latency (``autocomp.policy.plan_load.GroupLoad``): on the
 digits CNN at 50 Mbit/s, fp16 on the one small matrix of a bucket otherwise on PowerSGD was
 charged half a latency and measured 3-4% of the step (docs/benchmarks-history.md, "a lone
 collective"). Every bucket pays one all-reduce

@@ -43,11 +43,12 @@ from autocomp.policy.costs import LatencyCache, OptionCost, latency_shares, opti
 from autocomp.policy.explain import optimizer_decision, option_decision
 from autocomp.policy.optimizer import LayerOption
 from autocomp.policy.payoff import gain_bar
+from autocomp.policy.plan_load import BucketGroups, GroupLoad
 from autocomp.policy.priors import ErrorPriors, built, model_scaled, rel_error
 from autocomp.policy.progress import progress_rate
 from autocomp.policy.ride_along import cast_only_buckets, completions, lossless_cast, riders
 from autocomp.policy.rules import Pin, PolicyRules, error_weight, runtime_pins
-from autocomp.policy.search import BucketGroups, GroupLoad, Pending, SearchConfig, search
+from autocomp.policy.search import Pending, SearchConfig, search
 from autocomp.policy.types import (
     NONE_SPEC,
     RULE_DWELL,
@@ -668,19 +669,21 @@ class PolicyEngine:
         were alone there: an over-charge of at most one latency, on pinned plans only."""
         load = GroupLoad.empty(len(groups.groups))
         for index, latency in enumerate(latency_by_group):
-            load.comm[index] += latency
+            load.add_seconds(index, comm=latency)
         for index, decided in enumerate(decisions):
             if decided is None:
                 continue
-            group = groups.group_of[index]
             first, second = decided.predicted_rounds_seconds
-            load.comm[group] += decided.predicted_seconds - decided.predicted_work_seconds
-            load.work[group] += decided.predicted_work_seconds
-            load.first[group] += first
-            load.second[group] += second
             final_work, decode = decided.predicted_late_work_seconds
-            load.final_work[group] += final_work
-            load.decode[group] += decode
+            load.add_seconds(
+                groups.group_of[index],
+                comm=decided.predicted_seconds - decided.predicted_work_seconds,
+                work=decided.predicted_work_seconds,
+                first=first,
+                second=second,
+                final_work=final_work,
+                decode=decode,
+            )
         for item in items:
             decided = decisions[item.index]
             if decided is None:

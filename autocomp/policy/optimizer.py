@@ -77,7 +77,7 @@ class LayerOption:
     own_collective: str = ""
     """A collective the bucket issues only for options like this one (a payload dtype of its
     own, an all-gather; '' for none): the exact model charges it one full latency per
-    bucket that holds such an option (``autocomp.policy.search.GroupLoad``)."""
+    bucket that holds such an option (``autocomp.policy.plan_load.GroupLoad``)."""
     own_latency: float = 0.0
     """That collective's full latency (seconds)."""
     own_charged: float = 0.0

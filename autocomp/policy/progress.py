@@ -34,7 +34,7 @@ class PlanProblem(Protocol):
 
 
 class _PlanMoves(Protocol):
-    """A plan priced for single-layer moves (``autocomp.policy.search.PlanMoves``)."""
+    """A plan priced for single-layer moves (``autocomp.policy.plan_load.PlanMoves``)."""
 
     chosen: list[LayerOption]
     timeline: Timeline

@@ -52,11 +52,12 @@ Two more rules keep the plan sensible and steady:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from autocomp.exposure import Group, Timeline, simulate
+from autocomp.exposure import Timeline
 from autocomp.policy.optimizer import BudgetOptimizer, BudgetSolution, LayerOption
+from autocomp.policy.plan_load import BucketGroups, GroupLoad, SearchProblem
 from autocomp.policy.progress import progress_ascent, rate
 from autocomp.policy.types import NONE_SPEC, LayerProfile, StepTiming
 
@@ -64,8 +65,6 @@ __all__ = [
     "KEPT_AT_TARGET",
     "KEPT_FOR_PROGRESS",
     "KEPT_WITHIN_TIME",
-    "BucketGroups",
-    "GroupLoad",
     "Pending",
     "SearchConfig",
     "SearchResult",
@@ -146,84 +145,6 @@ class Pending:
 
 
 @dataclass(frozen=True, slots=True)
-class _Group:
-    hideable: float
-    buckets: int
-
-
-@dataclass(frozen=True, slots=True)
-class BucketGroups:
-    """Layers grouped by bucket, in reverse ready order (the last bucket DDP hands over first).
-
-    Buckets ready together (equal measured hideable time) share a group.
-    """
-
-    groups: tuple[_Group, ...]
-    group_of: tuple[int, ...]
-    """Group index of every layer, in the order given to the engine."""
-    contention: float = 0.0
-    """Backward seconds lost per second of link traffic beside it (``exposure.simulate``)."""
-
-    @staticmethod
-    def build(
-        layers: Sequence[LayerProfile], timing: StepTiming, contention: float = 0.0
-    ) -> BucketGroups:
-        hideable = timing.hideable_seconds
-        by_bucket = timing.bucket_hideable_seconds
-        known = bool(layers) and all(
-            layer.bucket is not None and layer.bucket in by_bucket for layer in layers
-        )
-        if not known:
-            # No per-bucket timeline: one group, everything ready when the first bucket is.
-            count = len({layer.bucket for layer in layers}) if layers else 0
-            if any(layer.bucket is None for layer in layers):
-                count = 0  # the engine estimates bucket latency from sizes then
-            return BucketGroups((_Group(hideable, count),), (0,) * len(layers), contention)
-        used = sorted({layer.bucket for layer in layers}, key=lambda b: (by_bucket[b], b))  # type: ignore[index]
-        values = [min(by_bucket[b], hideable) for b in used]  # type: ignore[index]
-        values[-1] = hideable  # the first bucket ready has the whole H by definition
-        groups: list[_Group] = []
-        index_of: dict[int, int] = {}
-        for bucket, value in zip(used, values, strict=True):
-            if groups and math.isclose(groups[-1].hideable, value, rel_tol=1e-9, abs_tol=1e-9):
-                groups[-1] = _Group(groups[-1].hideable, groups[-1].buckets + 1)
-            else:
-                groups.append(_Group(value, 1))
-            index_of[bucket] = len(groups) - 1  # type: ignore[index]
-        return BucketGroups(
-            tuple(groups),
-            tuple(index_of[layer.bucket] for layer in layers),  # type: ignore[index]
-            contention,
-        )
-
-    def timeline(self, load: GroupLoad) -> Timeline:
-        """The exposure model's prediction for a per-group load (reverse ready order)."""
-        comm = [c + load.own_seconds(index) for index, c in enumerate(load.comm)]
-        ready_order = [
-            Group(
-                hideable_s=g.hideable,
-                comm_s=c,
-                work_s=w,
-                first_round_s=f,
-                second_round_s=r,
-                final_work_s=min(fw, w),
-                decode_s=min(d, max(0.0, w - min(fw, w))),
-            )
-            for g, c, w, f, r, fw, d in zip(
-                self.groups,
-                comm,
-                load.work,
-                load.first,
-                load.second,
-                load.final_work,
-                load.decode,
-                strict=True,
-            )
-        ][::-1]
-        return simulate(ready_order, self.contention)
-
-
-@dataclass(frozen=True, slots=True)
 class SearchResult:
     """The chosen option per pending layer and how it was chosen."""
 
@@ -251,177 +172,11 @@ KEPT_AT_TARGET = "target"
 KEPT_FOR_PROGRESS = "progress"
 
 
-@dataclass(slots=True)
-class GroupLoad:
-    """Per bucket group (reverse ready order): communication, work, two-round traffic, and
-    the work that runs after a collective (final-round payloads and decodes, parts of
-    ``work``)."""
-
-    comm: list[float]
-    work: list[float]
-    first: list[float]
-    second: list[float]
-    final_work: list[float]
-    decode: list[float]
-    own: list[dict[tuple[int | None, str], tuple[float, float]]]
-    """Per group: (bucket, collective) -> (its full latency, the shares of it the options
-    charged) for the options that add a collective of their own to their bucket
-    (``LayerOption.own_collective``). The hook issues one such collective per bucket, so the
-    group's communication is short by the latency less those shares
-    (:meth:`own_seconds`): a layer that takes a kind alone pays all of it."""
-
-    @classmethod
-    def empty(cls, groups: int) -> GroupLoad:
-        return cls(*([0.0] * groups for _ in range(6)), [{} for _ in range(groups)])
-
-    def copy(self) -> GroupLoad:
-        return GroupLoad(
-            list(self.comm),
-            list(self.work),
-            list(self.first),
-            list(self.second),
-            list(self.final_work),
-            list(self.decode),
-            [dict(kinds) for kinds in self.own],
-        )
-
-    def add(self, group: int, option: LayerOption, bucket: int | None = None) -> None:
-        self.comm[group] += option.seconds - option.work
-        self.work[group] += option.work
-        self.first[group] += option.first_round
-        self.second[group] += option.second_round
-        self.final_work[group] += option.final_work
-        self.decode[group] += option.decode
-        self.note_own(group, option, bucket)
-
-    def note_own(self, group: int, option: LayerOption, bucket: int | None) -> None:
-        """Record ``option``'s own collective in ``bucket`` (its seconds already counted);
-        without bucket indices the group counts as one bucket."""
-        if not option.own_collective:
-            return
-        key = (bucket, option.own_collective)
-        latency, charged = self.own[group].get(key, (0.0, 0.0))
-        self.own[group][key] = (max(latency, option.own_latency), charged + option.own_charged)
-
-    def own_seconds(self, group: int) -> float:
-        """The latency of ``group``'s own collectives beyond the shares already charged."""
-        return math.fsum(max(0.0, lat - charged) for lat, charged in self.own[group].values())
-
-    def regrouped(
-        self,
-        group: int,
-        fixed: GroupLoad,
-        entries: Iterable[tuple[LayerOption, int | None]],
-    ) -> GroupLoad:
-        """A copy whose ``group`` holds ``fixed``'s load there plus ``entries`` (option,
-        bucket), summed in that order: the same floats a full sum in the same order gives.
-        (Taking one option off and putting another on is not: a group's two-round traffic
-        then reads 1e-19 where it was 0, and the exposure model times a second round that is
-        not there.)"""
-        load = self.copy()
-        for mine, base in zip(load.fields(), fixed.fields(), strict=True):
-            mine[group] = base[group]
-        load.own[group] = dict(fixed.own[group])
-        for option, bucket in entries:
-            load.add(group, option, bucket)
-        return load
-
-    def fields(self) -> tuple[list[float], ...]:
-        return (self.comm, self.work, self.first, self.second, self.final_work, self.decode)
-
-
-@dataclass(slots=True)
-class _Problem:
-    pending: Sequence[Pending]
-    groups: BucketGroups
-    fixed: GroupLoad
-
-    @property
-    def fixed_comm(self) -> list[float]:
-        return self.fixed.comm
-
-    @property
-    def fixed_work(self) -> list[float]:
-        return self.fixed.work
-
-    def totals(self, chosen: Sequence[LayerOption]) -> GroupLoad:
-        load = self.fixed.copy()
-        for item, option in zip(self.pending, chosen, strict=True):
-            load.add(self.groups.group_of[item.index], option, item.layer.bucket)
-        return load
-
-    def timeline(self, chosen: Sequence[LayerOption]) -> Timeline:
-        return self.groups.timeline(self.totals(chosen))
-
-    def moves(self, chosen: Sequence[LayerOption]) -> PlanMoves:
-        return PlanMoves(self, chosen)
-
-
-class PlanMoves:
-    """One plan with its per-group load, for the searches' single-layer moves.
-
-    Each search tries every option of every layer against the exact model. Summing the
-    whole plan's load for each trial made a pass cost layers x options x layers; a trial
-    sums only the moved layer's bucket group again, and the plan's error and count of
-    compressed layers are carried along.
-    """
-
-    __slots__ = ("_members", "_problem", "chosen", "compressed", "error", "load", "timeline")
-
-    def __init__(self, problem: _Problem, chosen: Sequence[LayerOption]) -> None:
-        self._problem = problem
-        self._members: dict[int, list[int]] = {}
-        """Per group, its pending layers' positions in order (the order a full sum takes)."""
-        for position, item in enumerate(problem.pending):
-            self._members.setdefault(problem.groups.group_of[item.index], []).append(position)
-        self.chosen = list(chosen)
-        self.load = problem.totals(self.chosen)
-        self.timeline = problem.groups.timeline(self.load)
-        self.error = math.fsum(o.error for o in self.chosen)
-        """Summed option error of the plan."""
-        self.compressed = sum(o.key != NONE_SPEC for o in self.chosen)
-        """Layers not on ``none``."""
-
-    def _group(self, index: int) -> int:
-        return self._problem.groups.group_of[self._problem.pending[index].index]
-
-    def trial(self, index: int, option: LayerOption) -> tuple[GroupLoad, Timeline]:
-        """The load and timeline with pending layer ``index`` on ``option``: only its group
-        is summed again."""
-        group = self._group(index)
-        pending = self._problem.pending
-        load = self.load.regrouped(
-            group,
-            self._problem.fixed,
-            (
-                (option if i == index else self.chosen[i], pending[i].layer.bucket)
-                for i in self._members[group]
-            ),
-        )
-        return load, self._problem.groups.timeline(load)
-
-    def move(self, index: int, option: LayerOption, tried: tuple[GroupLoad, Timeline]) -> None:
-        """Take the move ``tried`` (what :meth:`trial` returned for it)."""
-        self.error = self.error_after(index, option)
-        self.compressed = self.compressed_after(index, option)
-        self.chosen[index] = option
-        self.load, self.timeline = tried
-
-    def error_after(self, index: int, option: LayerOption) -> float:
-        """The plan's summed error once layer ``index`` moves to ``option``."""
-        return self.error - self.chosen[index].error + option.error
-
-    def compressed_after(self, index: int, option: LayerOption) -> int:
-        """Layers not on ``none`` once layer ``index`` moves to ``option``."""
-        old = self.chosen[index]
-        return self.compressed + (option.key != NONE_SPEC) - (old.key != NONE_SPEC)
-
-
 def _fastest(options: Sequence[LayerOption]) -> LayerOption:
     return min(options, key=lambda o: (o.seconds, o.error, o.key))
 
 
-def _fastest_plan(problem: _Problem, passes: int = 3) -> list[LayerOption]:
+def _fastest_plan(problem: SearchProblem, passes: int = 3) -> list[LayerOption]:
     """The fastest plan found: every layer's fastest option, then improved one layer at a
     time against the exact model (a layer whose communication hides behind the backward is
     fastest uncompressed, since its compression work would delay the backward for nothing)."""
@@ -443,7 +198,7 @@ def _fastest_plan(problem: _Problem, passes: int = 3) -> list[LayerOption]:
 
 
 def _greedy_accuracy(
-    problem: _Problem, start: Sequence[LayerOption], fits: Callable[[Timeline], bool]
+    problem: SearchProblem, start: Sequence[LayerOption], fits: Callable[[Timeline], bool]
 ) -> list[LayerOption]:
     """From a plan that fits (``fits`` its timeline), switch layers to more accurate options
     while it still fits, biggest error reduction per added second first: a check on the
@@ -587,7 +342,7 @@ def _discounted(item: Pending, margin: float) -> list[LayerOption]:
 
 
 def _caps(
-    problem: _Problem,
+    problem: SearchProblem,
     counts: Sequence[int],
     allowed: Sequence[float],
     chosen: Sequence[LayerOption],
@@ -618,7 +373,7 @@ def _caps(
 
 
 def _solve_caps(
-    problem: _Problem,
+    problem: SearchProblem,
     counts: Sequence[int],
     allowed_of: Callable[[Sequence[LayerOption]], list[float]],
     accept: Callable[[Sequence[LayerOption]], float],
@@ -685,7 +440,7 @@ def search(
     spread from 8 to 19 matrices in four windows, and the predicted step from 0.327 to
     0.355 s with T* rising alongside (docs/benchmarks-history.md, "Held-out: a 12-layer GPT").
     """
-    problem = _Problem(pending, groups, fixed.copy())
+    problem = SearchProblem(pending, groups, fixed.copy())
     # Every plan's step starts from the compute-only step plus the measured per-step gap.
     compute = timing.base
     fastest = _fastest_plan(problem)
@@ -821,7 +576,7 @@ def search(
 
 
 def _climb_if_it_outlearns(
-    problem: _Problem,
+    problem: SearchProblem,
     slack_plan: Sequence[LayerOption],
     fastest: Sequence[LayerOption],
     compute: float,

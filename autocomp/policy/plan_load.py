@@ -15,8 +15,8 @@ a whole multiple), and rounded once when read. An exact sum does not depend on i
 a swap costs two integer operations per field and is the very float the whole sum taken
 again gives: the correctly rounded sum of the terms, what :func:`math.fsum` returns. On a
 synthetic model in 8 buckets (``docs/benchmarks-decide-2026-11-26/decide_bench.py``) that
-cut a decision at 400 and 800 parameters by 25-30% and 8-25%, with every plan the same; what
-is left is mostly the exposure model itself, run once per trial
+cut a decision at 400 and 800 parameters by 23-32%, with every plan the same; about half of
+what is left is the exposure model itself, run once per trial
 (docs/benchmarks-history.md, fifty-fourth session).
 """
 

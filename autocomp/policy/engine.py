@@ -43,7 +43,7 @@ from autocomp.policy.costs import LatencyCache, OptionCost, latency_shares, opti
 from autocomp.policy.explain import optimizer_decision, option_decision
 from autocomp.policy.optimizer import LayerOption
 from autocomp.policy.payoff import gain_bar
-from autocomp.policy.plan_load import BucketGroups, GroupLoad
+from autocomp.policy.plan_load import BucketGroups, GroupLoad, LoadTerms
 from autocomp.policy.priors import ErrorPriors, built, model_scaled, rel_error
 from autocomp.policy.progress import progress_rate
 from autocomp.policy.ride_along import cast_only_buckets, completions, lossless_cast, riders
@@ -668,15 +668,16 @@ class PolicyEngine:
         and not noted, so a searched layer of the same kind in its bucket is priced as if it
         were alone there: an over-charge of at most one latency, on pinned plans only."""
         load = GroupLoad.empty(len(groups.groups))
-        for index, latency in enumerate(latency_by_group):
-            load.add_seconds(index, comm=latency)
+        entries = [
+            (index, LoadTerms.of_seconds(comm=latency), None)
+            for index, latency in enumerate(latency_by_group)
+        ]
         for index, decided in enumerate(decisions):
             if decided is None:
                 continue
             first, second = decided.predicted_rounds_seconds
             final_work, decode = decided.predicted_late_work_seconds
-            load.add_seconds(
-                groups.group_of[index],
+            terms = LoadTerms.of_seconds(
                 comm=decided.predicted_seconds - decided.predicted_work_seconds,
                 work=decided.predicted_work_seconds,
                 first=first,
@@ -684,6 +685,8 @@ class PolicyEngine:
                 final_work=final_work,
                 decode=decode,
             )
+            entries.append((groups.group_of[index], terms, None))
+        load.add_all(entries)
         for item in items:
             decided = decisions[item.index]
             if decided is None:

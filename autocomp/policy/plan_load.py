@@ -89,6 +89,21 @@ class LoadTerms:
             exact(option.own_charged),
         )
 
+    @classmethod
+    def of_seconds(
+        cls,
+        *,
+        comm: float = 0.0,
+        work: float = 0.0,
+        first: float = 0.0,
+        second: float = 0.0,
+        final_work: float = 0.0,
+        decode: float = 0.0,
+    ) -> LoadTerms:
+        """Load that is not a searched option (a bucket's latency, a rule's layer)."""
+        terms = (comm, work, first, second, final_work, decode)
+        return cls(tuple(exact(t) for t in terms), "", 0.0, 0)
+
 
 @dataclass(frozen=True, slots=True)
 class OwnCollective:
@@ -178,20 +193,9 @@ class GroupLoad:
     def fields(self) -> tuple[list[float], ...]:
         return (self.comm, self.work, self.first, self.second, self.final_work, self.decode)
 
-    def add_seconds(
-        self,
-        group: int,
-        *,
-        comm: float = 0.0,
-        work: float = 0.0,
-        first: float = 0.0,
-        second: float = 0.0,
-        final_work: float = 0.0,
-        decode: float = 0.0,
-    ) -> None:
-        """Add load that is not a searched option (a bucket's latency, a rule's layer)."""
-        parts = tuple(exact(t) for t in (comm, work, first, second, final_work, decode))
-        self.add_all(((group, LoadTerms(parts, "", 0.0, 0), None),))
+    def add_seconds(self, group: int, **seconds: float) -> None:
+        """Add load that is not a searched option (:meth:`LoadTerms.of_seconds`)."""
+        self.add_all(((group, LoadTerms.of_seconds(**seconds), None),))
 
     def add(self, group: int, option: LayerOption, bucket: int | None = None) -> None:
         """Add ``option`` of a layer in ``bucket``; without bucket indices the group counts

@@ -58,6 +58,7 @@ _CONTENTION_ITERATIONS = 60
 
 __all__ = [
     "Group",
+    "PrefixReplay",
     "Timeline",
     "added_seconds",
     "compute_seconds",
@@ -170,66 +171,162 @@ def simulate(groups: Sequence[Group], contention: float = 0.0) -> Timeline:
     backward nothing) gives the closed form of :func:`added_seconds` when no group has a
     second round and the last decodes nothing.
     """
+    _check(groups, contention)
+    if not groups:
+        return Timeline(0.0, 0.0, 0.0, 0.0)
+    replay = _Replay(groups[0].hideable_s, contention)
+    tail = groups[-1].hideable_s <= 0.0
+    for index, group in enumerate(groups):
+        replay.feed(group, index == len(groups) - 1, tail)
+    return replay.finish(groups, tail)
+
+
+class PrefixReplay:
+    """:func:`simulate` of groups that change one at a time, kept resumable.
+
+    The replay's state before a group depends only on the groups ready before it, so this
+    keeps that state for every group, and a trial that changes group ``index`` replays from
+    there: the groups after it only. The plan search prices every option of every layer this
+    way, and a layer's option changes one group's load, never its place (its hideable time).
+    Every float is computed by the same operations in the same order as :func:`simulate` on
+    the changed list, so the timelines are identical, not close.
+    """
+
+    __slots__ = ("_before", "_tail", "contention", "groups", "timeline")
+
+    def __init__(self, groups: Sequence[Group], contention: float = 0.0) -> None:
+        _check(groups, contention)
+        if not groups:
+            raise ValueError("a prefix replay needs at least one group")
+        self.groups = tuple(groups)
+        self.contention = contention
+        self._tail = self.groups[-1].hideable_s <= 0.0
+        self._before: list[_Replay] = []
+        self.timeline = self._replay_from(_Replay(self.groups[0].hideable_s, contention), 0)
+
+    def _replay_from(self, replay: _Replay, index: int) -> Timeline:
+        """Feed the groups from ``index`` on, keeping the state before each; the timeline."""
+        last = len(self.groups) - 1
+        for at in range(index, last + 1):
+            self._before.append(replay.copy())
+            replay.feed(self.groups[at], at == last, self._tail)
+        return replay.finish(self.groups, self._tail)
+
+    def _changed(self, index: int, group: Group) -> tuple[Group, ...]:
+        old = self.groups[index]
+        if group.hideable_s != old.hideable_s:
+            raise ValueError(
+                f"group {index} keeps its place: hideable {group.hideable_s!r} given, "
+                f"{old.hideable_s!r} replayed"
+            )
+        return (*self.groups[:index], group, *self.groups[index + 1 :])
+
+    def trial(self, index: int, group: Group) -> Timeline:
+        """The timeline with group ``index`` (ready order) replaced by ``group``."""
+        groups = self._changed(index, group)
+        replay = self._before[index].copy()
+        last = len(groups) - 1
+        for at in range(index, last + 1):
+            replay.feed(groups[at], at == last, self._tail)
+        return replay.finish(groups, self._tail)
+
+    def replaced(self, index: int, group: Group) -> PrefixReplay:
+        """A replay of the groups with group ``index`` replaced by ``group``; the states
+        before it are shared with this one."""
+        changed = PrefixReplay.__new__(PrefixReplay)
+        changed.groups = self._changed(index, group)
+        changed.contention = self.contention
+        changed._tail = self._tail
+        changed._before = self._before[:index]
+        changed.timeline = changed._replay_from(self._before[index].copy(), index)
+        return changed
+
+
+def _check(groups: Sequence[Group], contention: float) -> None:
     if any(b.hideable_s > a.hideable_s + 1e-12 for a, b in itertools.pairwise(groups)):
         raise ValueError("groups must be in ready order (hideable time not increasing)")
     if not 0.0 <= contention < 1.0:
         raise ValueError(f"contention must be in [0, 1), got {contention!r}")
-    if not groups:
-        return Timeline(0.0, 0.0, 0.0, 0.0)
-    stalls = 0.0
-    lost = 0.0  # contention so far
-    link_free = -math.inf
-    busy: list[tuple[float, float]] = []  # the link's service intervals, in order
-    # The previous group's pending final round: (first round done, its seconds, its work).
-    waiting: tuple[float, float, float] | None = None
 
-    def occupy(start: float, seconds: float) -> float:
+
+class _Replay:
+    """The state of :func:`simulate`'s replay between two hook calls, fed one group at a
+    time; copies are independent, so a replay can be resumed from any group."""
+
+    __slots__ = (
+        "busy",
+        "contention",
+        "link_free",
+        "lost",
+        "now",
+        "previous_hideable",
+        "stalls",
+        "waiting",
+    )
+
+    def __init__(self, first_hideable: float, contention: float) -> None:
+        self.contention = contention
+        self.stalls = 0.0
+        self.lost = 0.0  # contention so far
+        self.link_free = -math.inf
+        self.busy: list[tuple[float, float]] = []  # the link's service intervals, in order
+        # The previous group's pending final round: (first round done, its seconds, its work).
+        self.waiting: tuple[float, float, float] | None = None
+        self.now = 0.0  # the latest hook call (compute clock)
+        self.previous_hideable = first_hideable
+
+    def copy(self) -> _Replay:
+        other = _Replay.__new__(_Replay)
+        other.contention = self.contention
+        other.stalls = self.stalls
+        other.lost = self.lost
+        other.link_free = self.link_free
+        other.busy = list(self.busy)
+        other.waiting = self.waiting
+        other.now = self.now
+        other.previous_hideable = self.previous_hideable
+        return other
+
+    def occupy(self, start: float, seconds: float) -> float:
         """Serve ``seconds`` on the link from ``start`` (or when it frees); the end time."""
-        nonlocal link_free
-        begin = max(link_free, start)
-        link_free = begin + seconds
+        begin = max(self.link_free, start)
+        self.link_free = begin + seconds
         if seconds > 0:
-            busy.append((begin, link_free))
-        return link_free
+            self.busy.append((begin, self.link_free))
+        return self.link_free
 
-    def busy_within(start: float, end: float) -> float:
-        return math.fsum(max(0.0, min(e, end) - max(s, start)) for s, e in busy)
-
-    def compute_from(now: float, seconds: float) -> float:
-        """When ``seconds`` of backward compute started at ``now`` end, the contention of
-        the link's traffic beside them included."""
-        nonlocal lost
+    def compute_from(self, now: float, seconds: float) -> float:
+        """When ``seconds`` of backward compute started at ``now`` end, the contention of the
+        link's traffic beside them included."""
+        contention = self.contention
         if contention > 0 and seconds > 0:
             # The stretch is itself beside the link: extra = contention x busy time within
-            # [now, now + seconds + extra] (a fixed point, reached from below).
+            # [now, now + seconds + extra] (a fixed point, reached from below). An interval
+            # over by ``now`` adds exactly 0 to the (correctly rounded) sum, so it is left out.
+            busy = [(s, e) for s, e in self.busy if e > now]
             extra = 0.0
             for _ in range(_CONTENTION_ITERATIONS):
-                again = contention * busy_within(now, now + seconds + extra)
+                end = now + seconds + extra
+                again = contention * math.fsum(max(0.0, min(e, end) - max(s, now)) for s, e in busy)
                 if again - extra <= 1e-9 * seconds:
                     extra = again
                     break
                 extra = again
-            lost += extra
+            self.lost += extra
             seconds += extra
         return now + seconds
 
-    last = groups[-1]
-    # A last group with hideable time left stands for a whole backward (no per-bucket
-    # timeline): its buckets' late work overlaps that backward, so it all counts at the hook
-    # call and the final round follows the first at once.
-    tail = last.hideable_s <= 0.0
-    now = 0.0  # the latest hook call (compute clock)
-    previous_hideable = groups[0].hideable_s
-    for index, group in enumerate(groups):
-        is_last = index == len(groups) - 1
-        now = compute_from(now, previous_hideable - group.hideable_s)
-        previous_hideable = group.hideable_s
+    def feed(self, group: Group, is_last: bool, tail: bool) -> None:
+        """One hook call: ``group``'s, the last one's when ``is_last``. ``tail``: the last
+        group has no hideable time left (see :func:`simulate`)."""
+        now = self.compute_from(self.now, self.previous_hideable - group.hideable_s)
+        self.previous_hideable = group.hideable_s
         carried = 0.0
-        if waiting is not None:
-            done, carried, final_work = waiting
-            waiting = None
+        if self.waiting is not None:
+            done, carried, final_work = self.waiting
+            self.waiting = None
             if done > now:
-                stalls += done - now
+                self.stalls += done - now
                 now = done
             now += final_work
         if not is_last:
@@ -240,35 +337,40 @@ def simulate(groups: Sequence[Group], contention: float = 0.0) -> Timeline:
         rest = max(0.0, group.comm_s - group.first_round_s - group.second_round_s)
         if is_last and tail:
             # The last bucket sends its plain parts in its first round's all-reduce.
-            first_done = occupy(now, carried + group.first_round_s + rest)
+            first_done = self.occupy(now, carried + group.first_round_s + rest)
             rest = 0.0
         else:
-            first_done = occupy(now, carried + group.first_round_s)
+            first_done = self.occupy(now, carried + group.first_round_s)
         if group.first_round_s > 0 or group.second_round_s > 0:
             # Its final-round work waits for the first round, unless a stand-in last group
             # counted it at its hook call.
             carried_work = group.final_work_s if not is_last or tail else 0.0
-            waiting = (first_done, group.second_round_s, carried_work)
-        occupy(now, rest)
-    hook_done = now
-    backward_end = compute_from(now, last.hideable_s)
-    if waiting is not None:
-        # The last hook call waits for its own first round (no backward is left to stall
-        # once its hideable time is 0), computes the final round and launches it.
-        done, second, final_work = waiting
-        occupy(max(done, hook_done) + final_work, second)
-    finish = max(backward_end, link_free + (last.decode_s if tail else 0.0))
-    work = math.fsum(g.work_s for g in groups)
-    comm = math.fsum(g.comm_s for g in groups)
-    added = finish - groups[0].hideable_s
-    return Timeline(
-        added_s=added,
-        exposed_s=max(0.0, added - work - lost),
-        work_s=work,
-        comm_s=comm,
-        stall_s=stalls,
-        contention_s=lost,
-    )
+            self.waiting = (first_done, group.second_round_s, carried_work)
+        self.occupy(now, rest)
+        self.now = now
+
+    def finish(self, groups: Sequence[Group], tail: bool) -> Timeline:
+        """The step's end once every group in ``groups`` has been fed."""
+        last = groups[-1]
+        hook_done = self.now
+        backward_end = self.compute_from(self.now, last.hideable_s)
+        if self.waiting is not None:
+            # The last hook call waits for its own first round (no backward is left to stall
+            # once its hideable time is 0), computes the final round and launches it.
+            done, second, final_work = self.waiting
+            self.occupy(max(done, hook_done) + final_work, second)
+        finish = max(backward_end, self.link_free + (last.decode_s if tail else 0.0))
+        work = math.fsum(g.work_s for g in groups)
+        comm = math.fsum(g.comm_s for g in groups)
+        added = finish - groups[0].hideable_s
+        return Timeline(
+            added_s=added,
+            exposed_s=max(0.0, added - work - self.lost),
+            work_s=work,
+            comm_s=comm,
+            stall_s=self.stalls,
+            contention_s=self.lost,
+        )
 
 
 def measured_exposed(

@@ -5,8 +5,9 @@ form when no group has a second round (random timelines), hand-made timelines gi
 documented numbers, PowerSGD's first round stalls the next bucket's hook call only when the
 link is behind, the last bucket's final-round work and decode wait for a link that is behind
 (and cost nothing extra on an idle one), transfers beside the backward stretch it by the
-contention (and nothing once it has ended), and the measured counterparts (exposed time,
-overlap, compute-only step) follow the same definitions.
+contention (and nothing once it has ended), the resumable replay the plan search prices its
+moves with gives exactly :func:`simulate`'s floats, and the measured counterparts (exposed
+time, overlap, compute-only step) follow the same definitions.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 
 from autocomp.exposure import (
     Group,
+    PrefixReplay,
     added_seconds,
     compute_seconds,
     measured_exposed,
@@ -39,6 +41,51 @@ def test_simulation_equals_the_closed_form_without_second_rounds(
     assert timeline.added_s == pytest.approx(added_seconds(groups), abs=1e-9)
     assert timeline.added_s == pytest.approx(timeline.work_s + timeline.exposed_s)
     assert timeline.work_s >= 0 and timeline.exposed_s >= 0 and timeline.stall_s == 0
+
+
+@st.composite
+def _group_loads(draw: st.DrawFn) -> tuple[float, float, float, float, float, float]:
+    """(comm, work, first round, second round, final work, decode), consistent."""
+    comm, work = draw(_seconds), draw(_seconds)
+    first = draw(st.sampled_from([0.0, 0.25, 0.5])) * comm
+    second = draw(st.sampled_from([0.0, 0.25, 0.5])) * comm
+    final_work = draw(st.sampled_from([0.0, 0.5])) * work
+    decode = draw(st.sampled_from([0.0, 0.5])) * work
+    return comm, work, first, second, final_work, decode
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(_seconds, _group_loads()), min_size=1, max_size=8),
+    st.sampled_from([0.0, 0.2, 0.6]),
+    st.booleans(),
+    st.data(),
+)
+def test_a_prefix_replay_gives_simulates_floats_for_every_changed_group(
+    raw: list[tuple[float, tuple[float, ...]]],
+    contention: float,
+    stand_in_last: bool,
+    data: st.DataObject,
+) -> None:
+    # The plan search prices a move by replaying from the moved group on: the result must be
+    # the very float simulate() gives on the changed list, or plans would depend on the path.
+    hideable = sorted((h for h, _ in raw), reverse=True)
+    if not stand_in_last:
+        hideable[-1] = 0.0
+    groups = [Group(h, *load) for h, (_, load) in zip(hideable, raw, strict=True)]
+    replay = PrefixReplay(groups, contention)
+    assert replay.timeline == simulate(groups, contention)
+    for _ in range(3):
+        index = data.draw(st.integers(0, len(groups) - 1))
+        changed = Group(groups[index].hideable_s, *data.draw(_group_loads()))
+        expected = simulate([*groups[:index], changed, *groups[index + 1 :]], contention)
+        assert replay.trial(index, changed) == expected
+        replay = replay.replaced(index, changed)
+        groups[index] = changed
+        assert replay.timeline == expected
+        assert replay.trial(index, changed) == expected  # a resumed state is not consumed
+    with pytest.raises(ValueError, match="keeps its place"):
+        replay.trial(0, Group(groups[0].hideable_s + 1.0))
 
 
 def test_hand_made_timeline() -> None:

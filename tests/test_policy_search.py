@@ -1,8 +1,9 @@
 """Tier 1: pure unit, no processes.
 
 Covers the plan search's single-layer moves (``autocomp.policy.plan_load.PlanMoves``): a move
-swaps one layer's terms in its bucket group's sums, and the load and timeline it predicts
-must be the very floats the whole plan summed again gives, in any order: each group's sum is
+swaps one layer's terms in its bucket group's sums and replays the exposure model from that
+group on, and the load and timeline it predicts, taken or not, must be the very floats the
+whole plan summed and simulated again gives, in any order: each group's sum is
 the correctly rounded sum of its terms (``math.fsum``). In floats a swap is not: a group's
 two-round traffic then read 1e-19 where it was 0, and the exposure model timed a second
 round that was not there (found on a 400-parameter model, where it changed the fastest
@@ -123,7 +124,8 @@ def test_a_move_is_priced_as_the_whole_plan_summed_again(
     for _ in range(8):
         index = data.draw(st.integers(min_value=0, max_value=len(chosen) - 1))
         option = data.draw(st.sampled_from(problem.pending[index].options))
-        load, timeline = plan.trial(index, option)
+        tried = plan.trial(index, option)
+        load, timeline = tried.load, tried.timeline
         moved = [*plan.chosen[:index], option, *plan.chosen[index + 1 :]]
         assert load.fields() == problem.totals(moved).fields()
         assert load.own == problem.totals(moved).own
@@ -155,8 +157,9 @@ def test_a_move_is_priced_as_the_whole_plan_summed_again(
                 abs=1e-18,
             )
         if data.draw(st.booleans()):
-            plan.move(index, option, (load, timeline))
+            plan.move(index, option, tried)
             assert plan.chosen == moved
+            assert plan.timeline == problem.timeline(moved)  # the replay resumes from here
             assert plan.compressed == sum(o.key != "none" for o in moved)
             assert abs(plan.error - sum(o.error for o in moved)) <= 1e-9 * max(1.0, plan.error)
 

@@ -15,9 +15,13 @@ a whole multiple), and rounded once when read. An exact sum does not depend on i
 a swap costs two integer operations per field and is the very float the whole sum taken
 again gives: the correctly rounded sum of the terms, what :func:`math.fsum` returns. On a
 synthetic model in 8 buckets (``docs/benchmarks-decide-2026-11-26/decide_bench.py``) that
-cut a decision at 400 and 800 parameters by 23-32%, with every plan the same; about half of
-what is left is the exposure model itself, run once per trial
+cut a decision at 400 and 800 parameters by 23-32%, with every plan the same
 (docs/benchmarks-history.md, fifty-fourth session).
+
+The exposure model is the rest of a trial's cost, and it too is resumed rather than run
+again: the replay's state before a group depends only on the groups ready before it, so a
+trial replays from the moved group on (:class:`~autocomp.exposure.PrefixReplay`), with the
+same floats as a full run.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from autocomp.exposure import Group, Timeline, simulate
+from autocomp.exposure import Group, PrefixReplay, Timeline, simulate
 from autocomp.policy.optimizer import LayerOption
 from autocomp.policy.types import NONE_SPEC, LayerProfile, StepTiming
 
@@ -39,6 +43,7 @@ __all__ = [
     "OwnCollective",
     "PlanMoves",
     "SearchProblem",
+    "Trial",
     "exact",
     "rounded",
 ]
@@ -329,31 +334,30 @@ class BucketGroups:
             contention,
         )
 
+    def group(self, load: GroupLoad, index: int) -> Group:
+        """Group ``index`` (reverse ready order) of ``load`` as the exposure model takes it."""
+        work = load.work[index]
+        final_work = min(load.final_work[index], work)
+        return Group(
+            hideable_s=self.groups[index].hideable,
+            comm_s=load.comm[index] + load.own_uncharged[index],
+            work_s=work,
+            first_round_s=load.first[index],
+            second_round_s=load.second[index],
+            final_work_s=final_work,
+            decode_s=min(load.decode[index], max(0.0, work - final_work)),
+        )
+
+    def ready_order(self, load: GroupLoad) -> list[Group]:
+        return [self.group(load, index) for index in range(len(self.groups) - 1, -1, -1)]
+
     def timeline(self, load: GroupLoad) -> Timeline:
         """The exposure model's prediction for a per-group load (reverse ready order)."""
-        ready_order = [
-            Group(
-                hideable_s=g.hideable,
-                comm_s=c + own,
-                work_s=w,
-                first_round_s=f,
-                second_round_s=r,
-                final_work_s=min(fw, w),
-                decode_s=min(d, max(0.0, w - min(fw, w))),
-            )
-            for g, c, own, w, f, r, fw, d in zip(
-                self.groups,
-                load.comm,
-                load.own_uncharged,
-                load.work,
-                load.first,
-                load.second,
-                load.final_work,
-                load.decode,
-                strict=True,
-            )
-        ][::-1]
-        return simulate(ready_order, self.contention)
+        return simulate(self.ready_order(load), self.contention)
+
+    def replay(self, load: GroupLoad) -> PrefixReplay:
+        """:meth:`timeline`, kept resumable for trials that change one group."""
+        return PrefixReplay(self.ready_order(load), self.contention)
 
 
 class _Pending(Protocol):
@@ -408,41 +412,58 @@ class SearchProblem:
         return PlanMoves(self, chosen)
 
 
+@dataclass(frozen=True, slots=True)
+class Trial:
+    """One priced single-layer move (:meth:`PlanMoves.trial`)."""
+
+    load: GroupLoad
+    timeline: Timeline
+    ready_index: int
+    """The changed group's place in ready order."""
+    group: Group
+    """The changed group."""
+
+
 class PlanMoves:
     """One plan with its per-group load, for the searches' single-layer moves: a trial swaps
-    the moved layer's terms in its group's exact sums (see the module docstring), and the
+    the moved layer's terms in its group's exact sums (see the module docstring) and replays
+    the exposure model from that group on (:class:`~autocomp.exposure.PrefixReplay`), and the
     plan's error and count of compressed layers are carried along."""
 
-    __slots__ = ("_problem", "chosen", "compressed", "error", "load", "timeline")
+    __slots__ = ("_problem", "_replay", "chosen", "compressed", "error", "load", "timeline")
 
     def __init__(self, problem: SearchProblem, chosen: Sequence[LayerOption]) -> None:
         self._problem = problem
         self.chosen = list(chosen)
         self.load = problem.totals(self.chosen)
-        self.timeline = problem.groups.timeline(self.load)
+        self._replay = problem.groups.replay(self.load)
+        self.timeline = self._replay.timeline
         self.error = math.fsum(o.error for o in self.chosen)
         """Summed option error of the plan."""
         self.compressed = sum(o.key != NONE_SPEC for o in self.chosen)
         """Layers not on ``none``."""
 
-    def trial(self, index: int, option: LayerOption) -> tuple[GroupLoad, Timeline]:
+    def trial(self, index: int, option: LayerOption) -> Trial:
         """The load and timeline with pending layer ``index`` on ``option``."""
         problem = self._problem
+        groups = problem.groups
         item = problem.pending[index]
+        group = groups.group_of[item.index]
         load = self.load.swapped(
-            problem.groups.group_of[item.index],
-            item.layer.bucket,
-            problem.terms(self.chosen[index]),
-            problem.terms(option),
+            group, item.layer.bucket, problem.terms(self.chosen[index]), problem.terms(option)
         )
-        return load, problem.groups.timeline(load)
+        ready_index = len(groups.groups) - 1 - group
+        changed = groups.group(load, group)
+        return Trial(load, self._replay.trial(ready_index, changed), ready_index, changed)
 
-    def move(self, index: int, option: LayerOption, tried: tuple[GroupLoad, Timeline]) -> None:
+    def move(self, index: int, option: LayerOption, tried: Trial) -> None:
         """Take the move ``tried`` (what :meth:`trial` returned for it)."""
         self.error = self.error_after(index, option)
         self.compressed = self.compressed_after(index, option)
         self.chosen[index] = option
-        self.load, self.timeline = tried
+        self.load = tried.load
+        self._replay = self._replay.replaced(tried.ready_index, tried.group)
+        self.timeline = self._replay.timeline
 
     def error_after(self, index: int, option: LayerOption) -> float:
         """The plan's summed error once layer ``index`` moves to ``option``."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from autocomp.exposure import Timeline
 from autocomp.policy.optimizer import LayerOption
@@ -33,6 +33,13 @@ class PlanProblem(Protocol):
     def moves(self, chosen: Sequence[LayerOption]) -> _PlanMoves: ...
 
 
+class _Trial(Protocol):
+    """A priced move (``autocomp.policy.plan_load.Trial``)."""
+
+    @property
+    def timeline(self) -> Timeline: ...
+
+
 class _PlanMoves(Protocol):
     """A plan priced for single-layer moves (``autocomp.policy.plan_load.PlanMoves``)."""
 
@@ -40,9 +47,9 @@ class _PlanMoves(Protocol):
     timeline: Timeline
     error: float
 
-    def trial(self, index: int, option: LayerOption) -> tuple[Any, Timeline]: ...
+    def trial(self, index: int, option: LayerOption) -> _Trial: ...
 
-    def move(self, index: int, option: LayerOption, tried: tuple[Any, Timeline]) -> None: ...
+    def move(self, index: int, option: LayerOption, tried: _Trial) -> None: ...
 
     def error_after(self, index: int, option: LayerOption) -> float: ...
 
@@ -131,7 +138,7 @@ def progress_ascent(
                         continue  # whether compression pays at all is the engine's bar
                     tried = plan.trial(index, option)
                     trial_rate = progress_rate(
-                        compute + tried[1].added_s, plan.error_after(index, option), per_error
+                        compute + tried.timeline.added_s, plan.error_after(index, option), per_error
                     )
                     if trial_rate > current * (1 + 1e-6):
                         plan.move(index, option, tried)

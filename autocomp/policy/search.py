@@ -189,7 +189,7 @@ def _fastest_plan(problem: SearchProblem, passes: int = 3) -> list[LayerOption]:
                     continue
                 tried = plan.trial(index, option)
                 best = plan.timeline.added_s
-                if tried[1].added_s < best - _TOLERANCE * max(1.0, best):
+                if tried.timeline.added_s < best - _TOLERANCE * max(1.0, best):
                     plan.move(index, option, tried)
                     improved = True
         if not improved:
@@ -216,7 +216,7 @@ def _greedy_accuracy(
                 moves.append((-gain / cost, index, option.key, option))
         for _, index, _, option in sorted(moves, key=lambda move: move[:3]):
             tried = plan.trial(index, option)
-            if fits(tried[1]):
+            if fits(tried.timeline):
                 plan.move(index, option, tried)
                 break
         else:

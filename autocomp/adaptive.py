@@ -89,10 +89,15 @@ keep their plan-level figures (the run log has every layer of every window). One
 over 802 parameters is about 8,700 Python objects and 520 kB: 1,000 windows of them would
 hold 520 MB on rank 0, and every full garbage collection would walk them all."""
 QUIET_BOUNDARY_SHARE = 0.01
-"""A quiet stretch lasts at least rank 0's decision time over this share, so that boundaries
+"""A quiet stretch lasts at least rank 0's boundary cost over this share, so that boundaries
 that can only confirm an uncompressed plan take about 1% of the run however long the
 decision: over 802 parameters it took 100 ms, every 50 steps of 50 ms (4%). A settled
-compressed plan's stretch is bounded by the same share (``MAX_SETTLED_WINDOWS``)."""
+compressed plan's stretch is bounded by the same share (``MAX_SETTLED_WINDOWS``). The cost is
+the boundary's whole wall time on rank 0 less its link probe and contention re-read, which
+are rationed by their own budgets: on the digits CNN at 200 Mbit/s (19-21 ms steps, 50-step
+windows of about 1 s) a boundary took 22.7 ms, of which the decision was 9.7 ms; the rest is
+the window's measurement (3.1 ms), its exchange and the plan's broadcast. Counted alone, the
+decision never stretched those windows, and the boundaries took 3.8% of the run."""
 CONTENTION_REREADS = 3
 """Boundaries at which an unsettled contention reading from the opening (none, or a slowdown
 under ``opening.CONTENTION_SETTLED_SLOWDOWN``) is taken again, while some layer is compressed
@@ -177,7 +182,7 @@ class AdaptiveLoop:
         than two thirds of this gets no stretch), instead of every ``window`` steps. There
         a boundary can only confirm the plan, and it costs a few milliseconds: on the digits
         CNN over loopback (2 gloo ranks) 7 ms every 50 steps of 7 ms, 2% of the run. A
-        costlier decision stretches further (``QUIET_BOUNDARY_SHARE``), and one that costs
+        costlier boundary stretches further (``QUIET_BOUNDARY_SHARE``), and one that costs
         over 1% of a window also stretches a settled compressed plan's windows (see
         ``_quiet_windows``). A link that slows down is then seen this much later. 0: every
         window ends at a boundary."""
@@ -295,10 +300,11 @@ class AdaptiveLoop:
         """Windows whose decision raised (the plan was kept); see the log for tracebacks."""
         self._node_link_warned = False
         self._last_boundary = 0
-        self._decision_started = 0.0
-        """When rank 0 began this boundary's decision."""
-        self._decision_seconds: deque[float] = deque(maxlen=QUIET_DECISIONS)
-        """Rank 0's last decision times; their median sizes a quiet stretch."""
+        self._boundary_costs: deque[float] = deque(maxlen=QUIET_DECISIONS)
+        """This rank's last boundaries' wall times, less their probes and contention re-reads
+        (rank 0's median sizes a quiet stretch: ``QUIET_BOUNDARY_SHARE``)."""
+        self._rationed_seconds = 0.0
+        """The current boundary's link probe and contention re-read, rationed apart."""
         self._kept_decisions = 0
         """Rank 0: consecutive decisions that left every layer's spec as it was."""
         self.boundary_seconds = 0.0
@@ -456,8 +462,11 @@ class AdaptiveLoop:
         if boundary:
             self._last_boundary = step
             started = time.perf_counter()
+            self._rationed_seconds = 0.0
             self._boundary(step)
-            self.boundary_seconds += time.perf_counter() - started
+            elapsed = time.perf_counter() - started
+            self.boundary_seconds += elapsed
+            self._boundary_costs.append(max(0.0, elapsed - self._rationed_seconds))
         self.profiler.controller_work(stamp)
 
     def _on_forward_start(self, module: torch.nn.Module, args: Any) -> None:
@@ -521,6 +530,7 @@ class AdaptiveLoop:
         # Right after a collective the ranks are nearly level: the best moment for a probe.
         # Every rank got the same size from rank 0's last broadcast, so all issue it.
         probe_bytes, self._probe_next = self._probe_next, 0
+        probing = time.perf_counter()
         probe_local = (
             self._prober.fastest_all_reduce(
                 probe_bytes, device, self.state.link_group, BOUNDARY_PROBE_PASSES - 1
@@ -528,6 +538,7 @@ class AdaptiveLoop:
             if probe_bytes > 0
             else _MISSING
         )
+        self._rationed_seconds += time.perf_counter() - probing
         window = self.config.window
         busy = torch.full((window + 1,), _MISSING, dtype=torch.float64)
         if profile is not None:
@@ -555,7 +566,6 @@ class AdaptiveLoop:
         record: WindowRecord | None = None
         measurement: WindowMeasurement | None = None
         if self.state.rank == 0:
-            self._decision_started = time.perf_counter()
             measurement = self._measurement(
                 step, steps, profile, combined, busy_min, probe, nonfinite, sketched
             )
@@ -588,7 +598,6 @@ class AdaptiveLoop:
                     self.planner.warmup_done = True
             record = update.record
             record_window_line({**line, "decision": record.decision})
-            self._decision_seconds.append(time.perf_counter() - self._decision_started)
             kept = self.decision_failures == failures_before and all(
                 current[name] == spec for name, spec in zip(self.names, update.plan, strict=True)
             )
@@ -655,15 +664,17 @@ class AdaptiveLoop:
         guard event is pending. Then two stretches:
 
         - every layer uncompressed (a quiet stretch): a boundary can only confirm the plan, so
-          they come about ``quiet_window_seconds`` apart, and at least 100x rank 0's decision
-          time apart (``QUIET_BOUNDARY_SHARE``);
+          they come about ``quiet_window_seconds`` apart, and at least 100x rank 0's boundary
+          cost apart (``QUIET_BOUNDARY_SHARE``);
         - some layer compressed, on a plan kept for ``SETTLED_DECISIONS`` decisions (a settled
-          stretch): only the decision's share bounds it (at most ``MAX_SETTLED_WINDOWS``), since
-          the guards and the payoff check judge such a plan at its boundaries. A decision grows
-          with the layers times their options: 0.87 s over 800 parameters (8 buckets, 50
-          Mbit/s, decide_bench), 70-280 ms over a 16-block digits ViT's 196 against 8-12 s
-          windows, 10-90 ms over the 4-block one's 56 against 4-5 s windows (1.8% of a run at
-          500 Mbit/s). A cheap one stretches nothing.
+          stretch): only the boundaries' share bounds it (at most ``MAX_SETTLED_WINDOWS``),
+          since the guards and the payoff check judge such a plan at its boundaries. A
+          boundary's cost is mostly its decision on a model with many tensors (which grows with
+          the layers times their options: 0.87 s over 800 parameters, 8 buckets, 50 Mbit/s,
+          decide_bench; 70-280 ms over a 16-block digits ViT's 196 against 8-12 s windows,
+          10-90 ms over the 4-block one's 56 against 4-5 s windows, 1.8% of a run at 500
+          Mbit/s), and its measurement, exchange and broadcast on a small one with short steps
+          (the digits CNN: 22.7 ms against 1 s windows). A cheap one stretches nothing.
 
         Only a flat loop whose decision is its own stretches its windows: HSDP's replicate
         groups and the hierarchy's owners keep boundary-time collectives with peer loops, which
@@ -683,10 +694,10 @@ class AdaptiveLoop:
         window_seconds = measurement.timings["step_seconds"] * self.config.window
         if not window_seconds > 0:
             return 1
-        # Rank 0's own work at a boundary, which grows with the parameter count (the wait for
-        # the slowest rank at the exchange is left out: paid anyway).
-        decided = statistics.median(self._decision_seconds) if self._decision_seconds else 0.0
-        affordable = decided / QUIET_BOUNDARY_SHARE
+        # What the last boundaries cost rank 0 (this one is not over yet), rationed parts
+        # aside: it grows with the parameter count through the decision.
+        cost = statistics.median(self._boundary_costs) if self._boundary_costs else 0.0
+        affordable = cost / QUIET_BOUNDARY_SHARE
         if all(spec == NONE_SPEC for spec in update.plan):
             most, seconds = MAX_QUIET_WINDOWS, max(seconds, affordable)
         elif self._kept_decisions >= SETTLED_DECISIONS:
@@ -868,6 +879,7 @@ class AdaptiveLoop:
             payload, seconds, device, self.state.link_group, self._node_group()
         ).seconds_per_byte
         self._contention_reread_seconds += self._prober.last_contention_seconds or 0.0
+        self._rationed_seconds += self._prober.last_contention_seconds or 0.0
         self._contention_rereads -= 1
         if reading > 0.0 or self._contention_rereads == 0:
             self._contention_probe = None

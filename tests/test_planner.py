@@ -219,7 +219,7 @@ def _quiet_loop(**fields: object) -> object:
         state=SimpleNamespace(hierarchy=None),
         planner=SimpleNamespace(warmup_done=True, frozen=False),
         names=NAMES,
-        _decision_seconds=deque([0.0], maxlen=QUIET_DECISIONS),  # decisions cost nothing
+        _boundary_costs=deque([0.0], maxlen=QUIET_DECISIONS),  # boundaries cost nothing
         _kept_decisions=0,
     )
     for key, value in fields.items():
@@ -358,10 +358,11 @@ def test_only_a_settled_uncompressed_plan_stretches_the_windows() -> None:
     slow = SimpleNamespace(timings={"step_seconds": 0.07})
     plain = PlanUpdate([none[n] for n in NAMES], [], 0, WindowRecord.opening(1.0))
     assert AdaptiveLoop._quiet_windows(_quiet_loop(), plain, none, slow) == 1  # type: ignore[arg-type]
-    costly = _quiet_loop(_decision_seconds=deque([0.1], maxlen=QUIET_DECISIONS))
+    costly = _quiet_loop(_boundary_costs=deque([0.1], maxlen=QUIET_DECISIONS))
     assert AdaptiveLoop._quiet_windows(costly, plain, none, slow) == 3  # type: ignore[arg-type]
-    # One slow decision among quick ones (a first of its kind, a loaded machine) does not.
-    once = _quiet_loop(_decision_seconds=deque([0.001, 0.002, 0.1], maxlen=QUIET_DECISIONS))
+    # One slow boundary among quick ones (a first decision of its kind, a loaded machine)
+    # does not.
+    once = _quiet_loop(_boundary_costs=deque([0.001, 0.002, 0.1], maxlen=QUIET_DECISIONS))
     assert AdaptiveLoop._quiet_windows(once, plain, none, slow) == 1  # type: ignore[arg-type]
     compressed = {**none, "fc1.weight": "powersgd:rank=4"}
     assert quiet(plan=[compressed[n] for n in NAMES], current=compressed) == 1
@@ -394,10 +395,10 @@ def test_only_a_settled_uncompressed_plan_stretches_the_windows() -> None:
     assert AdaptiveLoop._safe_quiet_windows(broken, update, none, m) == 1  # type: ignore[arg-type]
 
 
-def test_a_costly_decision_stretches_a_settled_compressed_plan() -> None:
+def test_a_costly_boundary_stretches_a_settled_compressed_plan() -> None:
     """``AdaptiveLoop._quiet_windows`` on a compressed plan: once it has been kept for
-    ``SETTLED_DECISIONS`` decisions, a decision that costs over 1% of a window stretches the
-    windows so that decisions stay near 1% of the run (``QUIET_BOUNDARY_SHARE``), at most
+    ``SETTLED_DECISIONS`` decisions, a boundary that costs over 1% of a window stretches the
+    windows so that boundaries stay near 1% of the run (``QUIET_BOUNDARY_SHARE``), at most
     ``MAX_SETTLED_WINDOWS``. A plan just switched to, a plan that changes, or anything pending
     keeps the regular windows: the guards and the payoff check judge it at each boundary."""
     from types import SimpleNamespace
@@ -415,7 +416,7 @@ def test_a_costly_decision_stretches_a_settled_compressed_plan() -> None:
 
     def stretch(decided: float, kept: int, current: dict[str, str] = plan, **update: object) -> int:
         loop = _quiet_loop(
-            _decision_seconds=deque([decided], maxlen=QUIET_DECISIONS), _kept_decisions=kept
+            _boundary_costs=deque([decided], maxlen=QUIET_DECISIONS), _kept_decisions=kept
         )
         fields: dict[str, object] = {
             "plan": [plan[n] for n in NAMES],
@@ -426,7 +427,7 @@ def test_a_costly_decision_stretches_a_settled_compressed_plan() -> None:
         }
         return AdaptiveLoop._quiet_windows(loop, PlanUpdate(**fields), current, window_of_70ms)  # type: ignore[arg-type]
 
-    # 0.1 s a decision: 1% of 10 s, the nearest whole number of 3.5 s windows.
+    # 0.1 s a boundary: 1% of 10 s, the nearest whole number of 3.5 s windows.
     assert stretch(0.1, SETTLED_DECISIONS) == 3
     assert stretch(0.1, SETTLED_DECISIONS + 5) == 3
     assert stretch(0.05, SETTLED_DECISIONS) == 1  # 5 s: one window and a half rounds to one
@@ -440,6 +441,46 @@ def test_a_costly_decision_stretches_a_settled_compressed_plan() -> None:
     assert stretch(0.1, SETTLED_DECISIONS, window_steps=16) == 1
     events = WindowRecord.opening(1.0, guard_events=[{"guard": "residual"}])
     assert stretch(0.1, SETTLED_DECISIONS, record=events) == 1
+
+
+def test_a_boundarys_cost_leaves_out_its_rationed_probe() -> None:
+    """``AdaptiveLoop.on_step_start`` keeps each boundary's wall time for the stretch, less
+    the link probe and contention re-read it ran: those have budgets of their own, and a
+    0.35 s probe counted here would stretch the windows after it for the wrong reason. What
+    is left is all the boundary's own (on the digits CNN at 200 Mbit/s 22.7 ms, of which the
+    decision 9.7 ms), not its decision alone."""
+    import time
+    from types import SimpleNamespace
+
+    from autocomp.adaptive import QUIET_DECISIONS, AdaptiveLoop
+
+    loop = _quiet_loop(
+        _boundary_costs=deque(maxlen=QUIET_DECISIONS),
+        _rationed_seconds=0.0,
+        _last_boundary=0,
+        _plan_after_start=None,
+        _opened=True,
+        _times_forwards=False,
+        boundary_seconds=0.0,
+        state=SimpleNamespace(enabled=True, hierarchy=None),
+        profiler=SimpleNamespace(
+            begin_step=lambda sample: None, stamp=lambda: 0.0, controller_work=lambda s: None
+        ),
+    )
+    loop.next_boundary = lambda step: AdaptiveLoop.next_boundary(loop, step)  # type: ignore[attr-defined]
+
+    def boundary(step: int) -> None:
+        time.sleep(0.02)  # the boundary's own work
+        loop._rationed_seconds += 0.2  # type: ignore[attr-defined]  (a probe, timed apart)
+        time.sleep(0.2)
+
+    loop._boundary = boundary  # type: ignore[attr-defined]
+    AdaptiveLoop.on_step_start(loop, 50)  # type: ignore[arg-type]
+    (cost,) = loop._boundary_costs  # type: ignore[attr-defined]
+    assert 0.02 <= cost < 0.2
+    assert loop.boundary_seconds >= 0.22  # type: ignore[attr-defined]  (reported in full)
+    AdaptiveLoop.on_step_start(loop, 51)  # type: ignore[arg-type]  (no boundary: nothing kept)
+    assert len(loop._boundary_costs) == 1  # type: ignore[attr-defined]
 
 
 def test_the_early_looks_do_not_read_as_a_critical_regime() -> None:

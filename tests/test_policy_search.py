@@ -164,6 +164,13 @@ def test_a_move_is_priced_as_the_whole_plan_summed_again(
             assert abs(plan.error - sum(o.error for o in moved)) <= 1e-9 * max(1.0, plan.error)
 
 
+def test_a_load_must_have_the_groups_it_is_timed_on() -> None:
+    groups = BucketGroups((BucketGroup(0.0, 1), BucketGroup(0.1, 1)), (0, 1))
+    assert groups.timeline(GroupLoad.empty(2)).added_s == 0.0
+    with pytest.raises(ValueError, match="a load of 3 groups for 2 groups"):
+        groups.replay(GroupLoad.empty(3))
+
+
 # ---- a collective of an option's own ----------------------------------------------------------
 
 _LATENCY = 0.3e-3

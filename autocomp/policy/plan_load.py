@@ -349,6 +349,9 @@ class BucketGroups:
         )
 
     def ready_order(self, load: GroupLoad) -> list[Group]:
+        """Every group of ``load`` as the exposure model takes it, in ready order."""
+        if len(load.comm) != len(self.groups):
+            raise ValueError(f"a load of {len(load.comm)} groups for {len(self.groups)} groups")
         return [self.group(load, index) for index in range(len(self.groups) - 1, -1, -1)]
 
     def timeline(self, load: GroupLoad) -> Timeline:

@@ -41,7 +41,8 @@ a hidden 300 kB all-gather stretched the GPT LM's backward by ~20 ms). The openi
 that contention (``opening.ProbeRunner.contention``), and the replay stretches the backward
 by it while the link is busy. :func:`simulate` replays all of it event by event and is what
 the policy and the advisor use; it equals the closed form when no group has a second round,
-the last group decodes nothing, and the contention is 0.
+the last group decodes nothing, and the contention is 0. :class:`PrefixReplay` is the same
+replay kept resumable, for the plan search's moves, which change one group at a time.
 The measured counterpart is :func:`measured_exposed` (the profiler's timestamps, the stalls
 included) and :func:`overlap`.
 """

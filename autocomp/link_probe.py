@@ -42,7 +42,8 @@ class ProbePlan:
     payload_bytes: int
     """Per-rank all-reduce payload (float32 elements x 4)."""
     every_windows: int
-    """Probe once per this many blind windows, so the average cost stays in the budget."""
+    """Probe once per this many blind windows of the length it was sized for, so the average
+    cost stays in the budget (the schedule itself counts blind seconds: windows vary)."""
     seconds: float
     """Expected cost of one probe (all passes) at the current estimate."""
 
@@ -75,6 +76,14 @@ class LinkProbe:
     digits CNN at 10 Mbit/s a plan moving between two compressed options every few windows
     had one after each move: four of 0.33 s in a 30 s run, against PyTorch's PowerSGD hook
     with none (docs/benchmarks-history.md, "A probe after every switch").
+
+    The rationed schedule counts the blind windows' seconds, not the windows: a probe runs once
+    ``budget`` of the blind time since the last one pays for it. Windows are not all alike: a
+    settled plan's stretch makes them several times longer, and the early looks and a payoff
+    baseline's windows shorter. Counted as windows against the last window's length, the
+    digits ResNet at 100 Mbit/s (a 0.32 s probe, windows of 1-3 s) probed after 12 blind
+    windows because the last one was stretched to 2.8 s, 17 s of blind time: 1.9% of it, not
+    1% (docs/benchmarks-history.md, fifty-fifth session).
     """
 
     @dataclass(kw_only=True, slots=True)
@@ -101,7 +110,8 @@ class LinkProbe:
 
     def __init__(self, config: Config | None = None) -> None:
         self.config = config or LinkProbe.Config()
-        self._blind_windows = 0
+        self._blind_seconds = 0.0
+        """Wall time of the blind windows since the last probe or informative window."""
         self._unconfirmed = False
         """The plan changed and no window under it has been closed yet."""
         self._probed = False
@@ -163,31 +173,36 @@ class LinkProbe:
             if not blind:
                 self._probed = False
         if not blind or estimate is None or self.config.budget <= 0:
-            self._blind_windows = 0
+            self._blind_seconds = 0.0
             return 0
         plan = self.size(estimate, world_size, window_seconds)
         if unconfirmed and plan is not None:
-            self._blind_windows = 0
+            self._blind_seconds = 0.0
             self._probed = True
             return plan.payload_bytes
         if warming:
-            self._blind_windows = 0
+            self._blind_seconds = 0.0
             return 0
-        self._blind_windows += 1
-        if plan is None or self._blind_windows < plan.every_windows:
+        if math.isfinite(window_seconds) and window_seconds > 0:
+            self._blind_seconds += window_seconds
+        # Once the budget's share of the blind time pays for the probe (with equal windows,
+        # every ``plan.every_windows``-th one).
+        if plan is None or self._blind_seconds * self.config.budget < plan.seconds * (1 - 1e-9):
             return 0
-        self._blind_windows = 0
+        self._blind_seconds = 0.0
         self._probed = True
         return plan.payload_bytes
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, float]:
         return {
-            "blind_windows": self._blind_windows,
+            "blind_seconds": self._blind_seconds,
             "unconfirmed": int(self._unconfirmed),
             "probed": int(self._probed),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self._blind_windows = int(state.get("blind_windows", 0))
+        # A checkpoint from before the schedule counted seconds holds a window count
+        # ("blind_windows"), which has no length: the count starts again.
+        self._blind_seconds = float(state.get("blind_seconds", 0.0))
         self._unconfirmed = bool(state.get("unconfirmed", 0))
         self._probed = bool(state.get("probed", 0))

@@ -388,6 +388,42 @@ def test_probe_schedule_follows_blindness() -> None:
         LinkProbe.Config(headroom=0.5)
 
 
+def test_the_rationed_probe_counts_blind_seconds_not_windows() -> None:
+    """Windows differ in length (a settled plan's stretch, the looks, a payoff baseline): the
+    probe runs once ``budget`` of the blind time since the last one pays for it. Counted as
+    windows against the last window's length, a stretched window after short ones brought
+    the probe forward (the digits ResNet at 100 Mbit/s: 12 blind windows, 17 s, 1.9% instead
+    of 1%)."""
+    probe = LinkProbe(LinkProbe.Config(budget=0.01))
+    short = probe.size(SLOW_50MBIT, 2, 1.0)
+    long = probe.size(SLOW_50MBIT, 2, 3.0)
+    assert short is not None and long is not None
+    assert short.seconds == long.seconds  # informative size: the budget buys it less often
+    due = short.seconds / 0.01  # seconds of blind windows that pay for one probe
+
+    def step(seconds: float) -> int:
+        return probe.next_window(
+            blind=True, estimate=SLOW_50MBIT, world_size=2, window_seconds=seconds
+        )
+
+    # Ten windows of 1 s, then windows of 3 s: the probe comes once the blind time reaches
+    # ``due``, not at the count the last window's length would give.
+    lengths = [1.0] * 10 + [3.0] * 20
+    fired = [step(seconds) for seconds in lengths]
+    first = fired.index(short.payload_bytes)
+    elapsed = sum(lengths[: first + 1])
+    assert elapsed >= due * (1 - 1e-9) and elapsed - lengths[first] < due
+    assert first + 1 > long.every_windows  # the old count would have fired here or earlier
+    # Non-finite window times add nothing; the state round-trips.
+    assert step(float("nan")) == 0
+    clone = LinkProbe(probe.config)
+    clone.load_state_dict(probe.state_dict())
+    assert clone.state_dict() == probe.state_dict()
+    # An old checkpoint's window count starts the schedule again.
+    clone.load_state_dict({"blind_windows": 7, "unconfirmed": 0, "probed": 1})
+    assert clone.state_dict()["blind_seconds"] == 0.0
+
+
 def test_a_switch_is_probed_at_its_first_blind_window_once() -> None:
     probe = LinkProbe(LinkProbe.Config(budget=0.01))
     every = probe.size(SLOW_50MBIT, 2, 1.0)

@@ -40,7 +40,9 @@ the non-finite average itself reaches the optimizer exactly as plain DDP would d
 AMP's GradScaler still sees it and skips the step.
 
 On the CPU, consecutive layers on one 16-bit cast are encoded and decoded as one part
-(:mod:`autocomp.hook_cast_span`), which sends the same bytes as the layers would one by one.
+(:mod:`autocomp.hook_cast_span`), which sends the same bytes as the layers would one by one;
+a bucket that is one such part goes through none of the machinery above
+(:func:`~autocomp.hook_cast_span.exchange_cast_bucket`).
 
 This module is the bucket-level machinery: the collectives, the two-round pipeline and the
 write-back. One layer's encode and decode (and their replay without collectives) are in
@@ -63,7 +65,9 @@ from autocomp.compressors import Collective
 from autocomp.hook_cast_span import (
     CastSpan,
     decode_cast_span,
-    encode_cast_span,
+    encode_counted,
+    exchange_cast_bucket,
+    fills_bucket,
     find_cast_spans,
 )
 from autocomp.hook_layer import (
@@ -244,6 +248,17 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
 
         return callbacks.then(fut, stamped)
 
+    spans = find_cast_spans(layout.slots, layout.offsets, state.step, buffer, sample)
+    whole = spans.get(0)
+    if pending is None and whole is not None and fills_bucket(whole, buffer):
+        result = exchange_cast_bucket(state, whole, buffer)
+        if profiler is not None:
+            profiler.hook_exited(entered)
+        if is_last:
+            state.step += 1
+            state._in_step = False
+        return result
+
     work = BucketWork(
         step=state.step,
         buffer=buffer,
@@ -252,7 +267,7 @@ def autocomp_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
         profiled_step=profiler.current_step if profiler is not None else None,
     )
     try:
-        reduce_parts = encode_bucket(state, work, layout.slots, layout.offsets, sample)
+        reduce_parts = encode_bucket(state, work, layout.slots, layout.offsets, sample, spans)
     except BaseException as err:
         if pending is not None:
             _fail(pending, err)
@@ -317,16 +332,19 @@ def encode_bucket(
     slots: list[LayerSlot],
     offsets: list[int],
     sample: bool,
+    spans: dict[int, CastSpan] | None = None,
 ) -> dict[torch.dtype, list[_Part]]:
     """First round of every layer of ``work.buffer``; sorts the parts by the collective they
     need (two-round layers into ``work.round_parts``, opaque payloads into
-    ``work.gather_parts``) and returns the all-reduce parts by payload dtype."""
+    ``work.gather_parts``) and returns the all-reduce parts by payload dtype. ``spans``: the
+    bucket's cast spans, when the caller has found them already."""
     profiler = state.profiler
     buffer = work.buffer
     reduce_parts: dict[torch.dtype, list[_Part]] = {}
     sampling = sample or (profiler is not None and profiler.sample_this_step)
     # Consecutive layers on one 16-bit cast are encoded as one (a span), in their place.
-    spans = find_cast_spans(slots, offsets, work.step, buffer, sampling)
+    if spans is None:
+        spans = find_cast_spans(slots, offsets, work.step, buffer, sampling)
     span_left = 0
     for index, (slot, offset) in enumerate(zip(slots, offsets, strict=True)):
         span = spans.get(index)
@@ -365,22 +383,7 @@ def _encode_span(
     work: BucketWork,
     reduce_parts: dict[torch.dtype, list[_Part]],
 ) -> None:
-    profiler = state.profiler
-    started = profiler.stamp() if profiler is not None and profiler.time_layers else None
-    encoding = encode_cast_span(span, work.buffer, work.step)
-    if started is not None and profiler is not None:
-        profiler.shared_cost([(s.name, s.numel) for s in span.slots], started)
-    for slot in span.slots:
-        slot.bytes_sent += slot.wire_bytes()
-        slot.bytes_raw += slot.numel * slot.dtype.itemsize
-    if state.check_wire_bytes:
-        sent = sum(s.wire_bytes() for s in span.slots)
-        produced = encoding.payload.numel() * encoding.payload.element_size()
-        if produced != sent:
-            raise RuntimeError(
-                f"cast span {span.slots[0].name}..{span.slots[-1].name} produced {produced} "
-                f"bytes but its compressors report {sent}"
-            )
+    encoding = encode_counted(state, span, work.buffer, work.step)
     reduce_parts.setdefault(span.wire_dtype, []).append(_Part(encoding, span.offset, span))
 
 

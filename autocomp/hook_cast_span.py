@@ -9,25 +9,29 @@ over a 500 Mbit/s link that plan stepped 0.975x plain DDP and PyTorch's hook 0.9
 session, docs/benchmarks-history.md). Where fp16 is the best plan a user can type (500 Mbit/s
 to 1 Gbit/s), that overhead was most of the gain.
 
-A span is a run of two or more such layers that lie back to back in the bucket. Its float32
-slice is cast and saturated in one pass, sent as one part of the bucket's all-reduce, and
-decoded with one copy. What each layer gets is unchanged:
+A span is a run of two or more such layers that lie back to back in the bucket (or one such
+layer that fills its bucket). Its float32 slice is cast in one pass, sent as one part of the
+bucket's all-reduce, and decoded with one copy. What each layer gets is unchanged:
 
-- the payload is the per-layer payloads concatenated (a cast and a clamp are elementwise, and
-  each layer's first element gets the per-layer path's ``+ 0`` marker), so the all-reduce
-  sends the same bytes in the same order;
-- a non-finite input still marks only its own layer: the span's sum is read on the host (CPU
-  only, so the read costs no device sync), and only when it is not finite is each layer summed
-  and marked as :meth:`~autocomp.compressors.cast.CastCompressor.compress` marks it. (One
-  difference remains: a layer of finite elements near 1e32 whose own float32 sum overflows is
-  marked by the per-layer path, while in a span whose sum other layers keep finite it is
-  saturated to the cast's largest value like any large element);
+- the payload is the per-layer payloads concatenated, so the all-reduce sends the same bytes
+  in the same order. A cast is elementwise, and when the cast's sum is finite every element
+  is: the per-layer path's saturation then changes nothing, and its non-finite marker (a
+  subtraction of +0 from the layer's first element) changes no bits;
+- a non-finite input still marks only its own layer: that sum is read on the host (CPU only,
+  so the read costs no device sync), and only when it is not finite is the span saturated and
+  each layer summed and marked as :meth:`~autocomp.compressors.cast.CastCompressor.compress`
+  marks it. (One difference remains, on ``bf16`` alone, whose range is float32's: a layer of
+  finite elements near 1e38 whose own float32 sum overflows is marked by the per-layer path,
+  while a span whose sum of rounded values stays finite sends it unmarked);
 - the decoded average is checked the same way: a finite sum of the span clears every layer at
   once, and otherwise each layer whose sum is not finite gets its flag, so the hook resets that
   layer alone;
 - the encode's and decode's measured time is shared out over the span's layers by size
   (:meth:`~autocomp.profiler.StepProfiler.shared_cost`), so the cost model keeps learning
   per-layer costs.
+
+A bucket that is one span is exchanged as PyTorch's ``fp16_compress_hook`` exchanges a bucket
+(:func:`exchange_cast_bucket`), outside the hook's general bucket machinery.
 
 Spans are CPU only (gloo; on CUDA the per-layer path stays, not measured on a GPU), and never
 on a sampled step (its norms and errors are per layer), nor for a layer with a residual, error
@@ -37,21 +41,33 @@ feedback or a pending uncompressed step. ``tests/test_hook_cast_span.py`` and
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
+from autocomp import callbacks
+from autocomp.compressors import Collective
 from autocomp.compressors.cast import CastCompressor
 from autocomp.hook_layer import Encoding, LayerSlot
+from autocomp.hook_state import HookState
 
 __all__ = [
     "CAST_SPANS",
     "CastSpan",
     "decode_cast_span",
     "encode_cast_span",
+    "encode_counted",
+    "exchange_cast_bucket",
+    "fills_bucket",
     "find_cast_spans",
 ]
+
+_LIMITS: dict[torch.dtype, float] = {}
+"""The largest finite value of each wire dtype, read once (``torch.finfo`` costs microseconds
+a call on the hook's path)."""
 
 CAST_SPANS = True
 """Encode consecutive cast layers as one (tests turn it off to compare with the per-layer path)."""
@@ -94,7 +110,9 @@ def find_cast_spans(
     buffer: torch.Tensor,
     sampling: bool,
 ) -> dict[int, CastSpan]:
-    """The bucket's spans of two or more layers, keyed by the index of their first layer."""
+    """The bucket's spans of two or more layers, keyed by the index of their first layer,
+    and a single layer on a cast that fills the bucket (:func:`exchange_cast_bucket` sends
+    it as it sends a whole-bucket span)."""
     if not CAST_SPANS or sampling or buffer.is_cuda or buffer.is_sparse:
         return {}
     spans: dict[int, CastSpan] = {}
@@ -112,32 +130,38 @@ def find_cast_spans(
         if run is not None and len(run.slots) > 1:
             spans[run.first] = run
         run = None if dtype is None else CastSpan(index, [slot], offset, slot.numel, dtype)
-    if run is not None and len(run.slots) > 1:
+    if run is not None and (len(run.slots) > 1 or run.numel == buffer.numel()):
         spans[run.first] = run
     return spans
+
+
+def fills_bucket(span: CastSpan, buffer: torch.Tensor) -> bool:
+    """The span is the whole bucket (:func:`exchange_cast_bucket` can send it)."""
+    return span.offset == 0 and span.numel == buffer.numel()
 
 
 def encode_cast_span(span: CastSpan, buffer: torch.Tensor, step: int) -> Encoding:
     """The span's one settled encoding (its ``slot`` is the first layer's; the hook treats
     the span as one part of the bucket's all-reduce)."""
     x = buffer[span.offset : span.offset + span.numel]
-    limit = torch.finfo(span.wire_dtype).max
-    payload = x.to(span.wire_dtype).clamp_(-limit, limit)
-    # A layer whose input holds NaN or Inf gets NaN on its first element, as CastCompressor.
-    # compress marks it (saturation would turn a real Inf finite). On the CPU a sum is read at
-    # once; only a span whose sum is not finite is summed again layer by layer.
-    starts = [0]
-    for slot in span.slots[:-1]:
-        starts.append(starts[-1] + slot.numel)
-    if bool(torch.isfinite(x.sum(dtype=torch.float32))):
-        # The per-layer marker adds +0 there, which turns a -0 into +0: so does this, so that
-        # the payload is the same bits.
-        first = torch.tensor(starts, dtype=torch.int64, device=x.device)
-        payload.index_add_(0, first, torch.zeros(len(starts), dtype=payload.dtype))
-    else:
-        for slot, start in zip(span.slots, starts, strict=True):
-            total = x[start : start + slot.numel].sum(dtype=torch.float32)
-            payload[start : start + 1].add_((total - total).to(payload.dtype))
+    payload = x.to(span.wire_dtype)
+    # When the cast's float32 sum is finite, every element of the cast is, and then so is the
+    # input: CastCompressor.compress's saturation changes nothing and its marker subtracts +0
+    # from each layer, which changes no bits. So the cast as it stands is the payload, after
+    # two passes, one over 16-bit data (the sum, read on the CPU at no device-sync cost).
+    if math.isfinite(payload.sum(dtype=torch.float32).item()):
+        return Encoding(span.slots[0], x, payload, False, step=step)
+    # Something overflowed the cast or was not finite: saturate, and mark each layer whose
+    # own input sum is not finite as compress marks it (NaN on its first element).
+    limit = _LIMITS.get(span.wire_dtype)
+    if limit is None:
+        limit = _LIMITS[span.wire_dtype] = torch.finfo(span.wire_dtype).max
+    payload.clamp_(-limit, limit)
+    start = 0
+    for slot in span.slots:
+        total = x[start : start + slot.numel].sum(dtype=torch.float32)
+        payload[start : start + 1].sub_((total - total).to(payload.dtype))
+        start += slot.numel
     return Encoding(span.slots[0], x, payload, False, step=step)
 
 
@@ -151,7 +175,9 @@ def decode_cast_span(
     target.copy_(received)
     for slot in span.slots:
         slot.compressor.commit(received, slot.state)  # a cast keeps no state; the contract
-    if bool(torch.isfinite(target.sum(dtype=torch.float32))):
+    # The 16-bit sum is finite exactly when every element is (a float32 sum of 16-bit values
+    # overflows only past bf16's range, and then the layers are checked one by one below).
+    if math.isfinite(received.sum(dtype=torch.float32).item()):
         return []
     flags = []
     start = 0
@@ -161,3 +187,70 @@ def decode_cast_span(
             flags.append((slot, finite))
         start += slot.numel
     return flags
+
+
+def encode_counted(state: HookState, span: CastSpan, buffer: torch.Tensor, step: int) -> Encoding:
+    """:func:`encode_cast_span` with the hook's accounting: its time shared out over the
+    layers, their bytes counted, and the payload's size checked against what the layers'
+    compressors report."""
+    profiler = state.profiler
+    started = profiler.stamp() if profiler is not None and profiler.time_layers else None
+    encoding = encode_cast_span(span, buffer, step)
+    if started is not None and profiler is not None:
+        profiler.shared_cost([(s.name, s.numel) for s in span.slots], started)
+    sent = 0
+    for slot in span.slots:
+        wire = slot.wire_bytes()
+        sent += wire
+        slot.bytes_sent += wire
+        slot.bytes_raw += slot.numel * slot.dtype.itemsize
+    if state.check_wire_bytes:
+        produced = encoding.payload.numel() * encoding.payload.element_size()
+        if produced != sent:
+            raise RuntimeError(
+                f"cast span {span.slots[0].name}..{span.slots[-1].name} produced {produced} "
+                f"bytes but its compressors report {sent}"
+            )
+    return encoding
+
+
+def exchange_cast_bucket(
+    state: HookState, span: CastSpan, buffer: torch.Tensor
+) -> torch.futures.Future[torch.Tensor]:
+    """A bucket that is one span (:func:`fills_bucket`), sent as PyTorch's
+    ``fp16_compress_hook`` sends a bucket: one cast, one all-reduce, and one copy back in the
+    all-reduce future's own callback, whose future DDP waits for.
+
+    The hook's general path for the same bucket (a work record, a ``collect_all`` over its
+    collectives and a hand-completed future) costs the CNN's two such buckets 0.3 ms a step
+    more: stepped in turn on one process, static fp16 everywhere stepped 1.17x plain DDP that
+    way, 1.12x this way, and PyTorch's hook 1.085x (docs/benchmarks-history.md). The bytes,
+    the collective's order and the non-finite handling are the general path's.
+    """
+    profiler = state.profiler
+    step = state.step
+    payload = encode_counted(state, span, buffer, step).payload
+    fut = dist.all_reduce(payload, group=state.process_group, async_op=True).get_future()
+    record = None
+    profiled_step = None
+    if profiler is not None:
+        record = profiler.launched(Collective.ALL_REDUCE, payload.numel() * payload.element_size())
+        profiled_step = profiler.current_step
+    timer = profiler if profiler is not None and profiler.time_layers else None
+
+    def decode(done: torch.futures.Future) -> torch.Tensor:
+        # The collective's end is stamped here, in the one callback DDP needs anyway (the
+        # hook's plain path does the same).
+        began = profiler.stamp() if profiler is not None else None
+        if record is not None:
+            record.done = began
+        bad = decode_cast_span(span, done.value()[0], buffer)
+        if bad:
+            state.add_checks([(step, slot, flag) for slot, flag in bad])
+        if profiler is not None and began is not None:
+            if timer is not None:
+                timer.shared_cost([(s.name, s.numel) for s in span.slots], began)
+            profiler.bucket_finished(began, profiled_step)
+        return buffer
+
+    return callbacks.then(fut, decode)

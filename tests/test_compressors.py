@@ -112,6 +112,20 @@ def test_fp16_saturates_instead_of_overflowing() -> None:
     assert y.tolist() == [limit, -limit, 1.0, limit]
 
 
+@pytest.mark.parametrize("spec", ["fp16:ef=false", "bf16:ef=false"])
+def test_a_finite_cast_payload_is_the_plain_cast_bit_for_bit(spec: str) -> None:
+    """The non-finite marker on the first element must leave a finite layer's bits alone
+    (a -0 there included): the hook's cast spans send the plain cast of many layers at once
+    and must match this payload exactly."""
+    c = build_compressor(spec)
+    x = torch.tensor([-0.0, -1e-9, 2.5, -0.0, 1e6])
+    payload = c.compress(x, c.init_state(x.shape, 0, 0))
+    limit = torch.finfo(payload.dtype).max
+    plain = x.to(payload.dtype).clamp(-limit, limit)
+    assert torch.equal(payload.view(torch.int16), plain.view(torch.int16))
+    assert math.copysign(1.0, payload[0].item()) == -1.0
+
+
 def test_none_is_exact() -> None:
     x = _randn(5, 7, seed=3)
     assert torch.equal(_roundtrip("none", x), x)

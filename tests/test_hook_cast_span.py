@@ -91,7 +91,7 @@ def test_a_span_sends_and_flags_exactly_what_the_layers_would(spec: str, bad: fl
     """Bit-identical payload, decode and per-layer flags, with or without a bad value in layer
     2 (1e6 overflows fp16: saturated and finite, as per layer)."""
     slots, offsets, buffer = _bucket([spec] * 4)
-    buffer[0] = -0.0  # the marker's +0 turns -0 into +0 on both paths alike
+    buffer[0] = -0.0  # a layer's first element: the finite marker must keep its sign
     if bad is not None:
         buffer[offsets[2] + 3] = bad
     expected, expected_flags = _per_layer(slots, buffer, offsets)
@@ -101,6 +101,7 @@ def test_a_span_sends_and_flags_exactly_what_the_layers_would(spec: str, bad: fl
     encoding = encode_cast_span(span, sent, step=0)
     assert encoding.payload.dtype == expected.dtype
     assert torch.equal(encoding.payload.view(torch.int16), expected.view(torch.int16))
+    assert math.copysign(1.0, encoding.payload[0].item()) == -1.0  # still -0: the plain cast
     received = torch.empty_like(sent)
     bad_layers = decode_cast_span(span, encoding.payload, received)
     flags = [slot.name not in {s.name for s, _ in bad_layers} for slot in slots]

@@ -352,58 +352,74 @@ def test_close_falls_back_to_plain_all_reduce(tmp_path: Path) -> None:
     assert layer["bytes_uncompressed"] / 2 < layer["bytes_sent"] < layer["bytes_uncompressed"]
 
 
-def _plain_buckets_under_the_profiler(rank: int, world_size: int) -> dict[str, Any]:
+def _one_part_buckets_under_the_profiler(rank: int, world_size: int, spec: str) -> dict[str, Any]:
+    """Adaptive (so the profiler runs) with every layer pinned to ``spec``: ``none`` makes
+    every bucket plain, ``fp16:ef=false`` one cast span. Counts the callbacks registered on
+    unsampled steps after the opening and DDP's bucket rebuild."""
     from autocomp import callbacks
 
     torch.manual_seed(0)
     model = MultiBucketNet()
     ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
-    # Adaptive (so the profiler runs) with every layer pinned to none: plain buckets only.
-    ctl = autocomp.wrap(ddp, target_overlap=0.9, plan={"*": "none"}, window=4, warmup_steps=0)
+    ctl = autocomp.wrap(ddp, target_overlap=0.9, plan={"*": spec}, window=4, warmup_steps=0)
     registered = {"then": 0, "add_done_callback": 0}
+    counts = dict(registered)
 
     def counting(name: str, function: Any) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
-            registered[name] += 1
+            counts[name] += 1
             return function(*args, **kwargs)
 
         return call
 
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-    steps = 6
+    profiler = ctl._state.profiler
+    assert profiler is not None
+    steps, counted = 14, 0
     for step in range(steps):
         if step == 2:  # past the opening and DDP's bucket rebuild
             callbacks.then = counting("then", callbacks.then)
             callbacks.add_done_callback = counting("add_done_callback", callbacks.add_done_callback)
+        counts.update({name: 0 for name in counts})
         x, y = classification_batch(rank, step)
         opt.zero_grad()
         torch.nn.functional.cross_entropy(ddp(x), y).backward()
         opt.step()
-    profiler = ctl._state.profiler
-    assert profiler is not None
+        if step >= 2 and not profiler.sample_this_step:
+            counted += 1
+            for name, count in counts.items():
+                registered[name] += count
     finished = [step for step, _ in profiler._finished]
     records = [r for step in finished for r in step.collectives]
+    timed = {name for name, _, _ in profiler._layer_costs}
     return {
         "registered": registered,
         "buckets": len(ctl._state._layouts),
-        "counted_steps": steps - 2,
+        "counted_steps": counted,
         "records": len(records),
         "stamped": all(r.done is not None and r.done >= r.launched for r in records),
+        "finishes": sum(len(step.finishes) for step in finished),
+        "every_layer_timed": timed == {n for n, _ in model.named_parameters()},
         "plan": set(ctl.plan.values()),
     }
 
 
-def test_a_plain_bucket_costs_one_callback_and_is_still_timed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("spec", ["none", "fp16:ef=false"])
+def test_a_one_part_bucket_costs_one_callback_and_is_still_timed(tmp_path: Path, spec: str) -> None:
     """A plain bucket's all-reduce end is stamped in the callback DDP needs anyway (one
-    Python callback per bucket, each a turn of the GIL for gloo's worker)."""
-    for result in run_ranks(_plain_buckets_under_the_profiler, 2, tmp_path):
-        assert result["plan"] == {"none"}
+    Python callback per bucket, each a turn of the GIL for gloo's worker); so is a bucket
+    that is one cast span, whose decode and layer costs are recorded there too."""
+    for result in run_ranks(_one_part_buckets_under_the_profiler, 2, tmp_path, spec):
+        assert result["plan"] == {spec}
         assert result["buckets"] >= 3
+        assert result["counted_steps"] >= 3
         assert result["registered"] == {
             "then": result["buckets"] * result["counted_steps"],
             "add_done_callback": 0,
         }
         assert result["records"] > 0 and result["stamped"]
+        if spec != "none":
+            assert result["finishes"] > 0 and result["every_layer_timed"]
 
 
 def _gather_after_first_round(rank: int, world_size: int) -> dict[str, Any]:
@@ -470,59 +486,87 @@ def test_the_last_buckets_gather_waits_for_its_first_round(tmp_path: Path) -> No
 
 
 def _cast_spans_either_way(rank: int, world_size: int) -> dict[str, Any]:
-    """Train on 16-bit casts (two spans per bucket where ``fc2``'s ``none`` splits them) with
-    cast spans on and then off; rank 0 feeds ``fc3.weight`` an Inf at step 6, and a step with
-    any non-finite gradient is skipped, as a GradScaler would."""
+    """Train on 16-bit casts with cast spans on and then off, under two plans: ``split``, two
+    spans per bucket where ``fc2``'s ``none`` splits them, and ``whole``, where every bucket
+    is one span (:func:`autocomp.hook_cast_span.exchange_cast_bucket`). Rank 0 feeds
+    ``fc3.weight`` an Inf at step 6, and a step with any non-finite gradient is skipped, as a
+    GradScaler would."""
     from autocomp import hook, hook_cast_span
 
     spanned = []
+    whole = []
     find = hook.find_cast_spans
+    exchange = hook.exchange_cast_bucket
 
     def counted(*args: Any) -> Any:
         found = find(*args)
         spanned.append(sum(len(span.slots) for span in found.values()))
         return found
 
+    def exchanged(*args: Any) -> Any:
+        whole.append(args[0].step)
+        return exchange(*args)
+
+    inside = []  # spans sent as parts of a bucket's general exchange
+    encode_part = hook._encode_span
+
+    def part(*args: Any) -> Any:
+        inside.append(len(args[1].slots))
+        return encode_part(*args)
+
     hook.find_cast_spans = counted  # type: ignore[assignment]
+    hook.exchange_cast_bucket = exchanged  # type: ignore[assignment]
+    hook._encode_span = part  # type: ignore[assignment]
     out: dict[str, Any] = {}
-    plan = [("fc2.*", "none"), ("norm.*", "bf16:ef=false"), ("*", "fp16:ef=false")]
+    plans = {
+        "split": [("fc2.*", "none"), ("norm.*", "bf16:ef=false"), ("*", "fp16:ef=false")],
+        "whole": [("*", "fp16:ef=false")],
+    }
     try:
-        for spans in (True, False):
-            hook_cast_span.CAST_SPANS = spans
-            spanned.clear()
-            torch.manual_seed(0)
-            model = MultiBucketNet()
-            ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
-            ctl = autocomp.wrap(ddp, plan=plan)
-            step_now = [0]
+        for label, plan in plans.items():
+            for spans in (True, False):
+                hook_cast_span.CAST_SPANS = spans
+                spanned.clear()
+                whole.clear()
+                inside.clear()
+                torch.manual_seed(0)
+                model = MultiBucketNet()
+                ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
+                ctl = autocomp.wrap(ddp, plan=plan)
+                step_now = [0]
 
-            def poison(grad: torch.Tensor, step_now: list[int] = step_now) -> torch.Tensor:
-                if rank == 0 and step_now[0] == 6:
-                    grad = grad.clone()
-                    grad[1, 2] = float("inf")
-                return grad
+                def poison(grad: torch.Tensor, step_now: list[int] = step_now) -> torch.Tensor:
+                    if rank == 0 and step_now[0] == 6:
+                        grad = grad.clone()
+                        grad[1, 2] = float("inf")
+                    return grad
 
-            model.fc3.weight.register_hook(poison)
-            opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-            bad_steps: list[list[str]] = []
-            for step in range(12):
-                step_now[0] = step
-                x, y = classification_batch(rank, step)
-                opt.zero_grad()
-                torch.nn.functional.cross_entropy(ddp(x), y).backward()
-                bad = [n for n, p in model.named_parameters() if not p.grad.isfinite().all()]
-                bad_steps.append(bad)
-                if not bad:
-                    opt.step()
-            out[str(spans)] = {
-                "params": _flat_params(model),
-                "bad": bad_steps,
-                "events": list(ctl._state.nonfinite_events),
-                "spanned": sum(spanned),
-            }
-            ctl.close()
+                model.fc3.weight.register_hook(poison)
+                opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+                bad_steps: list[list[str]] = []
+                for step in range(12):
+                    step_now[0] = step
+                    x, y = classification_batch(rank, step)
+                    opt.zero_grad()
+                    torch.nn.functional.cross_entropy(ddp(x), y).backward()
+                    bad = [n for n, p in model.named_parameters() if not p.grad.isfinite().all()]
+                    bad_steps.append(bad)
+                    if not bad:
+                        opt.step()
+                out[f"{label} {spans}"] = {
+                    "params": _flat_params(model),
+                    "bad": bad_steps,
+                    "events": list(ctl._state.nonfinite_events),
+                    "spanned": sum(spanned),
+                    "whole": [whole.count(step) for step in range(12)],
+                    "inside": len(inside),
+                    "buckets": len(ctl._state._layouts),
+                }
+                ctl.close()
     finally:
         hook.find_cast_spans = find  # type: ignore[assignment]
+        hook.exchange_cast_bucket = exchange  # type: ignore[assignment]
+        hook._encode_span = encode_part  # type: ignore[assignment]
         hook_cast_span.CAST_SPANS = True
     return out
 
@@ -532,13 +576,24 @@ def test_cast_spans_train_bit_identically_to_the_per_layer_path(tmp_path: Path) 
     on 2 ranks, over several buckets and two cast dtypes, the parameters are bit-identical to
     the per-layer path's, and an Inf in one layer's gradient marks that layer alone: its
     average is non-finite at step 6, every other layer's is finite, and the hook resets that
-    layer (sends it plain the step after, which splits its span there)."""
+    layer (sends it plain the step after, which splits its span there). The same holds when
+    every bucket is one span and skips the hook's general machinery: all of them are sent
+    that way but the reset layer's bucket at step 7."""
     results = run_ranks(_cast_spans_either_way, 2, tmp_path)
     for result in results:
-        spans, per_layer = result["True"], result["False"]
-        assert spans["spanned"] > 0 and per_layer["spanned"] == 0
-        assert torch.equal(spans["params"], per_layer["params"])
-        assert spans["bad"] == per_layer["bad"]
-        assert spans["bad"][6] == ["fc3.weight"] and not any(spans["bad"][7:])
-        assert spans["events"] == per_layer["events"] == [(6, "fc3.weight")]
-    assert torch.equal(results[0]["True"]["params"], results[1]["True"]["params"])
+        for label in ("split", "whole"):
+            spans, per_layer = result[f"{label} True"], result[f"{label} False"]
+            assert spans["spanned"] > 0 and per_layer["spanned"] == 0
+            assert torch.equal(spans["params"], per_layer["params"])
+            assert spans["bad"] == per_layer["bad"]
+            assert spans["bad"][6] == ["fc3.weight"] and not any(spans["bad"][7:])
+            assert spans["events"] == per_layer["events"] == [(6, "fc3.weight")]
+            assert not any(per_layer["whole"])
+        split, whole = result["split True"], result["whole True"]
+        assert split["inside"] > 0  # spans beside other parts: the general path
+        # Every bucket after DDP's rebuild at step 1, but fc3.weight's at step 7.
+        buckets = whole["buckets"]
+        assert buckets > 1
+        assert whole["whole"][1:] == [buckets] * 6 + [buckets - 1] + [buckets] * 4
+    for key in ("split True", "whole True"):
+        assert torch.equal(results[0][key]["params"], results[1][key]["params"])

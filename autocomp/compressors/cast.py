@@ -94,9 +94,12 @@ class CastCompressor(Compressor):
         if payload.numel():
             # Saturation would also turn a real Inf into a finite number, which AMP's
             # GradScaler must see to skip the step. A non-finite input makes the first element
-            # NaN instead, without a host sync: the hook's check then catches it.
+            # NaN instead, without a host sync: the hook's check then catches it. A finite
+            # input subtracts +0, which leaves every value's bits as they are (-0 included, which
+            # adding +0 would turn into +0): the payload is then the plain cast, as a cast of
+            # many layers at once (the hook's cast spans) produces it.
             total = x.sum(dtype=torch.float32)
-            payload[:1].add_((total - total).to(payload.dtype))
+            payload[:1].sub_((total - total).to(payload.dtype))
         return payload
 
     def decompress(

@@ -14,15 +14,16 @@ layer that fills its bucket). Its float32 slice is cast in one pass, sent as one
 bucket's all-reduce, and decoded with one copy. What each layer gets is unchanged:
 
 - the payload is the per-layer payloads concatenated, so the all-reduce sends the same bytes
-  in the same order. A cast is elementwise, and when the cast's sum is finite every element
-  is: the per-layer path's saturation then changes nothing, and its non-finite marker (a
-  subtraction of +0 from the layer's first element) changes no bits;
-- a non-finite input still marks only its own layer: that sum is read on the host (CPU only,
-  so the read costs no device sync), and only when it is not finite is the span saturated and
-  each layer summed and marked as :meth:`~autocomp.compressors.cast.CastCompressor.compress`
-  marks it. (One difference remains, on ``bf16`` alone, whose range is float32's: a layer of
-  finite elements near 1e38 whose own float32 sum overflows is marked by the per-layer path,
-  while a span whose sum of rounded values stays finite sends it unmarked);
+  in the same order. A cast is elementwise, and when the span's least and largest elements
+  lie within the cast's range, the per-layer path's saturation changes nothing and its
+  non-finite marker (a subtraction of +0 from the layer's first element) changes no bits;
+- a non-finite input still marks only its own layer: the bounds are read on the host (CPU
+  only, so the read costs no device sync), and only when they are out of range is the span
+  saturated and each layer summed and marked as
+  :meth:`~autocomp.compressors.cast.CastCompressor.compress` marks it, bit for bit. (One
+  difference remains, on ``bf16`` alone, whose range is float32's: a layer of finite elements
+  near 1e38 whose float32 sum overflows is marked by the per-layer path and sent as cast in a
+  span);
 - the decoded average is checked the same way: a finite sum of the span clears every layer at
   once, and otherwise each layer whose sum is not finite gets its flag, so the hook resets that
   layer alone;
@@ -144,19 +145,20 @@ def encode_cast_span(span: CastSpan, buffer: torch.Tensor, step: int) -> Encodin
     """The span's one settled encoding (its ``slot`` is the first layer's; the hook treats
     the span as one part of the bucket's all-reduce)."""
     x = buffer[span.offset : span.offset + span.numel]
-    payload = x.to(span.wire_dtype)
-    # When the cast's float32 sum is finite, every element of the cast is, and then so is the
-    # input: CastCompressor.compress's saturation changes nothing and its marker subtracts +0
-    # from each layer, which changes no bits. So the cast as it stands is the payload, after
-    # two passes, one over 16-bit data (the sum, read on the CPU at no device-sync cost).
-    if math.isfinite(payload.sum(dtype=torch.float32).item()):
-        return Encoding(span.slots[0], x, payload, False, step=step)
-    # Something overflowed the cast or was not finite: saturate, and mark each layer whose
-    # own input sum is not finite as compress marks it (NaN on its first element).
     limit = _LIMITS.get(span.wire_dtype)
     if limit is None:
         limit = _LIMITS[span.wire_dtype] = torch.finfo(span.wire_dtype).max
-    payload.clamp_(-limit, limit)
+    # Within the cast's range (NaN compares false), CastCompressor.compress's saturation
+    # changes nothing and its marker subtracts +0 from each layer, which changes no bits: the
+    # plain cast is the payload. The bounds are one pass, read on the CPU at no device-sync
+    # cost; a float32 sum of the 16-bit cast instead ran at a seventh of a float32 sum's speed
+    # (1.8 against 0.24 ms on the MLP LM's 3.4M elements, one thread).
+    low, high = torch.aminmax(x)
+    if -limit <= low.item() and high.item() <= limit:
+        return Encoding(span.slots[0], x, x.to(span.wire_dtype), False, step=step)
+    # Something overflows the cast or is not finite: saturate, and mark each layer whose own
+    # input sum is not finite as compress marks it (NaN on its first element).
+    payload = x.to(span.wire_dtype).clamp_(-limit, limit)
     start = 0
     for slot in span.slots:
         total = x[start : start + slot.numel].sum(dtype=torch.float32)
@@ -175,9 +177,9 @@ def decode_cast_span(
     target.copy_(received)
     for slot in span.slots:
         slot.compressor.commit(received, slot.state)  # a cast keeps no state; the contract
-    # The 16-bit sum is finite exactly when every element is (a float32 sum of 16-bit values
-    # overflows only past bf16's range, and then the layers are checked one by one below).
-    if math.isfinite(received.sum(dtype=torch.float32).item()):
+    # The float32 sum is finite exactly when every element is (short of bf16 sums near
+    # float32's range, which then find each layer finite one by one below).
+    if math.isfinite(target.sum(dtype=torch.float32).item()):
         return []
     flags = []
     start = 0

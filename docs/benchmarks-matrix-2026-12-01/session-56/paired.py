@@ -105,6 +105,7 @@ def worker(args: argparse.Namespace) -> None:
     times: dict[str, list[float]] = {m: [] for m in methods}
     losses: dict[str, float] = {}
     parts: dict[str, list[tuple[float, float, float]]] = {m: [] for m in methods}
+    plans: dict[str, list] = {}
     for step in range(args.warm + args.steps):
         for m, attached, opt in step_order(runs, step):
             x, y = task.batch(rank, step, args.seed)
@@ -121,6 +122,9 @@ def worker(args: argparse.Namespace) -> None:
                 times[m].append(t1 - t0)
                 parts[m].append((tf - t0, tb - tf, t1 - tb))
             losses[m] = float(loss.detach())
+            if attached.ctl is not None and step % 25 == 0 and rank == 0:
+                import collections
+                plans.setdefault(m, []).append((step, dict(collections.Counter(attached.ctl.plan.values()))))
     profiles: dict[str, dict[str, list[float]]] = {}
     if args.profile:
         # Then --profile more steps of every method, still in turn, under one torch.profiler
@@ -163,6 +167,7 @@ def worker(args: argparse.Namespace) -> None:
                     "parts": parts,
                     "profiles": profiles,
                     "last_train_loss": losses,
+                    "plans": plans,
                     "args": vars(args),
                 },
                 f,

@@ -798,6 +798,8 @@ class AdaptiveLoop:
         )
         slowest_forward, missing = agreed.slowest_forward_seconds, agreed.forward_missing
         probe = (agreed.payload_bytes * self.state.link_share, agreed.seconds)
+        small = agreed.latency_probe
+        small_probe = None if small is None else (small[0] * self.state.link_share, small[1])
         current = {name: self.state.slots[name].compressor.spec for name in self.names}
         payload: list[Any] = [None]
         update: PlanUpdate | None = None
@@ -812,6 +814,7 @@ class AdaptiveLoop:
                 {
                     "opening": {
                         "probe": list(probe),
+                        "small_probe": None if small_probe is None else list(small_probe),
                         "forward_seconds": slowest_forward,
                         "contention_seconds_per_byte": agreed.contention_seconds_per_byte,
                         "half_sum_seconds_per_element": list(agreed.half_sum_seconds_per_element),
@@ -822,7 +825,7 @@ class AdaptiveLoop:
             try:
                 if not missing:
                     update = self.planner.open(
-                        probe, slowest_forward, self.state.link_world_size, current
+                        probe, slowest_forward, self.state.link_world_size, current, small_probe
                     )
             except Exception:
                 logger.exception("autocomp: the opening decision failed; plan kept")

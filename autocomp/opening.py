@@ -68,6 +68,12 @@ OPENING_FAST_MARGIN = 10.0
 bound) puts the gradients' all-reduce this many times under the opening's threshold: a
 larger pass could only read the link faster, and the opening would not act either way. On
 loopback the n-gram model's probe grew to 32 MB and took 0.36 s of a 0.75 s opening."""
+LATENCY_PROBE_BYTES = 4 * 1024
+"""Per-rank payload of the opening's small all-reduces: the size of the small payloads a
+compressed plan adds (PowerSGD's factors, a bucket's uncompressed leftovers). Their time is
+the per-collective cost that the large probe cannot show."""
+LATENCY_PROBE_PASSES = 7
+"""Timed small all-reduces after a priming one; each rank reads their median."""
 CALIBRATION_SHAPE = torch.Size([1024, 1024])
 """The gradient shape each candidate is timed on."""
 LARGE_CALIBRATION_MIN_RATIO = 2
@@ -280,6 +286,10 @@ class OpeningProbe:
     """Per type of ``cost_model.HALF_DTYPES`` (float16, bfloat16): what an all-reduce of
     half-precision elements costs per element beyond its bytes
     (:meth:`ProbeRunner.half_sums`)."""
+    latency_probe: tuple[int, float] | None = None
+    """(per-rank payload bytes, seconds) of the agreed small all-reduce
+    (:meth:`ProbeRunner.small_all_reduce`), or None where the probe's pass did not take
+    ``OPENING_PROBE_SECONDS`` more than it (the two cannot be told apart)."""
 
 
 def _compute_seconds(matrix: torch.Tensor, reps: int) -> float:
@@ -368,8 +378,10 @@ class ProbeRunner:
         opening_ratio: float | None = None,
         node: dist.ProcessGroup | None = None,
     ) -> OpeningProbe:
-        """Grow the probe from ``OPENING_PROBE_START_BYTES`` by 4x until a timed pass takes
-        ``OPENING_PROBE_SECONDS`` (latency is then a rounding error) or it reaches the
+        """Time a small all-reduce (:meth:`small_all_reduce`: the latency), then grow the
+        probe from ``OPENING_PROBE_START_BYTES`` by 4x until a timed pass takes
+        ``OPENING_PROBE_SECONDS`` more than the small one (latency is then a rounding error in
+        its rate) or it reaches the
         gradients' size (``raw_bytes``): a 64 KB pass reads a 10 Mbit/s link in 50 ms, and a
         loopback link gets a few quick passes. Every rank agrees on each round through one
         small all-reduce, so all stop at the same size.
@@ -388,6 +400,10 @@ class ProbeRunner:
         time), and rank 0 read its own group's flow as the node's."""
         cap = max(OPENING_PROBE_START_BYTES, min(raw_bytes, OPENING_PROBE_MAX_BYTES))
         size = OPENING_PROBE_START_BYTES
+        # First, so that the probe grows until its bytes, not the latency, take
+        # OPENING_PROBE_SECONDS: on a link with a 20 ms round trip a 64 KB pass takes 40 ms
+        # and was read as 13 Mbit/s whatever the rate.
+        small = self.small_all_reduce(device, group, node)
         while True:
             seconds = self.time_all_reduce(size, device, group)
             # MAX of -seconds is the minimum; a rank without a forward time vetoes (-1 < 0).
@@ -418,7 +434,7 @@ class ProbeRunner:
                 * slowest_forward
                 / OPENING_FAST_MARGIN
             )
-            if -least >= OPENING_PROBE_SECONDS or size >= cap or fast:
+            if -least >= OPENING_PROBE_SECONDS + small or size >= cap or fast:
                 contention = self.contention(size, -least, device, group, node)
                 halves = self.half_sums(size, -least, device, group, node, gradient_bytes=raw_bytes)
                 return OpeningProbe(
@@ -429,8 +445,40 @@ class ProbeRunner:
                     contention.seconds_per_byte,
                     contention.settled,
                     halves,
+                    # Only where the bytes' time is resolvable beside it: a probe capped at
+                    # a small model's gradients can take a few ms, inside a shaper's token
+                    # bucket, and a 0.3-4 ms small pass beside it made a 100 Mbit/s link
+                    # read 303 (digits ResNet, fifty-seventh session).
+                    (LATENCY_PROBE_BYTES, small)
+                    if small > 0 and -least - small >= OPENING_PROBE_SECONDS
+                    else None,
                 )
             size = min(cap, size * 4)
+
+    def small_all_reduce(
+        self,
+        device: torch.device,
+        group: dist.ProcessGroup | None,
+        node: dist.ProcessGroup | None = None,
+    ) -> float:
+        """Seconds of a ``LATENCY_PROBE_BYTES`` all-reduce, agreed like the probe (the least
+        over ``group``, the most over ``node``): each rank's median of
+        ``LATENCY_PROBE_PASSES`` after a priming one.
+
+        The opening's probe grows until latency is a rounding error in it, so the link
+        model's per-hop latency stayed at its 50 us prior in every run: the hook's own
+        collectives are too small to fit it (``BandwidthMeter``). On this project's 2-core
+        machine a small gloo all-reduce costs 0.3-4 ms whatever the link's rate (loopback
+        included), the second and third collectives of a PowerSGD step 0.6-1.4 ms each, and
+        a plan with three collectives a step was predicted 4 ms faster than fp16's one and
+        measured 3 ms slower (digits ResNet at 100 Mbit/s, fifty-seventh session). The
+        median, not the least: a collective in a step pays the typical hand-off, not the
+        best one."""
+        view = self._view(LATENCY_PROBE_BYTES, device)
+        _pass_seconds(view, group)
+        median = statistics.median(_pass_seconds(view, group) for _ in range(LATENCY_PROBE_PASSES))
+        (agreed,) = _agreed_least([median], device, group, node)
+        return agreed if math.isfinite(agreed) and agreed > 0 else 0.0
 
     def contention(
         self,
@@ -741,11 +789,14 @@ def open_plan(
     forward_seconds: float,
     world: int,
     current: dict[str, str],
+    small_probe: tuple[int, float] | None = None,
 ) -> PlanUpdate | None:
     """The opening: ``planner``'s plan for step 0 from a link probe run before its first
     collective.
 
-    ``probe`` is (payload bytes, seconds) of an all-reduce timed on the link; the compute
+    ``probe`` is (payload bytes, seconds) of an all-reduce timed on the link, and
+    ``small_probe`` the same for a small one (``OpeningProbe.latency_probe``), which gives
+    the link model its latency; the compute
     is estimated from the first forward (``OPENING_COMPUTE_PER_FORWARD`` times it: a
     backward costs about twice the forward). That estimate can be several times short: an
     embedding table's backward writes a dense gradient its forward never read (the n-gram
@@ -760,8 +811,14 @@ def open_plan(
     stays, and the probe only seeds the link estimate.
     """
     payload, seconds = probe
+    hops = latency_hops(Collective.ALL_REDUCE, world)
     sent = link_bytes(Collective.ALL_REDUCE, payload, world)
-    planner.meter.add_probe(latency_hops(Collective.ALL_REDUCE, world), sent, seconds)
+    planner.meter.add_probe(hops, sent, seconds)
+    if small_probe is not None and small_probe[1] > 0:
+        # Two sizes: the meter fits latency and bandwidth together (else latency is a prior).
+        planner.meter.add_probe(
+            hops, link_bytes(Collective.ALL_REDUCE, small_probe[0], world), small_probe[1]
+        )
     if seconds > 0:  # nothing is compressed yet: the payoff check's reference reading
         planner.payoff.note_probe(payload, sent / seconds, compressed=False)
     estimate = planner.meter.end_window(min_samples=1)

@@ -542,11 +542,12 @@ class WindowPlanner:
         forward_seconds: float,
         world: int,
         current: dict[str, str],
+        small_probe: tuple[int, float] | None = None,
     ) -> PlanUpdate | None:
         """The opening: a plan for step 0 from a link probe run before its first collective
-        (:func:`autocomp.opening.open_plan`), or None."""
+        (:func:`autocomp.opening.open_plan`, with its small probe for the latency), or None."""
         self._windows += 1
-        update = open_plan(self, probe, forward_seconds, world, current)
+        update = open_plan(self, probe, forward_seconds, world, current, small_probe)
         if update is not None:
             self._confirm_if_moved(update.plan, current)
         return update

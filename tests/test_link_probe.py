@@ -40,6 +40,7 @@ import autocomp
 from autocomp.adaptive import WindowRecord
 from autocomp.link_model import LinkEstimate
 from autocomp.link_probe import LinkProbe
+from autocomp.opening import LATENCY_PROBE_BYTES, OPENING_PROBE_SECONDS
 from autocomp_bench.shaped_link import ShapedLink, shaped_link_unavailable_reason
 from tests.models import MultiBucketNet, classification_batch
 from tests.multirank import run_ranks
@@ -330,8 +331,58 @@ def test_the_opening_agrees_on_one_contention_reading(tmp_path: Path) -> None:
     assert math.isfinite(contention) and contention >= 0.0
     halves = zero["probe"].half_sum_seconds_per_element
     assert len(halves) == 2 and all(math.isfinite(h) and h >= 0.0 for h in halves)
+    # The small all-reduce that gives the link model its latency: one agreed reading, kept
+    # where the probe's pass resolves it (on loopback the probe may stop at 8 MB before).
+    if zero["probe"].latency_probe is not None:
+        small_bytes, small_seconds = zero["probe"].latency_probe
+        assert small_bytes == LATENCY_PROBE_BYTES < zero["probe"].payload_bytes
+        assert math.isfinite(small_seconds) and small_seconds > 0.0
+        assert zero["probe"].seconds - small_seconds >= OPENING_PROBE_SECONDS
     assert zero["rng_untouched"] and one["rng_untouched"]
     assert zero["after"] and one["after"]
+
+
+def _scripted_latency_opening(
+    rank: int, world: int, hop_s: float, mbit: float, raw_bytes: int
+) -> dict[str, Any]:
+    """``ProbeRunner.opening`` with every pass timed as 2 hops of ``hop_s`` plus its bytes
+    at ``mbit`` (the contention and half-sum probes left out); returns the agreed probe."""
+    import autocomp.opening as opening
+
+    def scripted(tensor: torch.Tensor, group: Any) -> float:
+        return 2 * hop_s + tensor.numel() * 4 / (mbit * 1e6 / 8)
+
+    opening._pass_seconds = scripted
+    runner = opening.ProbeRunner()
+    runner.contention = lambda *args, **kwargs: opening.ContentionReading(0.0, 0.0)  # type: ignore[method-assign]
+    runner.half_sums = lambda *args, **kwargs: (0.0, 0.0)  # type: ignore[method-assign]
+    agreed = runner.opening(raw_bytes, 0.01, torch.device("cpu"), None)
+    return {
+        "payload": agreed.payload_bytes,
+        "seconds": agreed.seconds,
+        "small": agreed.latency_probe,
+    }
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(60)
+def test_the_opening_reads_latency_only_where_the_probe_resolves_it(tmp_path: Path) -> None:
+    """On a 20 ms round trip the probe grows until its bytes take 20 ms beyond the small
+    all-reduce (a 64 KB pass alone is 40 ms of latency and 5 ms of bytes), and the small
+    one is kept for the latency fit. A probe capped at a small model's gradients, a few ms
+    beside the small pass, keeps none: the link model then prices the latency at its prior,
+    as before."""
+    from autocomp.opening import OPENING_PROBE_START_BYTES
+
+    far = run_ranks(_scripted_latency_opening, 2, tmp_path / "far", 10e-3, 100.0, 8 << 20)
+    assert far[0] == far[1]
+    small_seconds = 2 * 10e-3 + LATENCY_PROBE_BYTES / (100e6 / 8)
+    assert far[0]["small"] == (LATENCY_PROBE_BYTES, pytest.approx(small_seconds))
+    assert far[0]["payload"] == 4 * OPENING_PROBE_START_BYTES  # 64 KB: 25 ms, 256 KB: 41 ms
+    assert far[0]["seconds"] - small_seconds >= OPENING_PROBE_SECONDS
+
+    capped = run_ranks(_scripted_latency_opening, 2, tmp_path / "capped", 1e-3, 100.0, 170_000)
+    assert capped[0]["payload"] == 170_000 and capped[0]["small"] is None
 
 
 def _scripted_contention(rank: int, world: int, script: list[list[float]]) -> dict[str, Any]:

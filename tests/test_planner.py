@@ -1358,6 +1358,30 @@ def test_a_recorded_run_replays_through_a_fresh_planner(
         assert update.record.decision == line["decision"]
 
 
+def test_the_openings_small_probe_gives_the_link_model_its_latency() -> None:
+    """With only the opening's large probe the latency is the 50 us prior and the bandwidth
+    absorbs the rest; with the small all-reduce beside it (``OpeningProbe.latency_probe``)
+    the meter fits both. A 20 ms round trip at 100 Mbit/s: a 4 KB all-reduce of 2 ranks
+    takes 2 x 10 ms + 4 KB at the rate, a 64 KB one 2 x 10 ms + 64 KB."""
+    hop, rate = 10e-3, 100 * MBIT
+    small = (4096, 2 * hop + 4096 / rate)
+    large = (1 << 16, 2 * hop + (1 << 16) / rate)
+    current = dict.fromkeys(NAMES, "none")
+
+    alone = planner()
+    alone.open(large, 0.03, 2, current)
+    estimate = alone.meter.estimate
+    assert estimate is not None and estimate.latency_s == pytest.approx(50e-6)
+    assert estimate.bandwidth_bytes_per_s < 0.3 * rate  # the latency read as a slow link
+
+    both = planner()
+    both.open(large, 0.03, 2, current, small)
+    estimate = both.meter.estimate
+    assert estimate is not None
+    assert estimate.latency_s == pytest.approx(hop, rel=1e-6)
+    assert estimate.bandwidth_bytes_per_s == pytest.approx(rate, rel=1e-6)
+
+
 def test_the_opening_record_says_no_step_was_measured() -> None:
     """The opening's line has the probe, not a step: no 0 MB/step at a 66-million-fold
     ratio, as the demo once printed."""

@@ -467,13 +467,14 @@ class ProbeRunner:
 
         The opening's probe grows until latency is a rounding error in it, so the link
         model's per-hop latency stayed at its 50 us prior in every run: the hook's own
-        collectives are too small to fit it (``BandwidthMeter``). On this project's 2-core
-        machine a small gloo all-reduce costs 0.3-4 ms whatever the link's rate (loopback
-        included), the second and third collectives of a PowerSGD step 0.6-1.4 ms each, and
-        a plan with three collectives a step was predicted 4 ms faster than fp16's one and
-        measured 3 ms slower (digits ResNet at 100 Mbit/s, fifty-seventh session). The
-        median, not the least: a collective in a step pays the typical hand-off, not the
-        best one."""
+        collectives are too alike in size to fit it (``BandwidthMeter``). On a link with a
+        real round trip that mispriced every collective a plan adds. The median, not the
+        least: a collective in a step pays the typical hand-off, not the best one. Taken
+        idle, this still reads less than a step pays on a busy CPU: on this project's 2-core
+        machine the latency fitted on it came to 0-0.3 ms a collective, while the second
+        and third collectives of a PowerSGD step took 0.6-1.4 ms each, and a plan with three
+        collectives a step was predicted 4 ms faster than fp16's one and measured 3 ms
+        slower (digits ResNet at 100 Mbit/s, fifty-seventh session)."""
         view = self._view(LATENCY_PROBE_BYTES, device)
         _pass_seconds(view, group)
         median = statistics.median(_pass_seconds(view, group) for _ in range(LATENCY_PROBE_PASSES))

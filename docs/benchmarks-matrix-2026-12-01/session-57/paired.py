@@ -209,7 +209,7 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    run_ranks_on_shaped_link(__file__, args.rate, port=29611, timeout_s=1800)
+    run_ranks_on_shaped_link(__file__, args.rate or None, port=29611, timeout_s=1800)  # 0: unshaped
     result = json.load(open(args.out))
     med = {m: statistics.median(v) for m, v in result["times"].items()}
     result["median_step_s"] = med

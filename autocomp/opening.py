@@ -356,9 +356,16 @@ class ProbeRunner:
         """Seconds of the fastest of ``timed`` all-reduces after a priming one: what the link
         can do, with a scheduling hiccup of this rank's (one pass in three on 4 ranks of 2
         cores read loopback 10x slow) left out."""
+        return min(self._timed_passes(payload_bytes, device, group, timed))
+
+    def _timed_passes(
+        self, payload_bytes: int, device: torch.device, group: dist.ProcessGroup | None, timed: int
+    ) -> list[float]:
+        """Seconds of each of ``timed`` all-reduces of ``payload_bytes``, after an untimed
+        priming one (allocations, a shaper's bucket drained)."""
         view = self._view(payload_bytes, device)
         _pass_seconds(view, group)
-        return min(_pass_seconds(view, group) for _ in range(max(1, timed)))
+        return [_pass_seconds(view, group) for _ in range(max(1, timed))]
 
     def _view(self, payload_bytes: int, device: torch.device) -> torch.Tensor:
         """The reused zero buffer's first ``payload_bytes`` (float32), grown when needed."""
@@ -475,10 +482,8 @@ class ProbeRunner:
         and third collectives of a PowerSGD step took 0.6-1.4 ms each, and a plan with three
         collectives a step was predicted 4 ms faster than fp16's one and measured 3 ms
         slower (digits ResNet at 100 Mbit/s, fifty-seventh session)."""
-        view = self._view(LATENCY_PROBE_BYTES, device)
-        _pass_seconds(view, group)
-        median = statistics.median(_pass_seconds(view, group) for _ in range(LATENCY_PROBE_PASSES))
-        (agreed,) = _agreed_least([median], device, group, node)
+        passes = self._timed_passes(LATENCY_PROBE_BYTES, device, group, LATENCY_PROBE_PASSES)
+        (agreed,) = _agreed_least([statistics.median(passes)], device, group, node)
         return agreed if math.isfinite(agreed) and agreed > 0 else 0.0
 
     def contention(

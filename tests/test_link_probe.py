@@ -9,7 +9,9 @@ rule lifts the compression on its own.
 
 Tier 2 also: the opening's contention probe agrees on one reading on every rank, and a reading
 of none on every rank rests on a second batch of pairs (scripted loop times); its sums of
-halves (scripted pass times, one rank) keep each half's least excess at a resolvable size.
+halves (scripted pass times, one rank) keep each half's least excess at a resolvable size,
+and its small all-reduce is kept for the latency fit only where the probe's pass took 20 ms
+beyond it (scripted pass times).
 Tier 1: on a link too slow for it to matter, the opening does not time sums of halves at all;
 a boundary probe reads the fastest of its timed passes (scripted pass times).
 

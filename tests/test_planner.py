@@ -4,6 +4,7 @@
 warm-up when an uncompressed step costs 2x the compute-only step (and not otherwise; a second
 look catches a first step whose compute one-off costs inflated), the
 opening decides before step 0 from a link probe only when communication would dominate
+(and, given its small all-reduce too, fits the link's latency and bandwidth on the two sizes)
 (pricing top-k on an embedding table by the rows its first forward looked up, which
 ``EmbeddingRows`` counts) and the first measured look resumes the warm-up when the measured
 compute refutes the opening's guess (and an opening that compresses runs step 0 on the

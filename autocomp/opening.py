@@ -59,7 +59,8 @@ OPENING_PROBE_START_BYTES = 64 * 1024
 OPENING_PROBE_MAX_BYTES = 32 * 1024 * 1024
 """Largest opening probe (and never more than the gradients themselves)."""
 OPENING_PROBE_SECONDS = 0.02
-"""An opening probe pass this long ends the growth: the transfer dwarfs the latency."""
+"""An opening probe pass this much longer than the small all-reduce
+(``LATENCY_PROBE_BYTES``) ends the growth: the transfer dwarfs the latency."""
 OPENING_COMPUTE_PER_FORWARD = 3.0
 """The opening's compute estimate per second of the first forward (forward + a backward of
 about twice its cost)."""

@@ -290,7 +290,31 @@ class OpeningProbe:
     latency_probe: tuple[int, float] | None = None
     """(per-rank payload bytes, seconds) of the agreed small all-reduce
     (:meth:`ProbeRunner.small_all_reduce`), or None where the probe's pass did not take
-    ``OPENING_PROBE_SECONDS`` more than it (the two cannot be told apart)."""
+    ``OPENING_PROBE_SECONDS`` more than it (the two cannot be told apart) or the small pass
+    was faster per byte (a shaper's burst: ``_latency_reading``)."""
+
+
+def _latency_reading(
+    small_seconds: float, probe_bytes: int, probe_seconds: float
+) -> tuple[int, float] | None:
+    """The small all-reduce as the opening's second size, where the two passes can give the
+    link model a latency at all; else None, and the latency stays a prior.
+
+    Two conditions. The probe's pass must take ``OPENING_PROBE_SECONDS`` more than the small
+    one, or its bytes' time is not resolvable beside it: a probe capped at a small model's
+    gradients can take a few ms, inside a shaper's token bucket, and a 0.3-4 ms small pass
+    beside it made a 100 Mbit/s link read 303 (digits ResNet, fifty-seventh session). And
+    the small pass must not be faster per byte than the probe's: then it ran in a regime of
+    its own (a token bucket's burst at line rate, the probe's pass at the sustained rate),
+    the line through the two has a negative latency, and the meter's non-negative fit bends
+    toward the small point. At 10 Mbit/s a 4 KB pass in 0.5 ms beside a 64 KB one in 56 ms
+    read the link as 49-82 Mbit/s; the step-100 probe sized at that reading took 3.5 s of a
+    30 s run of the digits CNN (the full matrix at a7f3f87, fifty-eighth session)."""
+    if not (small_seconds > 0 and probe_seconds - small_seconds >= OPENING_PROBE_SECONDS):
+        return None
+    if small_seconds * probe_bytes < probe_seconds * LATENCY_PROBE_BYTES:
+        return None
+    return (LATENCY_PROBE_BYTES, small_seconds)
 
 
 def _compute_seconds(matrix: torch.Tensor, reps: int) -> float:
@@ -453,13 +477,7 @@ class ProbeRunner:
                     contention.seconds_per_byte,
                     contention.settled,
                     halves,
-                    # Only where the bytes' time is resolvable beside it: a probe capped at
-                    # a small model's gradients can take a few ms, inside a shaper's token
-                    # bucket, and a 0.3-4 ms small pass beside it made a 100 Mbit/s link
-                    # read 303 (digits ResNet, fifty-seventh session).
-                    (LATENCY_PROBE_BYTES, small)
-                    if small > 0 and -least - small >= OPENING_PROBE_SECONDS
-                    else None,
+                    _latency_reading(small, size, -least),
                 )
             size = min(cap, size * 4)
 

@@ -345,14 +345,16 @@ def test_the_opening_agrees_on_one_contention_reading(tmp_path: Path) -> None:
 
 
 def _scripted_latency_opening(
-    rank: int, world: int, hop_s: float, mbit: float, raw_bytes: int
+    rank: int, world: int, hop_s: float, mbit: float, raw_bytes: int, burst_bytes: int = 0
 ) -> dict[str, Any]:
     """``ProbeRunner.opening`` with every pass timed as 2 hops of ``hop_s`` plus its bytes
-    at ``mbit`` (the contention and half-sum probes left out); returns the agreed probe."""
+    at ``mbit``, or at 10 Gbit/s for a pass of at most ``burst_bytes`` (a token bucket's
+    burst); the contention and half-sum probes left out. Returns the agreed probe."""
     import autocomp.opening as opening
 
     def scripted(tensor: torch.Tensor, group: Any) -> float:
-        return 2 * hop_s + tensor.numel() * 4 / (mbit * 1e6 / 8)
+        sent = tensor.numel() * 4
+        return 2 * hop_s + sent / ((10_000 if sent <= burst_bytes else mbit) * 1e6 / 8)
 
     opening._pass_seconds = scripted
     runner = opening.ProbeRunner()
@@ -373,7 +375,8 @@ def test_the_opening_reads_latency_only_where_the_probe_resolves_it(tmp_path: Pa
     all-reduce (a 64 KB pass alone is 40 ms of latency and 5 ms of bytes), and the small
     one is kept for the latency fit. A probe capped at a small model's gradients, a few ms
     beside the small pass, keeps none: the link model then prices the latency at its prior,
-    as before."""
+    as before. So does a small pass that a shaper's burst made faster per byte than the
+    probe's."""
     from autocomp.opening import OPENING_PROBE_START_BYTES
 
     far = run_ranks(_scripted_latency_opening, 2, tmp_path / "far", 10e-3, 100.0, 8 << 20)
@@ -385,6 +388,15 @@ def test_the_opening_reads_latency_only_where_the_probe_resolves_it(tmp_path: Pa
 
     capped = run_ranks(_scripted_latency_opening, 2, tmp_path / "capped", 1e-3, 100.0, 170_000)
     assert capped[0]["payload"] == 170_000 and capped[0]["small"] is None
+
+    # A shaper's bucket lets the small passes through at line rate and the 64 KB one at
+    # 10 Mbit/s: faster per byte than the probe, so no latency line can pass through both
+    # (fitted anyway, the link read 55 Mbit/s). None is kept; the probe alone reads 10.
+    burst = run_ranks(
+        _scripted_latency_opening, 2, tmp_path / "burst", 0.0, 10.0, 1_135_144, 16 << 10
+    )
+    assert burst[0]["payload"] == OPENING_PROBE_START_BYTES and burst[0]["small"] is None
+    assert burst[0]["payload"] * 8 / burst[0]["seconds"] / 1e6 == pytest.approx(10.0)
 
 
 def _scripted_contention(rank: int, world: int, script: list[list[float]]) -> dict[str, Any]:

@@ -273,6 +273,7 @@ class AdaptiveLoop:
             )
             load_regressor()  # at set-up, not at the first fit with every rank waiting
         self._probe_next = 0  # payload bytes rank 0 asked for at the next boundary
+        self._probe_pass_seconds = 0.0  # one pass of it at rank 0's estimate (0: unknown)
         # Whether rank 0's planner is still in its warm-up (broadcast with each plan): the
         # looks after the first two only serve to end it.
         self._warming = True
@@ -533,7 +534,11 @@ class AdaptiveLoop:
         probing = time.perf_counter()
         probe_local = (
             self._prober.fastest_all_reduce(
-                probe_bytes, device, self.state.link_group, BOUNDARY_PROBE_PASSES - 1
+                probe_bytes,
+                device,
+                self.state.link_group,
+                BOUNDARY_PROBE_PASSES - 1,
+                expected_pass_seconds=self._probe_pass_seconds or None,
             )
             if probe_bytes > 0
             else _MISSING
@@ -607,6 +612,7 @@ class AdaptiveLoop:
                     "plan": update.plan,
                     "reset": update.resets,
                     "probe_bytes": update.probe_bytes,
+                    "probe_pass_seconds": update.probe_pass_seconds,
                     "warming": not self.planner.warmup_done,
                     "quiet_windows": self._safe_quiet_windows(update, current, measurement),
                     "contention_reread": self._contention_reread_affordable(),
@@ -617,6 +623,7 @@ class AdaptiveLoop:
         if not isinstance(message, dict):
             raise RuntimeError("autocomp: malformed plan broadcast from rank 0")
         self._probe_next = int(message.get("probe_bytes", 0))
+        self._probe_pass_seconds = float(message.get("probe_pass_seconds", 0.0))
         self._contention_reread_due = bool(message.get("contention_reread", False))
         self._warming = bool(message.get("warming", False))
         quiet = max(1, int(message.get("quiet_windows", 1)))
@@ -1026,6 +1033,7 @@ class AdaptiveLoop:
         """The counters every rank holds alike (the planner's state is saved apart)."""
         return {
             "probe_next_bytes": self._probe_next,
+            "probe_pass_seconds": self._probe_pass_seconds,
             "last_boundary": self._last_boundary,
             "warming": self._warming,
             "quiet_until": self._quiet_until,
@@ -1040,6 +1048,7 @@ class AdaptiveLoop:
 
     def load_loop_state_dict(self, state: dict[str, Any]) -> None:
         self._probe_next = int(state.get("probe_next_bytes", 0))
+        self._probe_pass_seconds = float(state.get("probe_pass_seconds", 0.0))
         self._last_boundary = int(state["last_boundary"])
         self._warming = bool(state.get("warming", True))
         self._quiet_until = int(state.get("quiet_until", 0))

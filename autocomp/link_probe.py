@@ -17,7 +17,14 @@ from typing import Any
 from autocomp.compressors.base import Collective
 from autocomp.link_model import LinkEstimate, latency_hops, link_bytes
 
-__all__ = ["BOUNDARY_PROBE_PASSES", "PROBE_PASSES", "LinkProbe", "ProbePlan"]
+__all__ = [
+    "BOUNDARY_PROBE_PASSES",
+    "PROBE_OVERRUN_FACTOR",
+    "PROBE_OVERRUN_MIN_SECONDS",
+    "PROBE_PASSES",
+    "LinkProbe",
+    "ProbePlan",
+]
 
 PROBE_PASSES = 2
 """All-reduces per probe: a priming pass, then the timed one. The first drains whatever a
@@ -31,6 +38,18 @@ unshaped, thirty-second session); two slow readings in a row (225 and 263 MB/s a
 and 250, against 1093 at the opening) told the payoff check the link had changed, and an fp16
 plan that measured 1.2x the uncompressed step ran on until a correct reading (882 MB/s) at
 step 350. The level probe keeps the fastest of three for the same reason."""
+PROBE_OVERRUN_FACTOR = 3.0
+"""A boundary probe whose priming pass took this many times the pass expected at the estimate
+it was sized on (and ``PROBE_OVERRUN_MIN_SECONDS``) stops there, the priming pass its reading:
+the link is several times slower than the estimate, so the remaining passes would cost that
+many times their budget, and the priming pass already tells the estimate how wrong it is.
+Sized at an opening that read a 10 Mbit/s link as 82 Mbit/s, the digits CNN's four passes
+took 3.5 s of a 30 s run (fifty-eighth session). Smaller misses (a token bucket's burst
+flattering a window's traffic 2x) keep every pass: the priming one alone reads them too
+noisily to replace the estimate."""
+PROBE_OVERRUN_MIN_SECONDS = 0.05
+"""The least priming pass that ends a probe early: on a fast link a probe's passes take a few
+ms, a scheduling hiccup can triple one, and the passes left cost next to nothing."""
 _PROBE_LATENCY_MULTIPLE = 4.0
 """At the fastest rate it must resolve, a probe's transfer takes this many latency terms."""
 

@@ -28,7 +28,7 @@ from autocomp.compressors import Collective, build_compressor
 from autocomp.cost_model import HALF_DTYPES, CostModel
 from autocomp.hook_layer import LayerReplay
 from autocomp.link_model import latency_hops, link_bytes
-from autocomp.link_probe import PROBE_PASSES
+from autocomp.link_probe import PROBE_OVERRUN_FACTOR, PROBE_OVERRUN_MIN_SECONDS, PROBE_PASSES
 from autocomp.policy.types import LayerProfile, PolicyDecision, StepTiming
 from autocomp.window import PlanUpdate, WindowRecord
 
@@ -376,12 +376,29 @@ class ProbeRunner:
         return _timed_all_reduce(self._view(payload_bytes, device), group)
 
     def fastest_all_reduce(
-        self, payload_bytes: int, device: torch.device, group: dist.ProcessGroup | None, timed: int
+        self,
+        payload_bytes: int,
+        device: torch.device,
+        group: dist.ProcessGroup | None,
+        timed: int,
+        expected_pass_seconds: float | None = None,
     ) -> float:
         """Seconds of the fastest of ``timed`` all-reduces after a priming one: what the link
         can do, with a scheduling hiccup of this rank's (one pass in three on 4 ranks of 2
-        cores read loopback 10x slow) left out."""
-        return min(self._timed_passes(payload_bytes, device, group, timed))
+        cores read loopback 10x slow) left out.
+
+        Given ``expected_pass_seconds`` (a pass at the estimate the probe was sized on), the
+        ranks agree on the priming pass (its least over ``group``, one small all-reduce), and
+        where even that overran the expectation (``PROBE_OVERRUN_FACTOR``) every rank stops
+        and returns its priming pass: the link is far slower than the estimate."""
+        if expected_pass_seconds is None:
+            return min(self._timed_passes(payload_bytes, device, group, timed))
+        view = self._view(payload_bytes, device)
+        priming = _pass_seconds(view, group)
+        (least,) = _agreed_least([priming], device, group, None)
+        if least > max(PROBE_OVERRUN_FACTOR * expected_pass_seconds, PROBE_OVERRUN_MIN_SECONDS):
+            return priming
+        return min(_pass_seconds(view, group) for _ in range(max(1, timed)))
 
     def _timed_passes(
         self, payload_bytes: int, device: torch.device, group: dist.ProcessGroup | None, timed: int

@@ -532,6 +532,11 @@ class WindowPlanner:
             plan=plan,
             resets=resets,
             probe_bytes=probe_next,
+            probe_pass_seconds=(
+                estimate.seconds(Collective.ALL_REDUCE, probe_next, world)
+                if probe_next > 0 and estimate is not None
+                else 0.0
+            ),
             record=record,
             window_steps=self._short_window,
         )

@@ -473,6 +473,9 @@ class PlanUpdate:
     probe_bytes: int
     """Payload of the link probe the next boundary runs (0: none)."""
     record: WindowRecord
+    probe_pass_seconds: float = 0.0
+    """What one pass of that probe takes at the link estimate it was sized on (0: unknown):
+    a priming pass far slower ends the probe early (``link_probe.PROBE_OVERRUN_FACTOR``)."""
     window_steps: int = 0
     """Steps until the next boundary when the next window only measures (an uncompressed
     baseline, ``PayoffCheck.baseline_window_steps``); 0: the regular schedule."""

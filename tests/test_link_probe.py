@@ -13,7 +13,9 @@ halves (scripted pass times, one rank) keep each half's least excess at a resolv
 and its small all-reduce is kept for the latency fit only where the probe's pass took 20 ms
 beyond it (scripted pass times).
 Tier 1: on a link too slow for it to matter, the opening does not time sums of halves at all;
-a boundary probe reads the fastest of its timed passes (scripted pass times).
+a boundary probe reads the fastest of its timed passes (scripted pass times). Tier 2: a
+boundary probe whose priming pass overran its estimate 3x on every rank stops there on every
+rank (scripted pass times).
 
 Tier 3 (root + iproute2, skipped otherwise; ~20 s): two ranks on a tbf-shaped veth start at
 50 Mbit/s, where the policy compresses with PowerSGD and the steps fall below what the meter
@@ -174,6 +176,61 @@ def test_a_boundary_probe_reads_its_fastest_timed_pass(monkeypatch: pytest.Monke
     )
     assert seconds == 1.0
     assert calls == [(1 << 20) // 4] * BOUNDARY_PROBE_PASSES
+
+
+def _scripted_overrun(rank: int, world: int, script: list[list[float]], expected: float) -> dict:
+    """``ProbeRunner.fastest_all_reduce`` on one rank with its passes timed by ``script``
+    (the agreement on the priming pass is a real all-reduce)."""
+    import autocomp.opening as opening
+    from autocomp.link_probe import BOUNDARY_PROBE_PASSES
+
+    passes = iter(script[rank])
+    calls = {"passes": 0}
+
+    def scripted(tensor: torch.Tensor, group: object) -> float:
+        calls["passes"] += 1
+        return next(passes)
+
+    opening._pass_seconds = scripted
+    seconds = opening.ProbeRunner().fastest_all_reduce(
+        1 << 16,
+        torch.device("cpu"),
+        None,
+        BOUNDARY_PROBE_PASSES - 1,
+        expected_pass_seconds=expected,
+    )
+    return {"seconds": seconds, "passes": calls["passes"]}
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("script", "expected", "seconds", "passes"),
+    [
+        # Both priming passes 10x the expected 80 ms: every rank stops after it.
+        ([[0.8, 0.1, 0.1, 0.1], [0.82, 0.1, 0.1, 0.1]], 0.08, [0.8, 0.82], 1),
+        # One rank's priming pass overran (it waited for the other), the fastest did not:
+        # the link is as expected, and every rank runs every pass.
+        ([[0.8, 0.09, 0.08, 0.085], [0.1, 0.08, 0.09, 0.081]], 0.08, [0.08, 0.08], 4),
+        # 4 ms expected, 20 ms priming: 5x, but under the 50 ms floor: a fast link's hiccup.
+        ([[0.02, 0.004, 0.004, 0.004], [0.021, 0.004, 0.005, 0.004]], 0.004, [0.004, 0.004], 4),
+    ],
+)
+def test_a_boundary_probe_stops_after_a_priming_pass_that_overran_its_estimate(
+    script: list[list[float]],
+    expected: float,
+    seconds: list[float],
+    passes: int,
+    tmp_path: Path,
+) -> None:
+    """A probe is sized at the link estimate; where the link is several times slower (an
+    opening that misread it, a link that dropped while the plan kept it out of view), its
+    passes cost that many times their budget: 3.5 s of a 30 s run on the digits CNN at
+    10 Mbit/s. The ranks agree on the priming pass's least and, where even that overran
+    ``PROBE_OVERRUN_FACTOR`` x the expected pass, all stop there together."""
+    ranks = run_ranks(_scripted_overrun, 2, tmp_path / "ranks", script, expected)
+    assert [r["seconds"] for r in ranks] == seconds
+    assert [r["passes"] for r in ranks] == [passes, passes]
 
 
 @pytest.mark.parametrize("mbit", [10.0, 200.0])

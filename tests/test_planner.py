@@ -1413,6 +1413,14 @@ def test_a_compressed_plans_moved_reading_is_priced_at_the_idle_links_until_a_pr
         errors = {"fc1.weight": 0.99, "fc2.weight": 0.99}
         misread = p.decide(measurement(20, mbit=10, specs=current, errors=errors), current)
         assert misread.probe_bytes == reference
+        # Every rank gets the pass that size takes at the estimate, to stop a probe that
+        # overruns it (``link_probe.PROBE_OVERRUN_FACTOR``).
+        estimate = p.meter.estimate
+        assert estimate is not None
+        assert misread.probe_pass_seconds == pytest.approx(
+            estimate.seconds(Collective.ALL_REDUCE, reference, 2)
+        )
+        assert misread.probe_pass_seconds > 0
         priced = misread.record.decision["bandwidth_bytes_per_s"]  # type: ignore[index]
         rules = [d["rule"] for d in misread.record.decision["layers"]]  # type: ignore[index]
         m = measurement(30, mbit=10, specs=current, errors=errors)

@@ -44,7 +44,11 @@ import autocomp
 from autocomp.adaptive import WindowRecord
 from autocomp.link_model import LinkEstimate
 from autocomp.link_probe import LinkProbe
-from autocomp.opening import LATENCY_PROBE_BYTES, OPENING_PROBE_SECONDS
+from autocomp.opening import (
+    LATENCY_PROBE_BYTES,
+    OPENING_PROBE_SECONDS,
+    OPENING_PROBE_START_BYTES,
+)
 from autocomp_bench.shaped_link import ShapedLink, shaped_link_unavailable_reason
 from tests.models import MultiBucketNet, classification_batch
 from tests.multirank import run_ranks
@@ -402,14 +406,27 @@ def test_the_opening_agrees_on_one_contention_reading(tmp_path: Path) -> None:
 
 
 def _scripted_latency_opening(
-    rank: int, world: int, hop_s: float, mbit: float, raw_bytes: int, burst_bytes: int = 0
+    rank: int,
+    world: int,
+    hop_s: float,
+    mbit: float,
+    raw_bytes: int,
+    burst_bytes: int = 0,
+    hiccup: tuple[int, float] | None = None,
 ) -> dict[str, Any]:
     """``ProbeRunner.opening`` with every pass timed as 2 hops of ``hop_s`` plus its bytes
     at ``mbit``, or at 10 Gbit/s for a pass of at most ``burst_bytes`` (a token bucket's
-    burst); the contention and half-sum probes left out. Returns the agreed probe."""
+    burst); ``hiccup`` = (n, seconds): this rank's n-th pass takes that long instead (other
+    load on the machine). The contention and half-sum probes left out. Returns the agreed
+    probe."""
     import autocomp.opening as opening
 
+    passes = {"n": 0}
+
     def scripted(tensor: torch.Tensor, group: Any) -> float:
+        passes["n"] += 1
+        if hiccup is not None and passes["n"] == hiccup[0]:
+            return hiccup[1]
         sent = tensor.numel() * 4
         return 2 * hop_s + sent / ((10_000 if sent <= burst_bytes else mbit) * 1e6 / 8)
 
@@ -434,7 +451,6 @@ def test_the_opening_reads_latency_only_where_the_probe_resolves_it(tmp_path: Pa
     beside the small pass, keeps none: the link model then prices the latency at its prior,
     as before. So does a small pass that a shaper's burst made faster per byte than the
     probe's."""
-    from autocomp.opening import OPENING_PROBE_START_BYTES
 
     far = run_ranks(_scripted_latency_opening, 2, tmp_path / "far", 10e-3, 100.0, 8 << 20)
     assert far[0] == far[1]
@@ -454,6 +470,24 @@ def test_the_opening_reads_latency_only_where_the_probe_resolves_it(tmp_path: Pa
     )
     assert burst[0]["payload"] == OPENING_PROBE_START_BYTES and burst[0]["small"] is None
     assert burst[0]["payload"] * 8 / burst[0]["seconds"] / 1e6 == pytest.approx(10.0)
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(60)
+def test_the_openings_probe_does_not_stop_on_one_slow_pass(tmp_path: Path) -> None:
+    """A burst of other load made both ranks' first timed 64 KB pass take 36 ms on loopback,
+    which stopped the growth there and read the link as 14.7 Mbit/s: the opening compressed
+    the digits CNN on loopback until step 100. The stop rests on the least of three passes
+    at its size, so the probe grows on, as without the burst, and reads the link's rate.
+    The passes: 8 of the small all-reduce, then the 64 KB priming and timed ones (10th)."""
+    calm = run_ranks(_scripted_latency_opening, 2, tmp_path / "calm", 0.0, 5000.0, 8 << 20)
+    loaded = run_ranks(
+        _scripted_latency_opening, 2, tmp_path / "loaded", 0.0, 5000.0, 8 << 20, 0, (10, 0.036)
+    )
+    assert loaded[0] == loaded[1]
+    assert loaded[0]["payload"] == calm[0]["payload"] > OPENING_PROBE_START_BYTES
+    mbit = loaded[0]["payload"] * 8 / loaded[0]["seconds"] / 1e6
+    assert mbit == pytest.approx(5000.0)
 
 
 def _scripted_contention(rank: int, world: int, script: list[list[float]]) -> dict[str, Any]:
@@ -544,7 +578,6 @@ def test_the_opening_probe_stops_growing_on_a_plainly_fast_link(tmp_path: Path) 
     opening's threshold: the probe stops there, on every rank alike, instead of growing to
     megabytes (0.36 s of the n-gram model's 0.75 s opening). Without the threshold, or
     with a rank that has no forward time, it grows as before."""
-    from autocomp.opening import OPENING_PROBE_START_BYTES
 
     zero, one = run_ranks(_opening_sizes, 2, tmp_path / "ranks")
     assert zero == one
@@ -579,7 +612,6 @@ def test_the_opening_of_a_hierarchy_agrees_across_the_node(tmp_path: Path) -> No
     (one at 64 KB, one grown on), and rank 0 read its group's flow, not the node's. With the
     node's agreement every rank ends with the same probe: the same size, the node's slowest
     flow, the slowest forward, and the same contention and half-sum readings."""
-    from autocomp.opening import OPENING_PROBE_START_BYTES
 
     ranks = run_ranks(_opening_on_two_nodes, 4, tmp_path / "ranks")
     alone = [r["alone"] for r in ranks]

@@ -449,13 +449,13 @@ class ProbeRunner:
         ranks agree on the priming pass (its least over ``group``, one small all-reduce), and
         where even that overran the expectation (``PROBE_OVERRUN_FACTOR``) every rank stops
         and returns its priming pass: the link is far slower than the estimate."""
-        if expected_pass_seconds is None:
-            return min(self._timed_passes(payload_bytes, device, group, timed))
         view = self._view(payload_bytes, device)
         priming = _pass_seconds(view, group)
-        (least,) = _agreed_least([priming], device, group, None)
-        if least > max(PROBE_OVERRUN_FACTOR * expected_pass_seconds, PROBE_OVERRUN_MIN_SECONDS):
-            return priming
+        if expected_pass_seconds is not None:
+            (least,) = _agreed_least([priming], device, group, None)
+            overrun = max(PROBE_OVERRUN_FACTOR * expected_pass_seconds, PROBE_OVERRUN_MIN_SECONDS)
+            if least > overrun:
+                return priming
         return min(_pass_seconds(view, group) for _ in range(max(1, timed)))
 
     def _timed_passes(

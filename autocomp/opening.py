@@ -528,10 +528,11 @@ class ProbeRunner:
                 # One timed pass is one moment: a burst of other load on a shared machine
                 # read loopback as 14.7 Mbit/s and stopped the growth at 64 KB (the digits
                 # CNN, fifty-eighth session's matrix). The stop stands on the least of
-                # ``OPENING_STOP_PASSES`` more, agreed like the first.
+                # ``OPENING_STOP_PASSES`` more, agreed like the first (least over the group,
+                # most over the node).
                 view = self._view(size, device)
                 again = min(_pass_seconds(view, group) for _ in range(OPENING_STOP_PASSES))
-                least = min(least, _agreed_round(again, forward_seconds, device, group, node)[0])
+                least = min(least, *_agreed_least([again], device, group, node))
             if stops(least):
                 contention = self.contention(size, least, device, group, node)
                 halves = self.half_sums(size, least, device, group, node, gradient_bytes=raw_bytes)

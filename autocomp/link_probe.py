@@ -96,6 +96,15 @@ class LinkProbe:
     had one after each move: four of 0.33 s in a 30 s run, against PyTorch's PowerSGD hook
     with none (docs/benchmarks-history.md, "A probe after every switch").
 
+    Nor is a switch priced at about the rate the last probe read (at most ``vouched_within``
+    below it): the confirmation would only read that link again. The opening's probe reads
+    the link before any switch, and the first compressed plan is usually priced at its
+    reading; its confirmation then cost 0.4-1.5 s of a 30 s run, since a probe's passes are
+    sized to stand clear of 4x the latency at 20x the rate, and the fitted latency there is
+    2-7 ms of per-call overhead on 2 busy cores (fifty-ninth session: the digits CNN at
+    50 Mbit/s, the GPT LM at 50 and 200, the MLP LM at 200). A switch priced well below the
+    probe's reading, an early step's one-off costs read as a slow link, is confirmed as before.
+
     The rationed schedule counts the blind windows' seconds, not the windows: a probe runs once
     ``budget`` of the blind time since the last one pays for it. Windows are not all alike: a
     settled plan's stretch makes them several times longer, and the early looks and a payoff
@@ -118,6 +127,9 @@ class LinkProbe:
         scheduling noise, and tbf's ~4 ms bucket, make shorter ones unreliable."""
         max_bytes: int = 64 << 20
         """Largest probe payload per rank (its buffer is kept for reuse)."""
+        vouched_within: float = 1.25
+        """A switch priced at a rate at most this factor below the last probe's reading rests
+        on that probe, and is not probed again."""
 
         def __post_init__(self) -> None:
             if not (math.isfinite(self.budget) and self.budget >= 0):
@@ -126,6 +138,8 @@ class LinkProbe:
                 raise ValueError(f"probe headroom must be >= 1, got {self.headroom}")
             if not self.min_seconds > 0 or self.max_bytes < 4:
                 raise ValueError("probe min_seconds must be > 0 and max_bytes >= 4")
+            if not self.vouched_within >= 1:
+                raise ValueError(f"probe vouched_within must be >= 1, got {self.vouched_within}")
 
     def __init__(self, config: Config | None = None) -> None:
         self.config = config or LinkProbe.Config()
@@ -135,6 +149,8 @@ class LinkProbe:
         """The plan changed and no window under it has been closed yet."""
         self._probed = False
         """A probe was asked for since the traffic last measured the link itself."""
+        self._reading: float | None = None
+        """Link bytes per second of the last probe taken (the opening's or a boundary's)."""
 
     def size(
         self, estimate: LinkEstimate, world_size: int, window_seconds: float
@@ -159,12 +175,28 @@ class LinkProbe:
         every = max(1, math.ceil(seconds / allowed - 1e-9))
         return ProbePlan(payload_bytes=payload, every_windows=every, seconds=seconds)
 
-    def plan_changed(self) -> None:
-        """The plan switched at this boundary: if the window it runs next comes back blind,
-        that window is probed at once, unless a probe has read the link since the traffic
-        last did (see the class docstring)."""
-        if not self._probed:
-            self._unconfirmed = True
+    def note_reading(self, bytes_per_s: float) -> None:
+        """A probe (the opening's or a boundary's) read the link at ``bytes_per_s`` link bytes
+        per second, latency included."""
+        if math.isfinite(bytes_per_s) and bytes_per_s > 0:
+            self._reading = float(bytes_per_s)
+
+    def plan_changed(self, bandwidth_bytes_per_s: float | None = None) -> None:
+        """The plan switched at this boundary, priced at ``bandwidth_bytes_per_s``: if the
+        window it runs next comes back blind, that window is probed at once, unless a probe
+        has read the link since the traffic last did, or the last probe's reading vouches
+        for the rate the switch was priced at (see the class docstring)."""
+        if self._probed or self._vouched(bandwidth_bytes_per_s):
+            return
+        self._unconfirmed = True
+
+    def _vouched(self, bandwidth_bytes_per_s: float | None) -> bool:
+        """Whether the last probe read the link no faster than ``vouched_within`` times the
+        rate a switch was priced at: the confirmation could only read the same link again.
+        (The probe's reading includes its latency, so it errs towards confirming.)"""
+        if self._reading is None or bandwidth_bytes_per_s is None:
+            return False
+        return bandwidth_bytes_per_s * self.config.vouched_within >= self._reading
 
     def next_window(
         self,
@@ -217,6 +249,7 @@ class LinkProbe:
             "blind_seconds": self._blind_seconds,
             "unconfirmed": int(self._unconfirmed),
             "probed": int(self._probed),
+            "reading": 0.0 if self._reading is None else self._reading,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -225,3 +258,5 @@ class LinkProbe:
         self._blind_seconds = float(state.get("blind_seconds", 0.0))
         self._unconfirmed = bool(state.get("unconfirmed", 0))
         self._probed = bool(state.get("probed", 0))
+        reading = float(state.get("reading", 0.0))
+        self._reading = reading if math.isfinite(reading) and reading > 0 else None

@@ -913,6 +913,7 @@ def open_plan(
         )
     if seconds > 0:  # nothing is compressed yet: the payoff check's reference reading
         planner.payoff.note_probe(payload, sent / seconds, compressed=False)
+        planner.probe.note_reading(sent / seconds)
     estimate = planner.meter.end_window(min_samples=1)
     if estimate is None or not (math.isfinite(forward_seconds) and forward_seconds > 0):
         return None

@@ -561,7 +561,7 @@ class WindowPlanner:
         """A plan that moves any layer is checked by a probe if its first window is blind
         (:meth:`~autocomp.link_probe.LinkProbe.plan_changed`)."""
         if any(spec != current[name] for name, spec in zip(self.names, plan, strict=True)):
-            self.probe.plan_changed()
+            self.probe.plan_changed(self.cost_model.bandwidth_bytes_per_s)
 
     def note_switches(
         self,
@@ -632,11 +632,10 @@ class WindowPlanner:
                 self.cost_model.add_comm_sample(kind, nbytes, world, seconds)
         if m.probe is not None:  # after the steps: the meter's window is in time order
             payload_bytes, seconds = m.probe
-            self.meter.add_probe(
-                latency_hops(Collective.ALL_REDUCE, world),
-                link_bytes(Collective.ALL_REDUCE, payload_bytes, world),
-                seconds,
-            )
+            sent = link_bytes(Collective.ALL_REDUCE, payload_bytes, world)
+            self.meter.add_probe(latency_hops(Collective.ALL_REDUCE, world), sent, seconds)
+            if seconds > 0:
+                self.probe.note_reading(sent / seconds)
         # Before the warm-up ends, a step or two must do (the glance and the first looks).
         early = 1 if m.step <= GLANCE_STEP else 2
         return self.meter.end_window(min_samples=None if self.warmup_done else early)

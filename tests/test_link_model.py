@@ -520,6 +520,57 @@ def test_a_switch_after_a_probe_of_the_blind_link_is_not_probed_again() -> None:
     assert step(blind=True) == every.payload_bytes
 
 
+def test_a_switch_priced_at_a_probes_reading_is_not_probed_again() -> None:
+    """The opening's probe reads the link before the first switch; a switch priced at about
+    that rate rests on it, so its first blind window is not probed (on the GPT LM at
+    50 Mbit/s that confirmation cost 1.1-1.4 s of a 30 s run, every pass sized by the
+    per-call latency). A switch priced well below the reading (an early step's one-off costs
+    read as a slow link) is still confirmed, as is one with no reading to go by."""
+    rate = SLOW_50MBIT.bandwidth_bytes_per_s
+    probe = LinkProbe(LinkProbe.Config(budget=0.01))
+    every = probe.size(SLOW_50MBIT, 2, 1.0)
+    assert every is not None and every.every_windows > 3
+
+    def step(blind: bool) -> int:
+        return probe.next_window(
+            blind=blind, estimate=SLOW_50MBIT, world_size=2, window_seconds=1.0
+        )
+
+    probe.plan_changed(rate)  # no probe has read the link yet: confirmed
+    assert step(blind=True) == every.payload_bytes
+    assert step(blind=False) == 0  # the traffic reads the link again
+    probe.note_reading(rate * 0.97)  # the probe's reading includes its latency
+    for priced in (rate, rate * 4, rate * 0.97 / 1.2):
+        probe.plan_changed(priced)
+        assert step(blind=True) == 0, priced
+        assert step(blind=False) == 0
+    # Too far below the reading, or priced at no measured rate: the first blind window probes.
+    for priced in (rate * 0.97 / 1.3, None):
+        probe.plan_changed(priced)
+        assert step(blind=True) == every.payload_bytes, priced
+        assert step(blind=False) == 0
+    # The reading survives a checkpoint (and an old checkpoint has none).
+    clone = LinkProbe(probe.config)
+    clone.load_state_dict(probe.state_dict())
+    clone.plan_changed(rate)
+    assert (
+        clone.next_window(blind=True, estimate=SLOW_50MBIT, world_size=2, window_seconds=1.0) == 0
+    )
+    clone.load_state_dict({"blind_seconds": 0.0, "unconfirmed": 0, "probed": 0})
+    clone.plan_changed(rate)
+    assert (
+        clone.next_window(blind=True, estimate=SLOW_50MBIT, world_size=2, window_seconds=1.0)
+        == every.payload_bytes
+    )
+    # A later probe's reading replaces the opening's: one that read a faster link no longer
+    # vouches for the old rate.
+    probe.note_reading(rate * 3)
+    probe.plan_changed(rate)
+    assert step(blind=True) == every.payload_bytes
+    with pytest.raises(ValueError, match="vouched_within"):
+        LinkProbe.Config(vouched_within=0.5)
+
+
 def _compressed_window(meter: BandwidthMeter, steps: int = 6) -> None:
     for _ in range(steps):
         meter.add_period(2, 20e3, 0.004)  # 20 kB in 4 ms: latency and overhead, not bandwidth

@@ -7,8 +7,9 @@ falling back to a ratio estimate when sizes are all alike, and round-tripping it
 counters (:mod:`autocomp.nic_counters`) resolving ``lo`` and measuring a real loopback transfer
 made by the test itself (a TCP connection on 127.0.0.1 inside this process: nothing leaves the
 host). The active probe (:mod:`autocomp.link_probe`): its size and frequency against the budget
-and headroom, and the meter fitting probe samples when its own periods are blind, so a link that
-got faster is adopted in one window.
+and headroom, the confirming probe after a switch (skipped where the last probe's reading vouches
+for the switch's rate), and the meter fitting probe samples when its own periods are blind, so a
+link that got faster is adopted in one window.
 """
 
 from __future__ import annotations
@@ -523,7 +524,7 @@ def test_a_switch_after_a_probe_of_the_blind_link_is_not_probed_again() -> None:
 def test_a_switch_priced_at_a_probes_reading_is_not_probed_again() -> None:
     """The opening's probe reads the link before the first switch; a switch priced at about
     that rate rests on it, so its first blind window is not probed (on the GPT LM at
-    50 Mbit/s that confirmation cost 1.1-1.4 s of a 30 s run, every pass sized by the
+    50 Mbit/s that confirmation cost 0.6-1.5 s of a 30 s run, every pass sized by the
     per-call latency). A switch priced well below the reading (an early step's one-off costs
     read as a slow link) is still confirmed, as is one with no reading to go by."""
     rate = SLOW_50MBIT.bandwidth_bytes_per_s

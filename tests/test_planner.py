@@ -698,6 +698,11 @@ def test_the_opening_decides_before_step_0_when_communication_dominates() -> Non
     assert warmup and warmup[0].step == 0
     # The measured windows that follow take over from the opening's guess as usual.
     plan = dict(zip(NAMES, update.plan, strict=True))
+    # The switch is priced at the opening probe's own reading, so no probe confirms it.
+    payload, seconds = _probe(50)
+    probe_state = slow.probe.state_dict()
+    assert probe_state["reading"] == pytest.approx(payload / seconds)
+    assert probe_state["unconfirmed"] == 0
     following = slow.decide(measurement(1, mbit=50, steps=1), plan)
     assert following.plan[NAMES.index("fc1.bias")] == "none"
 

@@ -313,6 +313,11 @@ SLOW_50MBIT = LinkEstimate(
 )
 
 
+def _next_window(probe: LinkProbe, blind: bool) -> int:
+    """``probe.next_window`` for a 1 s window at ``SLOW_50MBIT`` on 2 ranks."""
+    return probe.next_window(blind=blind, estimate=SLOW_50MBIT, world_size=2, window_seconds=1.0)
+
+
 def test_probe_fills_the_budget_when_that_is_informative() -> None:
     probe = LinkProbe(LinkProbe.Config(budget=0.01, headroom=20.0, min_seconds=4e-3))
     # A 60 s window: 1% of it pays four passes each above the informative size.
@@ -478,10 +483,7 @@ def test_a_switch_is_probed_at_its_first_blind_window_once() -> None:
     probe.plan_changed()
     clone = LinkProbe(probe.config)
     clone.load_state_dict(probe.state_dict())
-    assert (
-        clone.next_window(blind=True, estimate=SLOW_50MBIT, world_size=2, window_seconds=1.0)
-        == every.payload_bytes
-    )
+    assert _next_window(clone, blind=True) == every.payload_bytes
     off = LinkProbe(LinkProbe.Config(budget=0.0))
     off.plan_changed()
     assert off.next_window(blind=True, estimate=SLOW_50MBIT, world_size=2, window_seconds=1.0) == 0
@@ -496,9 +498,7 @@ def test_a_switch_after_a_probe_of_the_blind_link_is_not_probed_again() -> None:
     assert every is not None and every.every_windows > 3
 
     def step(blind: bool) -> int:
-        return probe.next_window(
-            blind=blind, estimate=SLOW_50MBIT, world_size=2, window_seconds=1.0
-        )
+        return _next_window(probe, blind)
 
     assert step(blind=False) == 0
     probe.plan_changed()  # compressed on the traffic's reading: confirmed
@@ -512,9 +512,7 @@ def test_a_switch_after_a_probe_of_the_blind_link_is_not_probed_again() -> None:
     clone = LinkProbe(probe.config)
     clone.load_state_dict(probe.state_dict())
     clone.plan_changed()
-    assert (
-        clone.next_window(blind=True, estimate=SLOW_50MBIT, world_size=2, window_seconds=1.0) == 0
-    )
+    assert _next_window(clone, blind=True) == 0
     # Once the traffic reads the link again, a switch is confirmed again.
     assert step(blind=False) == 0
     probe.plan_changed()
@@ -533,9 +531,7 @@ def test_a_switch_priced_at_a_probes_reading_is_not_probed_again() -> None:
     assert every is not None and every.every_windows > 3
 
     def step(blind: bool) -> int:
-        return probe.next_window(
-            blind=blind, estimate=SLOW_50MBIT, world_size=2, window_seconds=1.0
-        )
+        return _next_window(probe, blind)
 
     probe.plan_changed(rate)  # no probe has read the link yet: confirmed
     assert step(blind=True) == every.payload_bytes
@@ -554,15 +550,10 @@ def test_a_switch_priced_at_a_probes_reading_is_not_probed_again() -> None:
     clone = LinkProbe(probe.config)
     clone.load_state_dict(probe.state_dict())
     clone.plan_changed(rate)
-    assert (
-        clone.next_window(blind=True, estimate=SLOW_50MBIT, world_size=2, window_seconds=1.0) == 0
-    )
+    assert _next_window(clone, blind=True) == 0
     clone.load_state_dict({"blind_seconds": 0.0, "unconfirmed": 0, "probed": 0})
     clone.plan_changed(rate)
-    assert (
-        clone.next_window(blind=True, estimate=SLOW_50MBIT, world_size=2, window_seconds=1.0)
-        == every.payload_bytes
-    )
+    assert _next_window(clone, blind=True) == every.payload_bytes
     # A later probe's reading replaces the opening's: one that read a faster link no longer
     # vouches for the old rate.
     probe.note_reading(rate * 3)

@@ -394,6 +394,8 @@ class WindowPlanner:
         previous = self.last_decision
         compressed = _optimizer_compressed(previous)
         probe_rate = _probe_rate(m)
+        if probe_rate is not None:
+            self.probe.note_reading(probe_rate)
         window_index = m.step // max(1, self.config.window)
         # A compressed plan's own traffic can misread the link (autocomp.policy.idle_link):
         # the decision, and the dwell's "the link moved", go by the priced reading.
@@ -632,10 +634,11 @@ class WindowPlanner:
                 self.cost_model.add_comm_sample(kind, nbytes, world, seconds)
         if m.probe is not None:  # after the steps: the meter's window is in time order
             payload_bytes, seconds = m.probe
-            sent = link_bytes(Collective.ALL_REDUCE, payload_bytes, world)
-            self.meter.add_probe(latency_hops(Collective.ALL_REDUCE, world), sent, seconds)
-            if seconds > 0:
-                self.probe.note_reading(sent / seconds)
+            self.meter.add_probe(
+                latency_hops(Collective.ALL_REDUCE, world),
+                link_bytes(Collective.ALL_REDUCE, payload_bytes, world),
+                seconds,
+            )
         # Before the warm-up ends, a step or two must do (the glance and the first looks).
         early = 1 if m.step <= GLANCE_STEP else 2
         return self.meter.end_window(min_samples=None if self.warmup_done else early)

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from autocomp.calibration import calibrate, calibration_shape_for
 from autocomp.compressors import Collective, build_compressor
 from autocomp.cost_model import HALF_DTYPES, CostModel, load_regressor
 from autocomp.distributed import collective_device
@@ -57,17 +58,11 @@ from autocomp.hook_layer import is_identity
 from autocomp.hook_state import HookState
 from autocomp.link_model import link_bytes
 from autocomp.link_probe import BOUNDARY_PROBE_PASSES, LinkProbe
-from autocomp.opening import (
-    EmbeddingRows,
-    ProbeRunner,
-    calibrate,
-    calibration_shape_for,
-    gradient_device,
-    untraced,
-)
+from autocomp.opening import EmbeddingRows, gradient_device, untraced
 from autocomp.planner import GLANCE_STEP, PlanUpdate, WindowPlanner
 from autocomp.policy.rules import PolicyRules
 from autocomp.policy.types import NONE_SPEC
+from autocomp.probe_runner import ProbeRunner
 from autocomp.profiler import StepProfiler, WindowProfile
 from autocomp.runlog import RunLog
 from autocomp.timing import clock_for
@@ -100,7 +95,7 @@ the window's measurement (3.1 ms), its exchange and the plan's broadcast. Counte
 decision never stretched those windows, and the boundaries took 3.8% of the run."""
 CONTENTION_REREADS = 3
 """Boundaries at which an unsettled contention reading from the opening (none, or a slowdown
-under ``opening.CONTENTION_SETTLED_SLOWDOWN``) is taken again, while some layer is compressed
+under ``probe_runner.CONTENTION_SETTLED_SLOWDOWN``) is taken again, while some layer is compressed
 (where hidden transfers are priced at all), until a re-read reads above none; the larger
 reading stands. The opening's probe reads a 2-core pair's contention in one moment; on the
 held-out 12-layer GPT at 50 Mbit/s it read none on both ranks in about one opening in eight,

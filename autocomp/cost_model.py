@@ -79,7 +79,7 @@ FORMAT_VERSION = 1
 """Version of the saved format; files of another version are refused."""
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 """The half-precision types whose all-reduce sums the cost model prices apart, in the order
-the opening measures them (``opening.ProbeRunner.half_sums``)."""
+the opening measures them (``probe_runner.ProbeRunner.half_sums``)."""
 HALF_DTYPES_BY_NAME = {str(dtype).removeprefix("torch."): dtype for dtype in HALF_DTYPES}
 """The same by name (``"float16"``), as files store them (the advisor's profile)."""
 MAX_CONTENTION_RATE = 0.9
@@ -278,7 +278,7 @@ class CostModel:
         return self._contention
 
     def update_contention(self, seconds_per_byte: float) -> None:
-        """Use a measured transfer contention (``opening.ProbeRunner.contention``)."""
+        """Use a measured transfer contention (``probe_runner.ProbeRunner.contention``)."""
         if not math.isfinite(seconds_per_byte) or seconds_per_byte < 0:
             raise ValueError(f"contention must be finite and >= 0, got {seconds_per_byte!r}")
         self._contention = float(seconds_per_byte)
@@ -289,7 +289,7 @@ class CostModel:
         return self._half_sum.get(dtype, 0.0)
 
     def update_half_sum(self, dtype: torch.dtype, seconds_per_element: float) -> None:
-        """Use a measured half-precision sum cost (``opening.ProbeRunner.half_sums``)."""
+        """Use a measured half-precision sum cost (``probe_runner.ProbeRunner.half_sums``)."""
         if dtype not in HALF_DTYPES:
             raise ValueError(f"half-precision sum costs are for {HALF_DTYPES}, got {dtype}")
         if not math.isfinite(seconds_per_element) or seconds_per_element < 0:
@@ -362,7 +362,7 @@ class CostModel:
         elements: its own spec's calibration, else its family's latest (a spec the
         calibration did not time, such as a pinned PowerSGD rank 2), else 1.
 
-        One calibrated size scales every size alike. With two or more (``opening.calibrate``
+        One calibrated size scales every size alike. With two or more (``calibration.calibrate``
         times the largest layer too) the factor is interpolated in log size between them and
         held flat outside: per element, a compressor's work grows once its tensors outgrow
         the caches, which the prior's per-element constants do not know (on a 2-core EPYC

@@ -38,7 +38,7 @@ of a group say which part of its work runs where (:meth:`Compressor.work_shares`
 A transfer is not free for the backward beside it either: on
 CPU its sockets, copies and gloo's threads share the backward's cores (on 2 cores at 50 Mbit/s
 a hidden 300 kB all-gather stretched the GPT LM's backward by ~20 ms). The opening measures
-that contention (``opening.ProbeRunner.contention``), and the replay stretches the backward
+that contention (``probe_runner.ProbeRunner.contention``), and the replay stretches the backward
 by it while the link is busy. :func:`simulate` replays all of it event by event and is what
 the policy and the advisor use; it equals the closed form when no group has a second round,
 the last group decodes nothing, and the contention is 0. :class:`PrefixReplay` is the same

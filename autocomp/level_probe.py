@@ -36,7 +36,7 @@ from autocomp.compressors import Collective
 from autocomp.distributed import collective_device, raise_together
 from autocomp.env import AUTOCOMP_NODE_LINK_MIN_ADVANTAGE
 from autocomp.link_model import link_bytes
-from autocomp.opening import (
+from autocomp.probe_runner import (
     OPENING_PROBE_MAX_BYTES,
     OPENING_PROBE_SECONDS,
     OPENING_PROBE_START_BYTES,

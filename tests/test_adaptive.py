@@ -655,7 +655,7 @@ def _contention_reread(
     ``CONTENTION_REREAD_SHARE`` (a huge one: a re-read is always affordable; the scripted
     loops take no time, so the probe's cost is its loopback transfers alone)."""
     import autocomp.adaptive as adaptive
-    import autocomp.opening as opening
+    import autocomp.probe_runner as probe_runner
 
     adaptive.CONTENTION_REREAD_SHARE = shares[rank]
 
@@ -670,7 +670,7 @@ def _contention_reread(
         slowed = opening_slowdown if phase["name"] == "opening" else later_slowdown
         return 0.020 + (slowed if pair == 1 else 0.0)
 
-    opening._compute_seconds = scripted
+    probe_runner._compute_seconds = scripted
     model, ddp, opt, ctl = _setup(rank, policy_path, link=CRAWLING_LINK)
     assert ctl.adaptive is not None
     _train_step(ctl, ddp, opt, rank, 0)
@@ -711,7 +711,7 @@ def test_an_unsettled_contention_reading_is_taken_again_at_a_boundary(
     once a layer is compressed, a reading under twice the cut is timed again at the next
     boundary on every rank, and the larger reading stands in every rank's cost model; a
     settled reading is never taken again. The ranks stay in step (identical parameters)."""
-    from autocomp.opening import CONTENTION_PAIRS
+    from autocomp.probe_runner import CONTENTION_PAIRS
 
     policy = tmp_path / "policy.toml"
     policy.write_text(POLICY)
@@ -742,7 +742,7 @@ def test_a_contention_reread_waits_until_rank_0_finds_it_affordable(
     travels in its plan broadcast: with a share of 0 there (never affordable) nobody re-reads,
     whatever the other rank's share, and with a huge one every rank re-reads at the same
     boundary, its own share notwithstanding; the ranks stay in step either way."""
-    from autocomp.opening import CONTENTION_PAIRS
+    from autocomp.probe_runner import CONTENTION_PAIRS
 
     policy = tmp_path / "policy.toml"
     policy.write_text(POLICY)

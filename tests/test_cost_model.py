@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 import torch
 
+from autocomp.calibration import LARGE_CALIBRATION_MAX_NUMEL, calibrate, calibration_shape_for
 from autocomp.compressors import Collective, available_compressors, build_compressor
 from autocomp.cost_model import FORMAT_VERSION, MAX_CONTENTION_RATE, CostModel
 from autocomp.cost_prior import PRIORS, CostSample, prior_seconds, samples_from_bench
 from autocomp.link_model import LinkEstimate
-from autocomp.opening import LARGE_CALIBRATION_MAX_NUMEL, calibrate, calibration_shape_for
 
 SPECS = [
     "fp16",
@@ -689,7 +689,7 @@ def test_calibrate_times_the_large_shape_cheapest_first_within_its_budget(
     The large calibration runs cheapest first while its estimate (2 calls x the 1M time x the
     elements x the largest growth seen) fits the budget; a candidate left out is priced at the
     median growth measured."""
-    import autocomp.opening as opening
+    import autocomp.calibration as calibration
 
     on_1m = {"fp16": 1e-3, "powersgd": 3e-3, "int8": 10e-3}
     growth = {"fp16": 2.0, "powersgd": 1.2, "int8": 5.0}
@@ -701,7 +701,7 @@ def test_calibrate_times_the_large_shape_cheapest_first_within_its_budget(
         scale = 1.0 if grad.numel() == MILLION.numel() else growth[compressor.name]
         return on_1m[compressor.name] * elements * scale
 
-    monkeypatch.setattr(opening, "_replay_seconds", scripted)
+    monkeypatch.setattr(calibration, "_replay_seconds", scripted)
     model = CostModel()
     large = torch.Size([2048, 1024])
     specs = ["none", "int8", "powersgd:rank=4", "fp16"]

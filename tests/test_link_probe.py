@@ -44,7 +44,7 @@ import autocomp
 from autocomp.adaptive import WindowRecord
 from autocomp.link_model import LinkEstimate
 from autocomp.link_probe import LinkProbe
-from autocomp.opening import (
+from autocomp.probe_runner import (
     LATENCY_PROBE_BYTES,
     OPENING_PROBE_SECONDS,
     OPENING_PROBE_START_BYTES,
@@ -163,9 +163,9 @@ def test_the_first_blind_window_after_a_switch_is_probed_whatever_the_budget(
 def test_a_boundary_probe_reads_its_fastest_timed_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     """A rank's scheduling hiccup only adds time, so one slow pass must not read the link slow:
     the priming pass is not timed, and of the timed ones the fastest counts."""
-    import autocomp.opening as opening
+    import autocomp.probe_runner as probe_runner
     from autocomp.link_probe import BOUNDARY_PROBE_PASSES
-    from autocomp.opening import ProbeRunner
+    from autocomp.probe_runner import ProbeRunner
 
     passes = iter([9.0, 4.0, 1.0, 3.5])  # priming (its drain of a shaper's bucket), then timed
     calls: list[int] = []
@@ -174,7 +174,7 @@ def test_a_boundary_probe_reads_its_fastest_timed_pass(monkeypatch: pytest.Monke
         calls.append(tensor.numel())
         return next(passes)
 
-    monkeypatch.setattr(opening, "_pass_seconds", scripted)
+    monkeypatch.setattr(probe_runner, "_pass_seconds", scripted)
     seconds = ProbeRunner().fastest_all_reduce(
         1 << 20, torch.device("cpu"), None, BOUNDARY_PROBE_PASSES - 1
     )
@@ -185,7 +185,7 @@ def test_a_boundary_probe_reads_its_fastest_timed_pass(monkeypatch: pytest.Monke
 def _scripted_overrun(rank: int, world: int, script: list[list[float]], expected: float) -> dict:
     """``ProbeRunner.fastest_all_reduce`` on one rank with its passes timed by ``script``
     (the agreement on the priming pass is a real all-reduce)."""
-    import autocomp.opening as opening
+    import autocomp.probe_runner as probe_runner
     from autocomp.link_probe import BOUNDARY_PROBE_PASSES
 
     passes = iter(script[rank])
@@ -195,8 +195,8 @@ def _scripted_overrun(rank: int, world: int, script: list[list[float]], expected
         calls["passes"] += 1
         return next(passes)
 
-    opening._pass_seconds = scripted
-    seconds = opening.ProbeRunner().fastest_all_reduce(
+    probe_runner._pass_seconds = scripted
+    seconds = probe_runner.ProbeRunner().fastest_all_reduce(
         1 << 16,
         torch.device("cpu"),
         None,
@@ -241,7 +241,7 @@ def test_a_boundary_probe_stops_after_a_priming_pass_that_overran_its_estimate(
 def test_no_sum_of_halves_is_timed_on_a_slow_link(mbit: float) -> None:
     """At 10-200 Mbit/s a half's transfer dwarfs gloo's CPU sum, so the opening returns zeros
     without a collective (there is no process group here: one would raise)."""
-    from autocomp.opening import HALF_SUM_MAX_LINK_SECONDS_PER_ELEMENT, ProbeRunner
+    from autocomp.probe_runner import HALF_SUM_MAX_LINK_SECONDS_PER_ELEMENT, ProbeRunner
 
     payload = 1 << 20
     float_seconds = payload / (mbit * 1e6 / 8)  # one float32 pass at that rate
@@ -277,7 +277,7 @@ HALF_SCRIPTS = {
 def _scripted_half_sums(rank: int, world: int, float_seconds: float, case: str) -> dict[str, Any]:
     """``half_sums`` on one rank with scripted pass times (ms) per type, first the primes;
     ``float_seconds``: the opening probe's 64 KB pass."""
-    import autocomp.opening as opening
+    import autocomp.probe_runner as probe_runner
 
     script = {dtype: iter(times) for dtype, times in HALF_SCRIPTS[case].items()}
     sizes: set[int] = set()
@@ -286,8 +286,8 @@ def _scripted_half_sums(rank: int, world: int, float_seconds: float, case: str) 
         sizes.add(tensor.numel())
         return next(script[tensor.dtype]) / 1e3
 
-    opening._pass_seconds = scripted
-    halves = opening.ProbeRunner().half_sums(
+    probe_runner._pass_seconds = scripted
+    halves = probe_runner.ProbeRunner().half_sums(
         1 << 16, float_seconds, torch.device("cpu"), None, None, 8 << 20
     )
     return {"halves": halves, "sizes": sorted(sizes)}
@@ -309,7 +309,11 @@ def test_sum_of_halves_compares_each_types_fastest_pass_at_a_resolvable_size(
     on a slower link, and each half's fastest pass is compared with the fastest float32 one:
     one slow pass of either type is not a CPU cost (nor a saving), and a half within 20% of
     its bytes reads 0."""
-    from autocomp.opening import HALF_SUM_PROBE_ELEMENTS, HALF_SUM_PROBE_SECONDS, HALF_SUM_ROUNDS
+    from autocomp.probe_runner import (
+        HALF_SUM_PROBE_ELEMENTS,
+        HALF_SUM_PROBE_SECONDS,
+        HALF_SUM_ROUNDS,
+    )
 
     assert HALF_SUM_ROUNDS == 5  # the scripts above have a prime and five rounds
     assert numel == min(
@@ -325,7 +329,7 @@ def test_sum_of_halves_compares_each_types_fastest_pass_at_a_resolvable_size(
 def _half_sums_on_a_shaped_link(rank: int, world: int, first_pass_ms: list[float]) -> dict:
     """``half_sums`` after an opening pass that read 1 ns an element (a shaper's bucket),
     with this rank's first float32 pass of the sums scripted at ``first_pass_ms[rank]``."""
-    import autocomp.opening as opening
+    import autocomp.probe_runner as probe_runner
 
     passes: list[torch.dtype] = []
     float32 = iter([5.0, first_pass_ms[rank], 2.0, 2.0, 2.0, 2.0])
@@ -334,8 +338,8 @@ def _half_sums_on_a_shaped_link(rank: int, world: int, first_pass_ms: list[float
         passes.append(tensor.dtype)
         return (next(float32) if tensor.dtype == torch.float32 else 1.5) / 1e3
 
-    opening._pass_seconds = scripted
-    halves = opening.ProbeRunner().half_sums(
+    probe_runner._pass_seconds = scripted
+    halves = probe_runner.ProbeRunner().half_sums(
         1 << 16, 16e-6, torch.device("cpu"), None, None, 8 << 20
     )
     return {"halves": halves, "passes": [str(dtype) for dtype in passes]}
@@ -351,7 +355,7 @@ def test_sums_of_halves_stop_when_their_own_float32_pass_reads_a_slow_link(
     step 0 to read zeros. Their own float32 pass after a prime reads the link: agreed as the
     fastest rank's, a slow one stops the probe on every rank before any half is sent, and
     a fast one on any rank lets every rank go on (the same collectives everywhere)."""
-    from autocomp.opening import HALF_SUM_MAX_LINK_SECONDS_PER_ELEMENT, HALF_SUM_PROBE_ELEMENTS
+    from autocomp.probe_runner import HALF_SUM_MAX_LINK_SECONDS_PER_ELEMENT, HALF_SUM_PROBE_ELEMENTS
 
     numel = HALF_SUM_PROBE_ELEMENTS  # 0.01 s at 1 ns an element is more than the cap
     slow_ms = 1.2e3 * HALF_SUM_MAX_LINK_SECONDS_PER_ELEMENT * numel  # 20% over the bound
@@ -369,7 +373,7 @@ def test_sums_of_halves_stop_when_their_own_float32_pass_reads_a_slow_link(
 
 
 def _opening(rank: int, world: int) -> dict[str, Any]:
-    from autocomp.opening import ProbeRunner
+    from autocomp.probe_runner import ProbeRunner
 
     runner = ProbeRunner()
     before = torch.random.get_rng_state()
@@ -419,7 +423,7 @@ def _scripted_latency_opening(
     burst); ``hiccup`` = (n, seconds): this rank's n-th pass takes that long instead (other
     load on the machine). The contention and half-sum probes left out. Returns the agreed
     probe."""
-    import autocomp.opening as opening
+    import autocomp.probe_runner as probe_runner
 
     passes = {"n": 0}
 
@@ -430,9 +434,9 @@ def _scripted_latency_opening(
         sent = tensor.numel() * 4
         return 2 * hop_s + sent / ((10_000 if sent <= burst_bytes else mbit) * 1e6 / 8)
 
-    opening._pass_seconds = scripted
-    runner = opening.ProbeRunner()
-    runner.contention = lambda *args, **kwargs: opening.ContentionReading(0.0, 0.0)  # type: ignore[method-assign]
+    probe_runner._pass_seconds = scripted
+    runner = probe_runner.ProbeRunner()
+    runner.contention = lambda *args, **kwargs: probe_runner.ContentionReading(0.0, 0.0)  # type: ignore[method-assign]
     runner.half_sums = lambda *args, **kwargs: (0.0, 0.0)  # type: ignore[method-assign]
     agreed = runner.opening(raw_bytes, 0.01, torch.device("cpu"), None)
     return {
@@ -493,7 +497,7 @@ def test_the_openings_probe_does_not_stop_on_one_slow_pass(tmp_path: Path) -> No
 def _scripted_contention(rank: int, world: int, script: list[list[float]]) -> dict[str, Any]:
     """``ProbeRunner.contention`` on one rank, each batch's loops scripted as (alone, beside)
     seconds, the same for every pair of the batch; the real all-reduces run beside them."""
-    import autocomp.opening as opening
+    import autocomp.probe_runner as probe_runner
 
     batches = iter(script[rank])
     pairs: list[float] = []
@@ -505,17 +509,17 @@ def _scripted_contention(rank: int, world: int, script: list[list[float]]) -> di
             return 1e-3 * reps
         if not pairs:
             alone, beside = next(batches), next(batches)
-            pairs.extend([alone, beside] * opening.CONTENTION_PAIRS)
+            pairs.extend([alone, beside] * probe_runner.CONTENTION_PAIRS)
         return pairs.pop(0)
 
-    opening._compute_seconds = scripted
-    reading = opening.ProbeRunner().contention(1 << 16, 0.02, torch.device("cpu"), None)
+    probe_runner._compute_seconds = scripted
+    reading = probe_runner.ProbeRunner().contention(1 << 16, 0.02, torch.device("cpu"), None)
     loops = calls["loops"] - 2
     return {
         "reading": reading.seconds_per_byte,
         "slowdown": reading.slowdown,
         "settled": reading.settled,
-        "batches": loops // (2 * opening.CONTENTION_PAIRS),
+        "batches": loops // (2 * probe_runner.CONTENTION_PAIRS),
     }
 
 
@@ -559,7 +563,7 @@ def test_a_contention_reading_of_zero_rests_on_a_second_batch(
 
 
 def _opening_sizes(rank: int, world: int) -> list[int]:
-    from autocomp.opening import ProbeRunner
+    from autocomp.probe_runner import ProbeRunner
 
     runner = ProbeRunner()
     cpu = torch.device("cpu")
@@ -592,7 +596,7 @@ def _opening_on_two_nodes(rank: int, world: int) -> dict[str, Any]:
     second's a very short one (grow on)."""
     import torch.distributed as dist
 
-    from autocomp.opening import ProbeRunner
+    from autocomp.probe_runner import ProbeRunner
 
     cross = [dist.new_group([0, 2]), dist.new_group([1, 3])]
     nodes = [dist.new_group([0, 1]), dist.new_group([2, 3])]
@@ -806,7 +810,7 @@ _HALF_SUMS_ACROSS_NAMESPACES = """
 import datetime, json, sys
 sys.path.insert(0, sys.argv[1])
 import torch, torch.distributed as dist
-from autocomp.opening import ProbeRunner
+from autocomp.probe_runner import ProbeRunner
 torch.set_num_threads(1)
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 readings = []

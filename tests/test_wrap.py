@@ -221,7 +221,7 @@ class SparseEmbeddingNet(nn.Module):
 
 
 def _sparse_run(rank: int, plan: dict[str, str] | None, adaptive: bool) -> dict[str, Any]:
-    from autocomp.opening import ProbeRunner
+    from autocomp.probe_runner import ProbeRunner
 
     probed: list[int] = []
     probe = ProbeRunner.opening

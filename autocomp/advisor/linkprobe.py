@@ -10,7 +10,7 @@ Sizes stop growing when the next one would not fit in the time budget, a decisio
 and broadcasts so every rank issues the same collectives.
 
 At the largest size timed, the same two machine costs the adaptive controller's opening
-measures are taken too (:class:`autocomp.opening.ProbeRunner`): the compute a transfer takes
+measures are taken too (:class:`autocomp.probe_runner.ProbeRunner`): the compute a transfer takes
 from the cores beside it, and what gloo's CPU sum of halves costs beyond its bytes. The
 what-if cost model prices hidden transfers and fp16/bf16 all-reduces with them, as the
 controller's engine does.
@@ -30,7 +30,7 @@ from autocomp.advisor.profile import LinkMeasurement
 from autocomp.compressors import Collective
 from autocomp.cost_model import HALF_DTYPES_BY_NAME
 from autocomp.link_model import BandwidthMeter, latency_hops, link_bytes
-from autocomp.opening import ProbeRunner
+from autocomp.probe_runner import ProbeRunner
 
 logger = logging.getLogger(__name__)
 

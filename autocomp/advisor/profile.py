@@ -418,10 +418,10 @@ class LinkMeasurement:
     """(payload bytes per rank, seconds) of every timed all-reduce."""
     contention_seconds_per_byte: float = 0.0
     """Compute seconds a transfer took from the profiling machine per byte a rank sent
-    (``opening.ProbeRunner.contention``; 0: none measured, or none to measure)."""
+    (``probe_runner.ProbeRunner.contention``; 0: none measured, or none to measure)."""
     half_sum_seconds_per_element: tuple[tuple[str, float], ...] = ()
     """(dtype name, seconds): what an all-reduce of that half type cost per element beyond
-    its bytes (``opening.ProbeRunner.half_sums``; absent: not measured)."""
+    its bytes (``probe_runner.ProbeRunner.half_sums``; absent: not measured)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -29,6 +29,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "autocomp_bench.tta",
         "time to accuracy: validation metric per method in the same wall-clock budget",
     ),
+    "in-turn": (
+        "autocomp_bench.in_turn",
+        "step time of several methods stepped in turn on one link (drift falls on all alike)",
+    ),
     "hier": (
         "autocomp_bench.hier",
         "two nodes x 2 ranks over a shaped link: DDP, flat/hierarchical autocomp, HSDP",

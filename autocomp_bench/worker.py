@@ -31,7 +31,15 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["attach", "main", "powersgd_wire_bytes", "send_nothing", "worker_main"]
+__all__ = [
+    "attach",
+    "check_same_init",
+    "main",
+    "powersgd_wire_bytes",
+    "send_nothing",
+    "worker_main",
+    "worker_paths",
+]
 
 DEFAULT_TASK = "mlp-lm-large"
 """The task of configs that name none: the link benchmark's LM."""
@@ -236,7 +244,7 @@ def decision_trail(history: list[Any]) -> list[dict[str, Any]]:
     return trail
 
 
-def _paths() -> dict[str, str]:
+def worker_paths() -> dict[str, str]:
     """Where this worker imported the two packages from (the runner checks the snapshot)."""
     import autocomp
     import autocomp_bench
@@ -364,7 +372,7 @@ def train_steps(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
             }
     result: dict[str, Any] = {
         "rank": rank,
-        **_paths(),
+        **worker_paths(),
         "method": method,
         "numel": numel,
         "total_steps": total,
@@ -482,7 +490,7 @@ def train_budget(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
         bytes_per_step = (raw_steps * 4.0 * numel + (step - raw_steps) * bytes_per_step) / step
     return {
         "rank": rank,
-        **_paths(),
+        **worker_paths(),
         "method": method,
         "task": task.name,
         "numel": numel,
@@ -496,9 +504,17 @@ def train_budget(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
     }
 
 
+def train_in_turn(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
+    """Several methods stepped in turn (``autocomp-bench in-turn``, which imports this module)."""
+    from autocomp_bench.in_turn import train_in_turn as loop
+
+    return loop(cfg, rank)
+
+
 LOOPS: dict[str, Callable[[dict[str, Any], int], dict[str, Any]]] = {
     "steps": train_steps,
     "budget": train_budget,
+    "in_turn": train_in_turn,
 }
 
 

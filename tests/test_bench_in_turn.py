@@ -1,0 +1,138 @@
+"""The in-turn step-time benchmark (``autocomp-bench in-turn``).
+
+Tier 1 (pure unit): the rotation of the step order, the summary's medians and ratios, the
+unshaped target's verdict, and option errors raised before any process starts.
+
+Tier 2 (2 local gloo ranks on loopback, about 10 s): the benchmark end to end on the digits
+MLP, plain DDP and adaptive stepped in turn; every timed step of every method is reported and
+the verdict follows the ratio.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from autocomp_bench import in_turn
+from autocomp_bench.in_turn import STEP_RATIO_TARGET, check, main, step_order, summarize
+
+# ---- tier 1 ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("methods", [1, 2, 3, 5])
+def test_over_twice_the_methods_steps_every_method_takes_every_position_twice(
+    methods: int,
+) -> None:
+    orders = [step_order(methods, step) for step in range(2 * methods)]
+    assert all(sorted(order) == list(range(methods)) for order in orders)
+    positions = Counter(
+        (index, position) for order in orders for position, index in enumerate(order)
+    )
+    assert set(positions.values()) == {2}
+    assert len(positions) == methods * methods
+    # A method runs right after another as often as right before it; with three methods or
+    # fewer that is every method after every other equally often (none always in the middle).
+    follows = Counter(pair for order in orders for pair in itertools.pairwise(order))
+    assert all(follows[(a, b)] == follows[(b, a)] for a, b in follows)
+    if 1 < methods <= 3:
+        assert len(follows) == methods * (methods - 1)
+        assert len(set(follows.values())) == 1
+
+
+def test_a_bad_step_order_request_is_an_error() -> None:
+    with pytest.raises(ValueError, match="methods >= 1"):
+        step_order(0, 3)
+    with pytest.raises(ValueError, match="step >= 0"):
+        step_order(2, -1)
+
+
+def test_the_summary_compares_each_median_with_plain_ddps() -> None:
+    summary = summarize(
+        {
+            "allreduce": [0.100, 0.102, 0.098, 0.300],  # one slow step: the median ignores it
+            "adaptive": [0.104, 0.101, 0.103, 0.900],
+        }
+    )
+    ddp, adaptive = summary["methods"]["allreduce"], summary["methods"]["adaptive"]
+    assert summary["reference"] == "allreduce"
+    assert ddp["median_step_s"] == pytest.approx(0.101)
+    assert adaptive["median_step_s"] == pytest.approx(0.1035)
+    assert adaptive["median_ratio"] == pytest.approx(0.1035 / 0.101)
+    assert adaptive["mean_step_s"] == pytest.approx((0.104 + 0.101 + 0.103 + 0.900) / 4)
+    assert adaptive["excess_s"] == pytest.approx((0.104 - 0.1035) + (0.900 - 0.1035))
+    assert adaptive["steps"] == 4
+    passed, line = check(summary)  # type: ignore[misc]
+    assert passed and line.startswith("PASS") and "1.025x" in line
+
+
+def test_the_verdict_fails_over_the_target_and_needs_both_methods() -> None:
+    slow = summarize({"allreduce": [0.100], "adaptive": [0.100 * (STEP_RATIO_TARGET + 0.01)]})
+    passed, line = check(slow)  # type: ignore[misc]
+    assert not passed and line.startswith("FAIL")
+    assert check(summarize({"allreduce": [0.1], "fp16": [0.09]})) is None
+    without_reference = summarize({"adaptive": [0.1], "fp16": [0.09]})
+    assert without_reference["reference"] is None
+    assert without_reference["methods"]["fp16"]["median_ratio"] is None
+    assert check(without_reference) is None
+    with pytest.raises(ValueError, match="at least one timed step"):
+        summarize({"allreduce": [0.1], "adaptive": []})
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--task", "no-such-task"], "unknown --task"),
+        (["--methods", "allreduce,oracle"], "oracle"),
+        (["--methods", "adaptive,adaptive"], "each method once"),
+        (["--steps", "0"], "--steps >= 1"),
+        (["--adaptive-kwargs", "{not json"], "not JSON"),
+        (["--adaptive-kwargs", "[1]"], "JSON object"),
+        (["--rate", "50mbit,10mbit"], "one rate"),
+        (["--rate", "50mbit", "--network", "loopback"], "needs the shaped link"),
+    ],
+)
+def test_bad_options_are_usage_errors_before_any_process_starts(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as err:
+        main(argv)
+    assert err.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+# ---- tier 2 ----------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_plain_ddp_the_hook_floors_and_adaptive_stepped_in_turn_on_loopback(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "in-turn.json"
+    methods = ["allreduce", "torch-hook", "autocomp-none", "adaptive"]
+    argv = ["--task", "digits-mlp", "--methods", ",".join(methods), "--network", "loopback"]
+    code = main([*argv, "--steps", "6", "--warm", "1", "--timeout", "150", "--json", str(out)])
+    document = json.loads(out.read_text())
+    assert document["benchmark"] == in_turn.__name__
+    assert document["rate"] == "unshaped" and document["rate_mbit"] is None
+    assert {m: len(t) for m, t in document["times"].items()} == dict.fromkeys(methods, 6)
+    assert all(t > 0 for times in document["times"].values() for t in times)
+    summary = document["summary"]
+    ratio = summary["methods"]["adaptive"]["median_ratio"]
+    assert ratio == pytest.approx(
+        summary["methods"]["adaptive"]["median_step_s"]
+        / summary["methods"]["allreduce"]["median_step_s"]
+    )
+    assert code == (0 if ratio <= STEP_RATIO_TARGET else 1)
+    # autocomp's two controllers report their plans; the floor's sends every layer whole.
+    assert set(document["plans"]) == {"autocomp-none", "adaptive"}
+    assert set(document["plans"]["autocomp-none"].values()) == {"none"}
+    # Every model trained on the same batches from the same initial weights: the three that
+    # send every gradient whole end on the same loss.
+    losses = document["last_train_loss"]
+    assert set(losses) == set(methods)
+    assert losses["torch-hook"] == pytest.approx(losses["allreduce"], rel=1e-4)
+    assert losses["autocomp-none"] == pytest.approx(losses["allreduce"], rel=1e-4)

@@ -1,3 +1,8 @@
+"""cProfile of autocomp's static hook (every layer none) against adaptive, stepped in turn on
+2 loopback ranks, rank 0 only (scratch, session 60). From the repository root:
+    PYTHONPATH=. python docs/benchmarks-matrix-2026-12-01/session-60/prof_cnn.py cnn          # free
+    PYTHONPATH=. python docs/benchmarks-matrix-2026-12-01/session-60/prof_cnn.py cnn pinned   # none pinned
+Free: autocomp functions by own time; pinned: by cumulative time."""
 import cProfile, pstats, io, os, sys, time, datetime, tempfile
 import torch, torch.distributed as dist, torch.multiprocessing as mp
 
@@ -7,7 +12,9 @@ def main(rank, store):
     from autocomp_bench.in_turn import _attach, step_order
     from autocomp_bench.tasks import build_task
     task = build_task(sys.argv[1] if len(sys.argv) > 1 else "cnn")
-    cfg = {"adaptive_kwargs": {"target_overlap": 0.9}, "seed": 0}
+    pinned = len(sys.argv) > 2 and sys.argv[2] == "pinned"
+    kwargs = {"target_overlap": 0.9, **({"plan": {"*": "none"}} if pinned else {})}
+    cfg = {"adaptive_kwargs": kwargs, "seed": 0}
     runs = []
     for m in ("autocomp-none", "adaptive"):
         torch.manual_seed(0); model = task.build_model()
@@ -29,7 +36,7 @@ def main(rank, store):
     if rank == 0:
         print({m: round(v / 300 * 1e3, 3) for m, v in tot.items()}, "ms/step (profiled)")
         for m, p in profs.items():
-            s = io.StringIO(); st = pstats.Stats(p, stream=s); st.sort_stats("tottime").print_stats("autocomp/", 30); print("=====", m); print(s.getvalue()[:6000])
+            s = io.StringIO(); st = pstats.Stats(p, stream=s); st.sort_stats("cumulative" if pinned else "tottime").print_stats("autocomp/", 25 if pinned else 30); print("=====", m); print(s.getvalue()[:6000])
     for _, a, _ in runs:
         if a.ctl is not None: a.ctl.close()
     dist.destroy_process_group()

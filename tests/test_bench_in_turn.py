@@ -3,9 +3,10 @@
 Tier 1 (pure unit): the rotation of the step order, the summary's medians and ratios, the
 unshaped target's verdict, and option errors raised before any process starts.
 
-Tier 2 (2 local gloo ranks on loopback, about 10 s): the benchmark end to end on the digits
-MLP, plain DDP and adaptive stepped in turn; every timed step of every method is reported and
-the verdict follows the ratio.
+Tier 2 (2 gloo ranks, about 10 s each): the benchmark end to end on the digits MLP. On
+loopback, plain DDP, the two hook floors and adaptive stepped in turn: every timed step of
+every method is reported and the verdict follows the ratio. On a tbf-shaped link (root and
+iproute2; skipped without): the rate is set, and no unshaped verdict is given.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 
 from autocomp_bench import in_turn
 from autocomp_bench.in_turn import STEP_RATIO_TARGET, check, main, step_order, summarize
+from autocomp_bench.shaped_link import shaped_link_unavailable_reason
 
 # ---- tier 1 ----------------------------------------------------------------------------------
 
@@ -136,3 +138,21 @@ def test_plain_ddp_the_hook_floors_and_adaptive_stepped_in_turn_on_loopback(
     assert set(losses) == set(methods)
     assert losses["torch-hook"] == pytest.approx(losses["allreduce"], rel=1e-4)
     assert losses["autocomp-none"] == pytest.approx(losses["allreduce"], rel=1e-4)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(shaped_link_unavailable_reason() is not None, reason="no shaped link here")
+def test_on_a_shaped_link_the_ratios_come_without_the_unshaped_verdict(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "in-turn.json"
+    argv = ["--task", "digits-mlp", "--methods", "allreduce,adaptive", "--rate", "200mbit"]
+    code = main([*argv, "--network", "shaped", "--steps", "4", "--warm", "1", "--json", str(out)])
+    document = json.loads(out.read_text())
+    assert code == 0
+    assert document["rate_mbit"] == 200.0
+    assert {m: len(t) for m, t in document["times"].items()} == {"allreduce": 4, "adaptive": 4}
+    assert document["summary"]["methods"]["adaptive"]["median_ratio"] is not None
+    printed = capsys.readouterr().out
+    assert "tbf at 200mbit" in printed
+    assert "PASS" not in printed and "FAIL" not in printed

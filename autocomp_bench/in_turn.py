@@ -51,7 +51,16 @@ from autocomp_bench.shaped_link import shaped_link_unavailable_reason
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["METHODS", "STEP_RATIO_TARGET", "main", "step_order", "summarize", "train_in_turn"]
+__all__ = [
+    "METHODS",
+    "STEP_RATIO_TARGET",
+    "check",
+    "combine",
+    "main",
+    "step_order",
+    "summarize",
+    "train_in_turn",
+]
 
 METHODS = ("allreduce", "torch-hook", "autocomp-none", "fp16", "powersgd", "limit", "adaptive")
 """The time-to-accuracy benchmark's methods (its ``oracle`` grid of static plans left out),
@@ -167,6 +176,29 @@ def summarize(times: dict[str, list[float]]) -> dict[str, Any]:
     return {"reference": REFERENCE if reference is not None else None, "methods": methods}
 
 
+def combine(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """One summary of several runs' (:func:`summarize`, one per seed): per method the mean of
+    the runs' medians and of their ratios to the reference (each run's ratio is taken within
+    the run, where drift fell on both alike), each run's ratio, and the steps and excess
+    summed."""
+    if not summaries:
+        raise ValueError("no runs to combine")
+    methods: dict[str, Any] = {}
+    for method in summaries[0]["methods"]:
+        entries = [summary["methods"][method] for summary in summaries]
+        ratios = [entry["median_ratio"] for entry in entries]
+        known = None if any(r is None for r in ratios) else ratios
+        methods[method] = {
+            "steps": sum(entry["steps"] for entry in entries),
+            "median_step_s": statistics.fmean(entry["median_step_s"] for entry in entries),
+            "mean_step_s": statistics.fmean(entry["mean_step_s"] for entry in entries),
+            "excess_s": sum(entry["excess_s"] for entry in entries),
+            "median_ratio": None if known is None else statistics.fmean(known),
+            "median_ratios": known,
+        }
+    return {"reference": summaries[0]["reference"], "runs": len(summaries), "methods": methods}
+
+
 def check(summary: dict[str, Any]) -> tuple[bool, str] | None:
     """Issue 12's unshaped step target on ``summary``; None unless adaptive and the
     reference both ran."""
@@ -176,8 +208,10 @@ def check(summary: dict[str, Any]) -> tuple[bool, str] | None:
     ratio = entry["median_ratio"]
     passed = ratio <= STEP_RATIO_TARGET
     verdict = "PASS" if passed else "FAIL"
+    runs = summary.get("runs", 1)
+    over = "" if runs == 1 else f" on the mean of {runs} runs"
     return passed, (
-        f"{verdict}: adaptive median step {ratio:.3f}x {REFERENCE}'s, stepped in turn "
+        f"{verdict}: adaptive median step {ratio:.3f}x {REFERENCE}'s{over}, stepped in turn "
         f"(target <= {STEP_RATIO_TARGET:g}x)"
     )
 
@@ -198,7 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--steps", type=int, default=200, help="timed steps per method")
     parser.add_argument("--warm", type=int, default=5, help="untimed steps per method first")
-    parser.add_argument("--seed", type=int, default=0, help="model and batch seed")
+    parser.add_argument(
+        "--seeds",
+        default="0",
+        help="comma-separated model and batch seeds, one run each; the verdict takes the "
+        "mean of the runs' ratios (default: %(default)s)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     parser.add_argument(
         "--adaptive-kwargs",
@@ -231,6 +270,12 @@ def _worker_config(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     if args.steps < 1 or args.warm < 0 or args.threads < 1:
         parser.error("need --steps >= 1, --warm >= 0 and --threads >= 1")
     try:
+        seeds = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
+    except ValueError:
+        parser.error(f"--seeds: integers, comma-separated, not {args.seeds!r}")
+    if not seeds or len(set(seeds)) != len(seeds):
+        parser.error("--seeds: at least one, each once")
+    try:
         kwargs = json.loads(args.adaptive_kwargs)
     except json.JSONDecodeError as err:
         parser.error(f"--adaptive-kwargs is not JSON: {err}")
@@ -242,7 +287,7 @@ def _worker_config(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
         "methods": methods,
         "steps": args.steps,
         "warm": args.warm,
-        "seed": args.seed,
+        "seeds": seeds,
         "threads": args.threads,
         "adaptive_kwargs": kwargs,
     }
@@ -273,17 +318,31 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp)
         code_dir, digest = snapshot_code(root)
         document["code_digest"] = digest
-        runner = Runner.Config(gloo_timeout_s=GLOO_TIMEOUT_S, code_dir=code_dir)
+        runner_config = Runner.Config(gloo_timeout_s=GLOO_TIMEOUT_S, code_dir=code_dir)
+        runs: list[dict[str, Any]] = []
         with open_network(shaped) as network:
             document["machine"] = machine_summary(network, args.threads)
             network.set_rate(rate.mbit)
-            result = Runner(network, root, runner).run(
-                f"in-turn-{args.task}-{rate.label}", cfg, args.timeout
-            )
-    if "error" in result:
-        print(f"FAILED: {result['error']}\n{result.get('log_tail', '')}", flush=True)
-        return 1
-    summary = summarize(result["times"])
+            runner = Runner(network, root, runner_config)
+            for seed in cfg["seeds"]:
+                result = runner.run(
+                    f"in-turn-{args.task}-{rate.label}-s{seed}", {**cfg, "seed": seed}, args.timeout
+                )
+                if "error" in result:
+                    print(f"FAILED: {result['error']}\n{result.get('log_tail', '')}", flush=True)
+                    return 1
+                runs.append(
+                    {
+                        "seed": seed,
+                        "summary": summarize(result["times"]),
+                        "times": result["times"],
+                        "plans": result.get("plans", {}),
+                        "last_train_loss": result.get("last_train_loss", {}),
+                        "wall_seconds": result.get("wall_seconds"),
+                        "other_cpu_share": result.get("other_cpu_share"),
+                    }
+                )
+    summary = combine([run["summary"] for run in runs])
     document.update(
         {
             "task": args.task,
@@ -291,11 +350,7 @@ def main(argv: list[str] | None = None) -> int:
             "rate_mbit": rate.mbit,
             "settings": cfg,
             "summary": summary,
-            "times": result["times"],
-            "plans": result.get("plans", {}),
-            "last_train_loss": result.get("last_train_loss", {}),
-            "wall_seconds": result.get("wall_seconds"),
-            "other_cpu_share": result.get("other_cpu_share"),
+            "runs": runs,
         }
     )
     link = (
@@ -305,15 +360,26 @@ def main(argv: list[str] | None = None) -> int:
         + ("unshaped" if rate.mbit is None else f"tbf at {rate.label}")
     )
     print(f"{args.task} on {link}, {cfg['steps']} timed steps per method, stepped in turn:")
-    for method, entry in summary["methods"].items():
-        ratio = entry["median_ratio"]
-        print(
-            f"  {method:<10} median {entry['median_step_s'] * 1e3:8.2f} ms"
-            + ("" if ratio is None else f" ({ratio:.3f}x {REFERENCE})")
-            + f", mean {entry['mean_step_s'] * 1e3:.2f} ms, {entry['excess_s']:.2f} s above "
-            "the median",
-            flush=True,
-        )
+    for run in runs:
+        print(f" seed {run['seed']}:")
+        for method, entry in run["summary"]["methods"].items():
+            ratio = entry["median_ratio"]
+            print(
+                f"  {method:<13} median {entry['median_step_s'] * 1e3:8.2f} ms"
+                + ("" if ratio is None else f" ({ratio:.3f}x {REFERENCE})")
+                + f", mean {entry['mean_step_s'] * 1e3:.2f} ms, {entry['excess_s']:.2f} s "
+                "above the median",
+                flush=True,
+            )
+    if len(runs) > 1:
+        print(f" mean of {len(runs)} runs:")
+        for method, entry in summary["methods"].items():
+            ratio = entry["median_ratio"]
+            print(
+                f"  {method:<13} median {entry['median_step_s'] * 1e3:8.2f} ms"
+                + ("" if ratio is None else f" ({ratio:.3f}x {REFERENCE})"),
+                flush=True,
+            )
     # The 1.03x target is the unshaped link's; on a slow one the ratios are the result.
     verdict = check(summary) if rate.mbit is None else None
     if verdict is not None:

@@ -19,7 +19,14 @@ from pathlib import Path
 import pytest
 
 from autocomp_bench import in_turn
-from autocomp_bench.in_turn import STEP_RATIO_TARGET, check, main, step_order, summarize
+from autocomp_bench.in_turn import (
+    STEP_RATIO_TARGET,
+    check,
+    combine,
+    main,
+    step_order,
+    summarize,
+)
 from autocomp_bench.shaped_link import shaped_link_unavailable_reason
 
 # ---- tier 1 ----------------------------------------------------------------------------------
@@ -84,6 +91,26 @@ def test_the_verdict_fails_over_the_target_and_needs_both_methods() -> None:
         summarize({"allreduce": [0.1], "adaptive": []})
 
 
+def test_runs_combine_by_the_mean_of_their_own_ratios() -> None:
+    # Run 2 drifted 20% slower for both methods: each run's ratio is taken within the run.
+    first = summarize({"allreduce": [0.100, 0.100], "adaptive": [0.102, 0.102]})
+    second = summarize({"allreduce": [0.120, 0.120], "adaptive": [0.126, 0.126]})
+    combined = combine([first, second])
+    adaptive = combined["methods"]["adaptive"]
+    assert combined["runs"] == 2 and combined["reference"] == "allreduce"
+    assert adaptive["median_ratios"] == pytest.approx([1.02, 1.05])
+    assert adaptive["median_ratio"] == pytest.approx(1.035)
+    assert adaptive["median_step_s"] == pytest.approx(0.114)
+    assert adaptive["steps"] == 4
+    passed, line = check(combined)  # type: ignore[misc]
+    assert not passed and "1.035x" in line and "mean of 2 runs" in line
+    assert combine([first])["methods"]["adaptive"]["median_ratio"] == pytest.approx(1.02)
+    alone = combine([summarize({"adaptive": [0.1]})])
+    assert alone["methods"]["adaptive"]["median_ratio"] is None and check(alone) is None
+    with pytest.raises(ValueError, match="no runs"):
+        combine([])
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -91,6 +118,8 @@ def test_the_verdict_fails_over_the_target_and_needs_both_methods() -> None:
         (["--methods", "allreduce,oracle"], "oracle"),
         (["--methods", "adaptive,adaptive"], "each method once"),
         (["--steps", "0"], "--steps >= 1"),
+        (["--seeds", "0,x"], "integers"),
+        (["--seeds", "1,1"], "each once"),
         (["--adaptive-kwargs", "{not json"], "not JSON"),
         (["--adaptive-kwargs", "[1]"], "JSON object"),
         (["--rate", "50mbit,10mbit"], "one rate"),
@@ -116,28 +145,35 @@ def test_plain_ddp_the_hook_floors_and_adaptive_stepped_in_turn_on_loopback(
     out = tmp_path / "in-turn.json"
     methods = ["allreduce", "torch-hook", "autocomp-none", "adaptive"]
     argv = ["--task", "digits-mlp", "--methods", ",".join(methods), "--network", "loopback"]
-    code = main([*argv, "--steps", "6", "--warm", "1", "--timeout", "150", "--json", str(out)])
+    options = ["--steps", "6", "--warm", "1", "--seeds", "0,1", "--timeout", "150"]
+    code = main([*argv, *options, "--json", str(out)])
     document = json.loads(out.read_text())
     assert document["benchmark"] == in_turn.__name__
     assert document["rate"] == "unshaped" and document["rate_mbit"] is None
-    assert {m: len(t) for m, t in document["times"].items()} == dict.fromkeys(methods, 6)
-    assert all(t > 0 for times in document["times"].values() for t in times)
-    summary = document["summary"]
-    ratio = summary["methods"]["adaptive"]["median_ratio"]
-    assert ratio == pytest.approx(
-        summary["methods"]["adaptive"]["median_step_s"]
-        / summary["methods"]["allreduce"]["median_step_s"]
-    )
+    assert [run["seed"] for run in document["runs"]] == [0, 1]
+    for run in document["runs"]:
+        assert {m: len(t) for m, t in run["times"].items()} == dict.fromkeys(methods, 6)
+        assert all(t > 0 for times in run["times"].values() for t in times)
+        entry = run["summary"]["methods"]
+        assert entry["adaptive"]["median_ratio"] == pytest.approx(
+            entry["adaptive"]["median_step_s"] / entry["allreduce"]["median_step_s"]
+        )
+        # autocomp's two controllers report their plans; the floor's sends every layer whole.
+        assert set(run["plans"]) == {"autocomp-none", "adaptive"}
+        assert set(run["plans"]["autocomp-none"].values()) == {"none"}
+        # Every model trained on the same batches from the same initial weights: the three
+        # that send every gradient whole end on the same loss.
+        losses = run["last_train_loss"]
+        assert set(losses) == set(methods)
+        assert losses["torch-hook"] == pytest.approx(losses["allreduce"], rel=1e-4)
+        assert losses["autocomp-none"] == pytest.approx(losses["allreduce"], rel=1e-4)
+    # The seeds train different models on different batches.
+    first, second = (run["last_train_loss"]["allreduce"] for run in document["runs"])
+    assert first != second
+    ratio = document["summary"]["methods"]["adaptive"]["median_ratio"]
+    per_run = [run["summary"]["methods"]["adaptive"]["median_ratio"] for run in document["runs"]]
+    assert ratio == pytest.approx(sum(per_run) / 2)
     assert code == (0 if ratio <= STEP_RATIO_TARGET else 1)
-    # autocomp's two controllers report their plans; the floor's sends every layer whole.
-    assert set(document["plans"]) == {"autocomp-none", "adaptive"}
-    assert set(document["plans"]["autocomp-none"].values()) == {"none"}
-    # Every model trained on the same batches from the same initial weights: the three that
-    # send every gradient whole end on the same loss.
-    losses = document["last_train_loss"]
-    assert set(losses) == set(methods)
-    assert losses["torch-hook"] == pytest.approx(losses["allreduce"], rel=1e-4)
-    assert losses["autocomp-none"] == pytest.approx(losses["allreduce"], rel=1e-4)
 
 
 @pytest.mark.timeout(180)
@@ -151,7 +187,8 @@ def test_on_a_shaped_link_the_ratios_come_without_the_unshaped_verdict(
     document = json.loads(out.read_text())
     assert code == 0
     assert document["rate_mbit"] == 200.0
-    assert {m: len(t) for m, t in document["times"].items()} == {"allreduce": 4, "adaptive": 4}
+    (run,) = document["runs"]
+    assert {m: len(t) for m, t in run["times"].items()} == {"allreduce": 4, "adaptive": 4}
     assert document["summary"]["methods"]["adaptive"]["median_ratio"] is not None
     printed = capsys.readouterr().out
     assert "tbf at 200mbit" in printed

@@ -12,6 +12,7 @@ version even if the tree is edited while it runs.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import logging
@@ -36,7 +37,7 @@ from autocomp_bench.machine import (
     own_cpu_seconds,
     tail,
 )
-from autocomp_bench.shaped_link import ShapedLink, parse_rate
+from autocomp_bench.shaped_link import ShapedLink, parse_rate, shaped_link_unavailable_reason
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +147,28 @@ class LoopbackNetwork:
     def set_rate(self, rate_mbit: float | None) -> None:
         if rate_mbit is not None:
             raise RuntimeError("the loopback fallback cannot shape the link")
+
+
+NETWORK_CHOICES = ("auto", "shaped", "loopback")
+
+
+def add_network_option(parser: argparse.ArgumentParser) -> None:
+    """The benchmarks' ``--network`` option (:func:`choose_network` reads it)."""
+    parser.add_argument(
+        "--network",
+        choices=NETWORK_CHOICES,
+        default="auto",
+        help="auto: the shaped link when root and iproute2 allow, else loopback (unshaped only)",
+    )
+
+
+def choose_network(choice: str, parser: argparse.ArgumentParser) -> tuple[bool, str | None]:
+    """(whether to use the shaped link, why it cannot be built here or None) for a
+    ``--network`` ``choice``; a usage error when ``shaped`` was asked for and cannot be had."""
+    reason = shaped_link_unavailable_reason()
+    if choice == "shaped" and reason is not None:
+        parser.error(f"--network shaped: {reason}")
+    return choice != "loopback" and reason is None, reason
 
 
 @contextmanager

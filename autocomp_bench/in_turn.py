@@ -41,13 +41,14 @@ from typing import Any
 from autocomp_bench.harness import (
     GLOO_TIMEOUT_S,
     Runner,
+    add_network_option,
+    choose_network,
     exit_on_sigterm,
     machine_summary,
     open_network,
     parse_rates,
     snapshot_code,
 )
-from autocomp_bench.shaped_link import shaped_link_unavailable_reason
 
 logger = logging.getLogger(__name__)
 
@@ -244,12 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=json.dumps(DEFAULT_ADAPTIVE_KWARGS),
         help="JSON keyword arguments of autocomp.wrap for adaptive (default: %(default)s)",
     )
-    parser.add_argument(
-        "--network",
-        choices=("auto", "shaped", "loopback"),
-        default="auto",
-        help="auto: the shaped link when root and iproute2 allow, else loopback (unshaped only)",
-    )
+    add_network_option(parser)
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds for the run")
     parser.add_argument("--json", type=Path, default=None, help="write the result as JSON")
     return parser
@@ -304,10 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         (rate,) = parse_rates(args.rate)
     except ValueError as err:
         parser.error(f"--rate: {err} (one rate)")
-    reason = shaped_link_unavailable_reason()
-    if args.network == "shaped" and reason is not None:
-        parser.error(f"--network shaped: {reason}")
-    shaped = args.network != "loopback" and reason is None
+    shaped, reason = choose_network(args.network, parser)
     if not shaped and rate.mbit is not None:
         parser.error(f"--rate {rate.label} needs the shaped link ({reason or '--network'})")
     command = shlex.join(["autocomp-bench", "in-turn", *argv])

@@ -39,6 +39,8 @@ from autocomp_bench.harness import (
     Network,
     Rate,
     Runner,
+    add_network_option,
+    choose_network,
     code_source,
     exit_on_sigterm,
     machine_summary,
@@ -48,7 +50,6 @@ from autocomp_bench.harness import (
 )
 from autocomp_bench.machine import load_average
 from autocomp_bench.report import MB, jsonable
-from autocomp_bench.shaped_link import shaped_link_unavailable_reason
 from autocomp_bench.tta_analysis import METHODS, Cell, summarize_run, tta_checks, tta_rows
 from autocomp_bench.tta_report import cell_lines, plot_curves, render_markdown, text_report
 
@@ -318,12 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated seeds; every method runs once per seed and the tables give "
         "the means (default: %(default)s)",
     )
-    parser.add_argument(
-        "--network",
-        choices=("auto", "shaped", "loopback"),
-        default="auto",
-        help="auto: the shaped link when root and iproute2 allow, else loopback (unshaped only)",
-    )
+    add_network_option(parser)
     parser.add_argument(
         "--gloo-timeout", type=float, default=GLOO_TIMEOUT_S, help="gloo timeout in seconds"
     )
@@ -399,10 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         rates = parse_rates(args.rates or _quick(args, "rates"))
     except ValueError as err:
         parser.error(str(err))
-    reason = shaped_link_unavailable_reason()
-    if args.network == "shaped" and reason is not None:
-        parser.error(f"--network shaped: {reason}")
-    shaped = args.network != "loopback" and reason is None
+    shaped, reason = choose_network(args.network, parser)
     command = shlex.join(["autocomp-bench", "tta", *argv])
     print(f"autocomp time-to-accuracy benchmark: {command}", flush=True)
     why = reason if args.network == "auto" else "--network loopback"

@@ -289,6 +289,14 @@ def _worker_config(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     }
 
 
+def _median_line(method: str, entry: dict[str, Any]) -> str:
+    """One method's median step, and its ratio to the reference's where there is one."""
+    ratio = entry["median_ratio"]
+    return f"  {method:<13} median {entry['median_step_s'] * 1e3:8.2f} ms" + (
+        "" if ratio is None else f" ({ratio:.3f}x {REFERENCE})"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
@@ -356,23 +364,15 @@ def main(argv: list[str] | None = None) -> int:
     for run in runs:
         print(f" seed {run['seed']}:")
         for method, entry in run["summary"]["methods"].items():
-            ratio = entry["median_ratio"]
             print(
-                f"  {method:<13} median {entry['median_step_s'] * 1e3:8.2f} ms"
-                + ("" if ratio is None else f" ({ratio:.3f}x {REFERENCE})")
-                + f", mean {entry['mean_step_s'] * 1e3:.2f} ms, {entry['excess_s']:.2f} s "
-                "above the median",
+                _median_line(method, entry) + f", mean {entry['mean_step_s'] * 1e3:.2f} ms, "
+                f"{entry['excess_s']:.2f} s above the median",
                 flush=True,
             )
     if len(runs) > 1:
         print(f" mean of {len(runs)} runs:")
         for method, entry in summary["methods"].items():
-            ratio = entry["median_ratio"]
-            print(
-                f"  {method:<13} median {entry['median_step_s'] * 1e3:8.2f} ms"
-                + ("" if ratio is None else f" ({ratio:.3f}x {REFERENCE})"),
-                flush=True,
-            )
+            print(_median_line(method, entry), flush=True)
     # The 1.03x target is the unshaped link's; on a slow one the ratios are the result.
     verdict = check(summary) if rate.mbit is None else None
     if verdict is not None:
